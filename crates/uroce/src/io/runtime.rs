@@ -1,0 +1,270 @@
+//! The runtime of one device: engine, socket, progress thread, capture.
+
+use super::{Capture, RoceSocket};
+use crate::mem::Memory;
+use crate::proto::{Engine, EngineConfig, Event, Transmit};
+use crate::wire::IpInfo;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+/// Receives the engine's events (completion notifications, async events).
+pub trait EventSink: Send + Sync {
+    fn event(&self, ev: Event);
+}
+
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    pub engine: EngineConfig,
+    /// Write every packet sent and received to this pcap file.
+    pub capture: Option<PathBuf>,
+    /// Spin on the socket instead of sleeping (lower latency, one busy core).
+    pub busy_poll: bool,
+}
+
+/// Longest the progress thread sleeps without re-checking its timers.
+const MAX_SLEEP: Duration = Duration::from_millis(200);
+/// Datagrams handled per engine lock.
+const RX_BATCH: usize = 64;
+
+pub struct Runtime {
+    engine: Mutex<Engine>,
+    socket: RoceSocket,
+    tx_lock: Mutex<()>,
+    wake: OwnedFd,
+    sink: RwLock<Option<Weak<dyn EventSink>>>,
+    capture: Option<Capture>,
+    busy_poll: bool,
+    shutdown: AtomicBool,
+    sleeping_until: Mutex<Option<Instant>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").field("local", &self.socket.local_addr()).finish_non_exhaustive()
+    }
+}
+
+impl Runtime {
+    /// Binds the device's socket and starts its progress thread.
+    pub fn start(cfg: RuntimeConfig, mem: Arc<Memory>) -> io::Result<Arc<Runtime>> {
+        let socket = RoceSocket::bind(SocketAddr::new(cfg.engine.addr, cfg.engine.port))?;
+        // SAFETY: eventfd has no memory preconditions; we own the new fd.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh descriptor that nothing else owns.
+        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        let capture = match &cfg.capture {
+            Some(p) => Some(Capture::create(p)?),
+            None => None,
+        };
+        let rt = Arc::new(Runtime {
+            engine: Mutex::new(Engine::new(cfg.engine, mem)),
+            socket,
+            tx_lock: Mutex::new(()),
+            wake,
+            sink: RwLock::new(None),
+            capture,
+            busy_poll: cfg.busy_poll,
+            shutdown: AtomicBool::new(false),
+            sleeping_until: Mutex::new(None),
+            thread: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&rt);
+        let handle = std::thread::Builder::new()
+            .name("uroce-progress".into())
+            .spawn(move || progress_loop(weak))?;
+        *rt.thread.lock().unwrap() = Some(handle);
+        Ok(rt)
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.socket.local_addr()
+    }
+
+    pub fn set_sink(&self, sink: Weak<dyn EventSink>) {
+        *self.sink.write().unwrap() = Some(sink);
+    }
+
+    /// The engine, for queries and setup calls that produce no packets.
+    pub fn engine(&self) -> MutexGuard<'_, Engine> {
+        self.engine.lock().unwrap()
+    }
+
+    /// Runs `f` on the engine, then sends what it produced and delivers its
+    /// events.
+    pub fn pump<R>(&self, f: impl FnOnce(&mut Engine, Instant) -> R) -> R {
+        let _tx = self.tx_lock.lock().unwrap();
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let mut events = Vec::new();
+        let (r, deadline) = {
+            let mut e = self.engine.lock().unwrap();
+            let r = f(&mut e, now);
+            while let Some(t) = e.poll_transmit(now) {
+                out.push(t);
+            }
+            while let Some(ev) = e.poll_event() {
+                events.push(ev);
+            }
+            (r, e.poll_timeout())
+        };
+        for t in &out {
+            self.send(t);
+        }
+        self.dispatch(events);
+        if let Some(d) = deadline {
+            let sleeping = *self.sleeping_until.lock().unwrap();
+            if sleeping.is_none_or(|s| d < s) {
+                self.wake();
+            }
+        }
+        r
+    }
+
+    fn send(&self, t: &Transmit) {
+        if let Some(c) = &self.capture {
+            let local = self.socket.local_addr();
+            let ip = IpInfo { src: local.ip(), dst: t.dst.ip(), sport: local.port(), dport: t.dst.port(), ipv4_id: 0 };
+            c.record(&ip, &t.data);
+        }
+        for attempt in 0..64 {
+            match self.socket.send_to(&t.data, t.dst) {
+                Ok(_) => return,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::ENOBUFS)) => {
+                    if attempt > 8 {
+                        std::thread::sleep(Duration::from_micros(20));
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+                Err(e) => {
+                    // Loss is recovered by the transport; say why once in a while.
+                    tracing::debug!(dst = %t.dst, "send failed: {e}");
+                    return;
+                }
+            }
+        }
+        tracing::debug!(dst = %t.dst, "send buffer full; packet dropped");
+    }
+
+    fn dispatch(&self, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        let sink = self.sink.read().unwrap().as_ref().and_then(|w| w.upgrade());
+        if let Some(sink) = sink {
+            for ev in events {
+                sink.event(ev);
+            }
+        }
+    }
+
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
+        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Stops the progress thread (also done on drop).
+    pub fn shutdown(&self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+        self.wake();
+        let h = self.thread.lock().unwrap().take();
+        if let Some(h) = h {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+        if let Some(c) = &self.capture {
+            c.flush();
+        }
+    }
+
+    pub fn capture_flush(&self) {
+        if let Some(c) = &self.capture {
+            c.flush();
+        }
+    }
+
+    /// One round of the progress loop; returns false when shutting down.
+    fn progress_once(&self, bufs: &mut [Vec<u8>]) -> bool {
+        if self.shutdown.load(Ordering::SeqCst) {
+            return false;
+        }
+        let deadline = self.engine.lock().unwrap().poll_timeout();
+        let now = Instant::now();
+        let timeout = match deadline {
+            Some(d) => d.saturating_duration_since(now).min(MAX_SLEEP),
+            None => MAX_SLEEP,
+        };
+        if !self.busy_poll {
+            *self.sleeping_until.lock().unwrap() = Some(now + timeout);
+            let mut fds = [
+                libc::pollfd { fd: self.socket.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: self.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            ];
+            let ts = libc::timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
+            // SAFETY: fds is a valid array of 2 pollfd; ts a valid timespec.
+            unsafe { libc::ppoll(fds.as_mut_ptr(), 2, &ts, std::ptr::null()) };
+            *self.sleeping_until.lock().unwrap() = None;
+            if fds[1].revents != 0 {
+                let mut v: u64 = 0;
+                // SAFETY: reads 8 bytes into a valid u64 from our eventfd.
+                unsafe { libc::read(self.wake.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            }
+        }
+        if self.shutdown.load(Ordering::SeqCst) {
+            return false;
+        }
+        let mut got: Vec<(usize, SocketAddr)> = Vec::with_capacity(RX_BATCH);
+        for buf in bufs.iter_mut() {
+            match self.socket.recv_from(buf) {
+                Ok((n, from)) => got.push((n, from)),
+                Err(_) => break,
+            }
+        }
+        let local = self.socket.local_addr();
+        if let Some(c) = &self.capture {
+            for (i, &(n, from)) in got.iter().enumerate() {
+                let ip = IpInfo { src: from.ip(), dst: local.ip(), sport: from.port(), dport: local.port(), ipv4_id: 0 };
+                c.record(&ip, &bufs[i][..n]);
+            }
+        }
+        self.pump(|e, now| {
+            for (i, &(n, from)) in got.iter().enumerate() {
+                e.handle_datagram(now, from, local.ip(), &bufs[i][..n], 0);
+            }
+            if e.poll_timeout().is_some_and(|t| t <= now) {
+                e.handle_timeout(now);
+            }
+        });
+        if self.busy_poll && got.is_empty() {
+            std::hint::spin_loop();
+        }
+        true
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+    }
+}
+
+fn progress_loop(rt: Weak<Runtime>) {
+    let mut bufs: Vec<Vec<u8>> = (0..RX_BATCH).map(|_| vec![0u8; 65536]).collect();
+    loop {
+        let Some(rt) = rt.upgrade() else { return };
+        if !rt.progress_once(&mut bufs) {
+            return;
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! uroce: a user-space RoCEv2 RDMA device.
+//!
+//! Layers, from the bytes up:
+//! - [`wire`]: RoCEv2 headers, the opcode table, the ICRC, pcap files.
+//! - [`mem`]: protection domains, the key table, and the one interface that
+//!   copies bytes in and out of registered memory.
+//! - [`proto`]: the sans-IO transport (requester, responder, completer):
+//!   packets and a `now` in, packets and timer deadlines out.
+//! - [`io`]: UDP sockets, the progress thread and timers; the only module that
+//!   touches the OS network.
+//! - [`verbs`]: the safe, RAII Rust API built on all of the above.
+//!
+//! [`ib`] holds the verbs vocabulary (enums, flags, errno) shared by all.
+
+pub mod ib;
+pub mod wire;
+pub mod mem;
+pub mod proto;
+pub mod io;
+pub mod verbs;

@@ -1,0 +1,303 @@
+//! Registered memory: the key table, memory regions, page pinning, and the one
+//! interface through which the transport copies bytes in and out of memory.
+//!
+//! Every access, local (lkey) or remote (rkey), goes through
+//! [`Memory::resolve`], which applies the checks of the IBA and of rxe in one
+//! place: the key exists and its 8-bit variant matches, the region is valid,
+//! it belongs to the queue pair's protection domain, the access rights cover
+//! the operation, and the range lies inside the region. The result is a
+//! [`Span`] that copies bytes; nothing writes registered memory any other way.
+
+mod keys;
+mod mr;
+mod pin;
+
+pub use keys::KeyTable;
+pub use mr::{Backing, MemoryRegion, Span};
+pub use pin::PinTable;
+
+use crate::ib::{Access, Errno, Error, Result};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Why an access through a key failed; the transport turns it into a
+/// completion status or a NAK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AccessError {
+    #[error("no such key, or stale key variant")]
+    BadKey,
+    #[error("key belongs to another protection domain")]
+    WrongPd,
+    #[error("access rights do not allow the operation")]
+    Permission,
+    #[error("range outside the region")]
+    Range,
+}
+
+/// What an access wants to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// Local read (always allowed by a valid lkey).
+    LocalRead,
+    LocalWrite,
+    RemoteRead,
+    RemoteWrite,
+    RemoteAtomic,
+}
+
+impl Want {
+    fn required(self) -> Access {
+        match self {
+            Want::LocalRead => Access::empty(),
+            Want::LocalWrite => Access::LOCAL_WRITE,
+            Want::RemoteRead => Access::REMOTE_READ,
+            Want::RemoteWrite => Access::REMOTE_WRITE,
+            Want::RemoteAtomic => Access::REMOTE_ATOMIC,
+        }
+    }
+}
+
+/// The memory of one device: its keys and its pinned pages.
+#[derive(Debug, Default)]
+pub struct Memory {
+    keys: RwLock<KeyTable>,
+    pins: Mutex<PinTable>,
+}
+
+impl Memory {
+    pub fn new() -> Arc<Memory> {
+        Arc::new(Memory::default())
+    }
+
+    /// Registers `len` bytes of host memory at `addr`, pinned, addressed by
+    /// the device as `iova..iova+len`.
+    ///
+    /// # Safety
+    /// `addr..addr+len` must stay valid memory of this process until the
+    /// region is deregistered (the verbs contract of `ibv_reg_mr`).
+    pub unsafe fn register_host(
+        &self,
+        pd: u32,
+        addr: usize,
+        len: u64,
+        iova: u64,
+        access: Access,
+        owner: Option<Box<dyn std::any::Any + Send + Sync>>,
+    ) -> Result<Arc<MemoryRegion>> {
+        check_access_flags(access)?;
+        if len == 0 && addr == 0 {
+            return Err(Error::inval("reg_mr: NULL address"));
+        }
+        if (addr as u64).checked_add(len).is_none() || iova.checked_add(len).is_none() {
+            return Err(Error::inval("reg_mr: range wraps the address space"));
+        }
+        if len > 0 {
+            self.pins.lock().unwrap().pin(addr as u64, len)?;
+        }
+        let mr = self.keys.write().unwrap().insert(|key| MemoryRegion {
+            pd,
+            key,
+            iova,
+            length: len,
+            access,
+            backing: Backing::Host { addr, owner },
+        });
+        Ok(mr)
+    }
+
+    /// Removes a region's key and unpins it once no transfer still uses it.
+    pub fn deregister(&self, key: u32) -> Result<()> {
+        let mr = self
+            .keys
+            .write()
+            .unwrap()
+            .remove(key)
+            .ok_or_else(|| Error::inval("dereg_mr: unknown key"))?;
+        // A packet being processed may hold a Span on the region: wait for it,
+        // so that the caller may free the memory as soon as we return.
+        let mut spins = 0u32;
+        while Arc::strong_count(&mr) > 1 {
+            spins += 1;
+            if spins > 64 {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        let Backing::Host { addr, .. } = mr.backing;
+        if mr.length > 0 {
+            self.pins.lock().unwrap().unpin(addr as u64, mr.length);
+        }
+        Ok(())
+    }
+
+    /// The region a key names, if the key (with its variant) is current.
+    pub fn lookup(&self, key: u32) -> Option<Arc<MemoryRegion>> {
+        self.keys.read().unwrap().lookup(key).cloned()
+    }
+
+    /// Checks an access of `len` bytes at `iova` through `key` on behalf of
+    /// protection domain `pd`. A zero-length access needs no valid key.
+    pub fn resolve(
+        &self,
+        key: u32,
+        pd: u32,
+        iova: u64,
+        len: u64,
+        want: Want,
+    ) -> std::result::Result<Span, AccessError> {
+        if len == 0 {
+            return Ok(Span::empty());
+        }
+        let keys = self.keys.read().unwrap();
+        let mr = keys.lookup(key).ok_or(AccessError::BadKey)?;
+        if mr.pd != pd {
+            return Err(AccessError::WrongPd);
+        }
+        if !mr.access.contains(want.required()) {
+            return Err(AccessError::Permission);
+        }
+        mr.span(iova, len).ok_or(AccessError::Range)
+    }
+
+    /// Bytes currently pinned by registrations of this device.
+    pub fn pinned_bytes(&self) -> u64 {
+        self.pins.lock().unwrap().pinned_bytes()
+    }
+}
+
+/// The IBA rules on access flags at registration.
+pub fn check_access_flags(access: Access) -> Result<()> {
+    if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+        && !access.contains(Access::LOCAL_WRITE)
+    {
+        return Err(Error::inval(
+            "remote write or atomic access requires local write access",
+        ));
+    }
+    if access.contains(Access::ON_DEMAND) || access.contains(Access::HUGETLB) {
+        return Err(Error::new(
+            Errno::EOPNOTSUPP,
+            "on-demand paging is not supported by this device yet",
+        ));
+    }
+    Ok(())
+}
+
+/// Scatter/gather over a list of local SGEs: the `i`-th byte of the message
+/// lives in the SGE that covers it. `f` gets each piece as (span, offset
+/// within the message, length).
+pub fn for_each_sge_piece(
+    mem: &Memory,
+    pd: u32,
+    sges: &[crate::ib::Sge],
+    msg_offset: u64,
+    len: u64,
+    want: Want,
+    mut f: impl FnMut(&Span, u64, usize),
+) -> std::result::Result<(), AccessError> {
+    let mut skip = msg_offset;
+    let mut left = len;
+    let mut done = 0u64;
+    for sge in sges {
+        if left == 0 {
+            break;
+        }
+        let sl = sge.length as u64;
+        if skip >= sl {
+            skip -= sl;
+            continue;
+        }
+        let take = (sl - skip).min(left);
+        let span = mem.resolve(sge.lkey, pd, sge.addr + skip, take, want)?;
+        f(&span, done, take as usize);
+        done += take;
+        left -= take;
+        skip = 0;
+    }
+    if left != 0 {
+        return Err(AccessError::Range);
+    }
+    Ok(())
+}
+
+/// Total length of an SGE list (u64, no overflow).
+pub fn sge_total(sges: &[crate::ib::Sge]) -> u64 {
+    sges.iter().map(|s| s.length as u64).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reg(mem: &Memory, buf: &mut [u8], access: Access) -> Arc<MemoryRegion> {
+        let addr = buf.as_mut_ptr() as usize;
+        // SAFETY: the buffers outlive the regions in these tests.
+        unsafe { mem.register_host(1, addr, buf.len() as u64, addr as u64, access, None) }.unwrap()
+    }
+
+    #[test]
+    fn resolve_checks_key_pd_access_range() {
+        let mem = Memory::default();
+        let mut buf = vec![0u8; 4096];
+        let base = buf.as_ptr() as u64;
+        let mr = reg(&mem, &mut buf, Access::LOCAL_WRITE | Access::REMOTE_READ);
+        let k = mr.key;
+        assert!(mem.resolve(k, 1, base, 4096, Want::RemoteRead).is_ok());
+        assert_eq!(mem.resolve(k, 2, base, 1, Want::RemoteRead).err(), Some(AccessError::WrongPd));
+        assert_eq!(mem.resolve(k, 1, base, 1, Want::RemoteWrite).err(), Some(AccessError::Permission));
+        assert_eq!(mem.resolve(k, 1, base + 1, 4096, Want::RemoteRead).err(), Some(AccessError::Range));
+        assert_eq!(mem.resolve(k, 1, base - 1, 2, Want::RemoteRead).err(), Some(AccessError::Range));
+        assert_eq!(mem.resolve(k ^ 1, 1, base, 1, Want::RemoteRead).err(), Some(AccessError::BadKey));
+        assert!(mem.resolve(0xdead_beef, 1, 0, 0, Want::RemoteWrite).is_ok(), "zero length needs no key");
+        mem.deregister(k).unwrap();
+        assert_eq!(mem.resolve(k, 1, base, 1, Want::RemoteRead).err(), Some(AccessError::BadKey));
+        assert!(mem.deregister(k).is_err());
+    }
+
+    #[test]
+    fn registration_flag_rules() {
+        let mem = Memory::default();
+        let mut buf = vec![0u8; 64];
+        let addr = buf.as_mut_ptr() as usize;
+        for bad in [Access::REMOTE_WRITE, Access::REMOTE_ATOMIC] {
+            // SAFETY: buf outlives the call; it fails anyway.
+            let e = unsafe { mem.register_host(1, addr, 64, addr as u64, bad, None) }.unwrap_err();
+            assert_eq!(e.errno, Errno::EINVAL);
+        }
+    }
+
+    #[test]
+    fn keys_are_reused_with_a_new_variant() {
+        let mem = Memory::default();
+        let mut buf = vec![0u8; 64];
+        let k1 = reg(&mem, &mut buf, Access::LOCAL_WRITE).key;
+        mem.deregister(k1).unwrap();
+        let k2 = reg(&mem, &mut buf, Access::LOCAL_WRITE).key;
+        assert_eq!(k1 >> 8, k2 >> 8, "index reused");
+        assert_ne!(k1, k2, "variant differs so the stale key fails");
+        assert_eq!(mem.resolve(k1, 1, buf.as_ptr() as u64, 1, Want::LocalRead).err(), Some(AccessError::BadKey));
+    }
+
+    #[test]
+    fn sge_pieces_cover_the_message() {
+        let mem = Memory::default();
+        let mut a = vec![0u8; 10];
+        let mut b = vec![0u8; 10];
+        let ka = reg(&mem, &mut a, Access::LOCAL_WRITE).key;
+        let kb = reg(&mem, &mut b, Access::LOCAL_WRITE).key;
+        let sges = [
+            crate::ib::Sge { addr: a.as_ptr() as u64, length: 10, lkey: ka },
+            crate::ib::Sge { addr: b.as_ptr() as u64, length: 10, lkey: kb },
+        ];
+        let data: Vec<u8> = (0..15).collect();
+        for_each_sge_piece(&mem, 1, &sges, 3, 15, Want::LocalWrite, |span, off, n| {
+            span.write(0, &data[off as usize..off as usize + n]);
+        })
+        .unwrap();
+        assert_eq!(&a[3..], &data[..7]);
+        assert_eq!(&b[..8], &data[7..]);
+        assert_eq!(b[8], 0);
+        let e = for_each_sge_piece(&mem, 1, &sges, 10, 11, Want::LocalWrite, |_, _, _| {});
+        assert_eq!(e, Err(AccessError::Range));
+    }
+}

@@ -1,0 +1,271 @@
+//! The completer: consumes ACKs, NAKs, READ responses and atomic ACKs for
+//! an RC requester, completes send WQEs in order, and decides retries
+//! (go-back-N on PSN-sequence NAKs, missing responses and timeouts; RNR
+//! waits) and fatal errors (remote NAKs, exhausted retry counters).
+
+use super::qp::Qp;
+use super::requester::ack_timeout;
+use super::{psn, Ctx};
+use crate::ib::{QpState, Wc, WcStatus};
+use crate::mem::{for_each_sge_piece, Want};
+use crate::wire::{rnr_timer_usec, AethKind, NakCode, OpFlags, Packet};
+use std::time::Duration;
+
+/// What acknowledging up to a PSN found.
+enum Acked {
+    Fine,
+    /// A READ or atomic WQE was passed over without its response.
+    MissingResponse,
+}
+
+impl Qp {
+    /// Handles a response packet (RC only; checked by the engine).
+    pub(crate) fn on_response(&mut self, ctx: &mut Ctx, pkt: &Packet) {
+        if !matches!(self.attr.qp_state, QpState::Rts | QpState::Sqd) {
+            return;
+        }
+        let p = pkt.headers.bth.psn;
+        // Ignore answers to PSNs never sent.
+        if psn::diff(p, self.req.psn_max) >= 0 {
+            ctx.stats.rx_out_of_sequence += 1;
+            return;
+        }
+        let flags = pkt.headers.bth.opcode.info().map(|i| i.flags).unwrap_or(OpFlags::empty());
+        let aeth = pkt.headers.aeth;
+
+        if flags.contains(OpFlags::READ) {
+            if aeth.is_some_and(|a| !matches!(a.kind(), AethKind::Ack { .. })) {
+                self.complete_head_error(ctx, WcStatus::BadRespErr);
+                return;
+            }
+            self.on_read_response(ctx, pkt);
+        } else if flags.contains(OpFlags::ATOMIC_ACK_ETH) {
+            self.on_atomic_ack(ctx, p, pkt.headers.atomic_ack.unwrap_or(0));
+        } else if let Some(aeth) = aeth {
+            match aeth.kind() {
+                AethKind::Ack { .. } => {
+                    if let Acked::MissingResponse = self.ack_through(ctx, p) {
+                        self.retry(ctx);
+                    }
+                }
+                AethKind::RnrNak { timer } => self.on_rnr_nak(ctx, p, timer),
+                AethKind::Nak(code) => self.on_nak(ctx, p, code),
+                AethKind::Reserved(_) => ctx.stats.rx_drop_malformed += 1,
+            }
+        }
+        self.check_drained(ctx);
+    }
+
+    /// Completes the SEND/WRITE WQEs at the head of the send queue whose
+    /// packets are all at or before `p`.
+    fn ack_through(&mut self, ctx: &mut Ctx, p: u32) -> Acked {
+        let mut progress = false;
+        let mut result = Acked::Fine;
+        while let Some(w) = self.sq.front() {
+            if !w.started || psn::lt(p, w.first_psn) {
+                break;
+            }
+            if w.wr.opcode.is_read_or_atomic() {
+                result = Acked::MissingResponse;
+                break;
+            }
+            if psn::le(w.last_psn, p) {
+                let w = self.sq.pop_front().unwrap();
+                self.req.cursor = self.req.cursor.saturating_sub(1);
+                self.req.comp_psn = psn::add(w.last_psn, 1);
+                progress = true;
+                if w.signaled {
+                    let mut wc = Wc::new(w.wr.wr_id, WcStatus::Success, w.wc_opcode(), self.qpn);
+                    wc.byte_len = w.len as u32;
+                    self.deliver_send(ctx, wc);
+                }
+            } else {
+                // Partly acknowledged multi-packet message.
+                if psn::lt(self.req.comp_psn, psn::add(p, 1)) {
+                    self.req.comp_psn = psn::add(p, 1);
+                    progress = true;
+                }
+                break;
+            }
+        }
+        if progress {
+            self.forward_progress(ctx);
+        }
+        result
+    }
+
+    fn forward_progress(&mut self, ctx: &mut Ctx) {
+        self.req.retry_left = self.attr.retry_cnt;
+        self.req.rnr_left = self.attr.rnr_retry;
+        self.req.retrying = false;
+        let outstanding = self.sq.front().is_some_and(|w| w.started);
+        self.req.timer = if outstanding { ack_timeout(self.attr.timeout).map(|d| ctx.now + d) } else { None };
+        ctx.mark_ready(self.qpn);
+    }
+
+    fn on_read_response(&mut self, ctx: &mut Ctx, pkt: &Packet) {
+        let p = pkt.headers.bth.psn;
+        if let Acked::MissingResponse = self.ack_through(ctx, psn::add(p, super::psn::PSN_MASK)) {
+            // An earlier READ/atomic than this one is unanswered.
+            let head_first = self.sq.front().map(|w| w.first_psn);
+            if head_first.is_some_and(|f| psn::lt(p, f) || !self.head_contains(p)) {
+                self.retry(ctx);
+                return;
+            }
+        }
+        let mtu = self.mtu() as u64;
+        let Some(head) = self.sq.front() else { return };
+        if !head.started
+            || head.wr.opcode != super::wr::WrOpcode::RdmaRead
+            || psn::lt(p, head.first_psn)
+            || psn::lt(head.last_psn, p)
+        {
+            ctx.stats.rx_duplicates += 1;
+            return;
+        }
+        if p != self.req.comp_psn {
+            if psn::lt(p, self.req.comp_psn) {
+                ctx.stats.rx_duplicates += 1;
+            } else {
+                ctx.stats.rx_out_of_sequence += 1;
+                self.retry(ctx);
+            }
+            return;
+        }
+        let off = psn::diff(p, head.first_psn) as u64 * mtu;
+        let expect = (head.len - off.min(head.len)).min(mtu);
+        if pkt.payload.len() as u64 != expect {
+            self.complete_head_error(ctx, WcStatus::BadRespErr);
+            return;
+        }
+        let data = pkt.payload;
+        let r = for_each_sge_piece(ctx.mem, self.pd, &head.wr.sg_list, off, expect, Want::LocalWrite, |s, at, n| {
+            s.write(0, &data[at as usize..at as usize + n])
+        });
+        if r.is_err() {
+            self.complete_head_error(ctx, WcStatus::LocProtErr);
+            return;
+        }
+        self.req.comp_psn = psn::add(p, 1);
+        if p == head.last_psn {
+            let w = self.sq.pop_front().unwrap();
+            self.req.cursor = self.req.cursor.saturating_sub(1);
+            self.req.rd_atomic -= 1;
+            if w.signaled {
+                let mut wc = Wc::new(w.wr.wr_id, WcStatus::Success, w.wc_opcode(), self.qpn);
+                wc.byte_len = w.len as u32;
+                self.deliver_send(ctx, wc);
+            }
+        }
+        self.forward_progress(ctx);
+    }
+
+    fn head_contains(&self, p: u32) -> bool {
+        self.sq.front().is_some_and(|w| w.started && psn::le(w.first_psn, p) && psn::le(p, w.last_psn))
+    }
+
+    fn on_atomic_ack(&mut self, ctx: &mut Ctx, p: u32, orig: u64) {
+        if let Acked::MissingResponse = self.ack_through(ctx, psn::add(p, super::psn::PSN_MASK)) {
+            if !self.head_contains(p) {
+                self.retry(ctx);
+                return;
+            }
+        }
+        let Some(head) = self.sq.front() else { return };
+        if !head.started || !head.wr.opcode.is_atomic() || head.first_psn != p {
+            ctx.stats.rx_duplicates += 1;
+            return;
+        }
+        let bytes = orig.to_ne_bytes();
+        let r = for_each_sge_piece(ctx.mem, self.pd, &head.wr.sg_list, 0, 8, Want::LocalWrite, |s, at, n| {
+            s.write(0, &bytes[at as usize..at as usize + n])
+        });
+        if r.is_err() {
+            self.complete_head_error(ctx, WcStatus::LocProtErr);
+            return;
+        }
+        let w = self.sq.pop_front().unwrap();
+        self.req.cursor = self.req.cursor.saturating_sub(1);
+        self.req.rd_atomic -= 1;
+        self.req.comp_psn = psn::add(p, 1);
+        if w.signaled {
+            let mut wc = Wc::new(w.wr.wr_id, WcStatus::Success, w.wc_opcode(), self.qpn);
+            wc.byte_len = 8;
+            self.deliver_send(ctx, wc);
+        }
+        self.forward_progress(ctx);
+    }
+
+    fn on_rnr_nak(&mut self, ctx: &mut Ctx, p: u32, timer: u8) {
+        ctx.stats.rnr_naks_received += 1;
+        if let Acked::MissingResponse = self.ack_through(ctx, psn::add(p, super::psn::PSN_MASK)) {
+            self.retry(ctx);
+            return;
+        }
+        if !self.head_contains(p) {
+            return; // stale
+        }
+        if self.req.rnr_left == 0 {
+            tracing::warn!(qpn = self.qpn, "RNR retry counter exceeded");
+            self.complete_head_error(ctx, WcStatus::RnrRetryExcErr);
+            return;
+        }
+        if self.attr.rnr_retry != 7 {
+            self.req.rnr_left -= 1;
+        }
+        self.req.comp_psn = p;
+        self.rewind(ctx);
+        self.req.retrying = false;
+        self.req.timer = None;
+        self.req.rnr_timer = Some(ctx.now + Duration::from_micros(rnr_timer_usec(timer) as u64));
+    }
+
+    fn on_nak(&mut self, ctx: &mut Ctx, p: u32, code: NakCode) {
+        ctx.stats.naks_received += 1;
+        let missing = matches!(self.ack_through(ctx, psn::add(p, super::psn::PSN_MASK)), Acked::MissingResponse);
+        match code {
+            NakCode::PsnSequence => {
+                if !missing && psn::lt(self.req.comp_psn, p) {
+                    self.req.comp_psn = p;
+                }
+                if !self.req.retrying {
+                    if self.req.retry_left == 0 {
+                        self.complete_head_error(ctx, WcStatus::RetryExcErr);
+                        return;
+                    }
+                    if self.attr.retry_cnt != 7 {
+                        self.req.retry_left -= 1;
+                    }
+                    self.rewind(ctx);
+                }
+            }
+            _ => {
+                let status = match code {
+                    NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                    NakCode::RemoteAccess => WcStatus::RemAccessErr,
+                    NakCode::RemoteOperational => WcStatus::RemOpErr,
+                    _ => WcStatus::RemInvRdReqErr,
+                };
+                tracing::warn!(qpn = self.qpn, ?code, "NAK received");
+                self.complete_head_error(ctx, status);
+            }
+        }
+    }
+
+    /// Go-back-N after a detected loss, unless a retry is already running.
+    fn retry(&mut self, ctx: &mut Ctx) {
+        if !self.req.retrying {
+            self.rewind(ctx);
+        }
+    }
+
+    /// Completes the oldest WQE with an error and moves the QP to ERR
+    /// (flushing the rest).
+    pub(crate) fn complete_head_error(&mut self, ctx: &mut Ctx, status: WcStatus) {
+        if let Some(w) = self.sq.pop_front() {
+            let wc = Wc::new(w.wr.wr_id, status, w.wc_opcode(), self.qpn);
+            self.deliver_send(ctx, wc);
+        }
+        self.fail(ctx, None);
+    }
+}

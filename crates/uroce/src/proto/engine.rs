@@ -1,0 +1,268 @@
+//! The engine: the queue pairs of one device, packet reception checks (in
+//! rxe's order), dispatch to the responder or completer, round-robin
+//! transmission across queue pairs, timers and events.
+
+use super::qp::{Qp, QpInit};
+use super::wr::{QpAttr, RecvWr, SendWr};
+use super::{Ctx, Event, Stats, Transmit};
+use crate::ib::{Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result};
+use crate::mem::Memory;
+use crate::wire::{self, icrc, IpInfo, OpFlags, Packet, Transport};
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What an engine needs to know about its device.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// The address the device sends from and receives on.
+    pub addr: IpAddr,
+    /// The UDP port of this device and of its peers (4791 by default).
+    pub port: u16,
+    /// The port's active MTU (the UD payload limit).
+    pub mtu: Mtu,
+    /// The GID table.
+    pub gids: Vec<Gid>,
+    /// IPv4: accept a packet whose ICRC only verifies with some other IP
+    /// Identification than 0 (a peer such as Linux rxe, whose IDs a UDP
+    /// socket cannot see). Leaves 16 of the ICRC's 32 bits as a check.
+    pub ipv4_any_id: bool,
+}
+
+impl EngineConfig {
+    pub fn new(addr: IpAddr, port: u16, mtu: Mtu) -> EngineConfig {
+        EngineConfig { addr, port, mtu, gids: vec![Gid::from_ip(addr)], ipv4_any_id: false }
+    }
+}
+
+/// First QPN handed out (0 and 1 are the special QPs; rxe starts at 0x11).
+const FIRST_QPN: u32 = 0x11;
+
+pub struct Engine {
+    cfg: EngineConfig,
+    mem: Arc<Memory>,
+    qps: HashMap<u32, Qp>,
+    next_qpn: u32,
+    ready: Vec<u32>,
+    active: VecDeque<u32>,
+    events: VecDeque<Event>,
+    stats: Stats,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("addr", &self.cfg.addr).field("qps", &self.qps.len()).finish()
+    }
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig, mem: Arc<Memory>) -> Engine {
+        Engine {
+            cfg,
+            mem,
+            qps: HashMap::new(),
+            next_qpn: FIRST_QPN,
+            ready: Vec::new(),
+            active: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    pub fn memory(&self) -> &Arc<Memory> {
+        &self.mem
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    pub fn qp(&self, qpn: u32) -> Option<&Qp> {
+        self.qps.get(&qpn)
+    }
+
+    pub fn qp_count(&self) -> usize {
+        self.qps.len()
+    }
+
+    /// Runs `f` on a QP with a context over the engine's other parts.
+    fn with_qp<R>(&mut self, now: Instant, qpn: u32, f: impl FnOnce(&mut Qp, &mut Ctx) -> R) -> Option<R> {
+        let qp = self.qps.get_mut(&qpn)?;
+        let mut ctx = Ctx {
+            now,
+            mem: &self.mem,
+            cfg: &self.cfg,
+            events: &mut self.events,
+            stats: &mut self.stats,
+            ready: &mut self.ready,
+        };
+        let r = f(qp, &mut ctx);
+        self.schedule();
+        Some(r)
+    }
+
+    fn schedule(&mut self) {
+        for qpn in self.ready.drain(..) {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                if !qp.queued {
+                    qp.queued = true;
+                    self.active.push_back(qpn);
+                }
+            }
+        }
+    }
+
+    pub fn create_qp(&mut self, init: QpInit) -> Result<u32> {
+        if self.qps.len() >= 0x10000 {
+            return Err(Error::new(crate::ib::Errno::ENOMEM, "create_qp: too many QPs"));
+        }
+        let mut qpn = self.next_qpn;
+        while self.qps.contains_key(&qpn) {
+            qpn = if qpn >= 0x00FF_FFFF { FIRST_QPN } else { qpn + 1 };
+        }
+        self.next_qpn = if qpn >= 0x00FF_FFFF { FIRST_QPN } else { qpn + 1 };
+        let qp = Qp::new(qpn, init)?;
+        self.qps.insert(qpn, qp);
+        Ok(qpn)
+    }
+
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
+        self.qps.remove(&qpn).map(|_| ()).ok_or_else(|| Error::inval("destroy_qp: no such QP"))
+    }
+
+    pub fn modify_qp(&mut self, now: Instant, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        self.with_qp(now, qpn, |qp, ctx| qp.modify(ctx, attr, mask))
+            .unwrap_or_else(|| Err(Error::inval("modify_qp: no such QP")))
+    }
+
+    pub fn post_send(&mut self, now: Instant, qpn: u32, wr: SendWr) -> Result<()> {
+        self.with_qp(now, qpn, |qp, ctx| qp.post_send(ctx, wr))
+            .unwrap_or_else(|| Err(Error::inval("post_send: no such QP")))
+    }
+
+    pub fn post_recv(&mut self, now: Instant, qpn: u32, wr: RecvWr) -> Result<()> {
+        self.with_qp(now, qpn, |qp, ctx| qp.post_recv(ctx, wr))
+            .unwrap_or_else(|| Err(Error::inval("post_recv: no such QP")))
+    }
+
+    /// Handles one received UDP datagram: `src` is the sender, `dst` the
+    /// local address it was sent to, `ipv4_id` the IPv4 Identification the
+    /// sender is assumed to have used (0, or the segment index under GSO).
+    pub fn handle_datagram(&mut self, now: Instant, src: SocketAddr, dst: IpAddr, data: &[u8], ipv4_id: u16) {
+        self.stats.rx_packets += 1;
+        self.stats.rx_bytes += data.len() as u64;
+        let pkt = match Packet::parse(data) {
+            Ok(p) => p,
+            Err(_) => {
+                self.stats.rx_drop_malformed += 1;
+                return;
+            }
+        };
+        let bth = pkt.headers.bth;
+        let Some(qp) = self.qps.get(&bth.dest_qp).filter(|_| bth.dest_qp != 0) else {
+            self.stats.rx_drop_no_qp += 1;
+            return;
+        };
+        let mut ip = IpInfo { src: src.ip(), dst, sport: src.port(), dport: self.cfg.port, ipv4_id };
+        if !icrc::verify(&ip, data) {
+            let solved = match (self.cfg.ipv4_any_id, ip.src) {
+                (true, IpAddr::V4(_)) => icrc::solve_ipv4_id(&ip, data),
+                _ => None,
+            };
+            match solved {
+                Some(id) => ip.ipv4_id = id,
+                None => {
+                    self.stats.rx_drop_icrc += 1;
+                    return;
+                }
+            }
+        }
+        let flags = bth.opcode.info().map_or(OpFlags::empty(), |i| i.flags);
+        let type_ok = matches!(
+            (bth.opcode.transport(), qp.qp_type),
+            (Transport::Rc, QpType::Rc) | (Transport::Uc, QpType::Uc) | (Transport::Ud, QpType::Ud)
+        );
+        if !type_ok {
+            self.stats.rx_drop_state += 1;
+            return;
+        }
+        if bth.pkey & 0x7FFF != 0x7FFF {
+            self.stats.rx_drop_pkey += 1;
+            return;
+        }
+        let is_response = flags.contains(OpFlags::RESPONSE);
+        let state_ok = match qp.state() {
+            QpState::Rtr => !is_response,
+            QpState::Rts | QpState::Sqd => true,
+            _ => false,
+        };
+        if !state_ok {
+            self.stats.rx_drop_state += 1;
+            return;
+        }
+        if qp.qp_type != QpType::Ud && qp.attr.ah_attr.dgid.to_ip() != ip.src {
+            self.stats.rx_drop_addr += 1;
+            return;
+        }
+        let qp_type = qp.qp_type;
+        self.with_qp(now, bth.dest_qp, |qp, ctx| match qp_type {
+            QpType::Ud => qp.on_ud(ctx, &pkt, ip.src, dst),
+            _ if is_response => qp.on_response(ctx, &pkt),
+            _ => qp.on_request(ctx, &pkt),
+        });
+    }
+
+    /// The next packet to send, round-robin over queue pairs; responses of a
+    /// QP go before its requests.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        while let Some(qpn) = self.active.pop_front() {
+            let Some(qp) = self.qps.get_mut(&qpn) else { continue };
+            qp.queued = false;
+            let t = self.with_qp(now, qpn, |qp, ctx| qp.poll_response(ctx).or_else(|| qp.poll_request(ctx)));
+            if let Some(Some(t)) = t {
+                if let Some(qp) = self.qps.get_mut(&qpn) {
+                    if !qp.queued {
+                        qp.queued = true;
+                        self.active.push_back(qpn);
+                    }
+                }
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    /// Whether some QP may have a packet to send.
+    pub fn has_transmit(&self) -> bool {
+        !self.active.is_empty()
+    }
+
+    /// The earliest timer deadline, if any.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.qps.values().filter_map(|q| q.next_timeout()).min()
+    }
+
+    /// Fires every timer due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let due: Vec<u32> =
+            self.qps.values().filter(|q| q.next_timeout().is_some_and(|t| t <= now)).map(|q| q.qpn).collect();
+        for qpn in due {
+            self.with_qp(now, qpn, |qp, ctx| qp.on_timer(ctx));
+        }
+    }
+
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The wire packet length of a message of `len` bytes on this engine (for
+    /// sizing buffers).
+    pub fn max_packet_len(&self) -> usize {
+        wire::packet_len(wire::BTH_LEN + 28, self.cfg.mtu.bytes().max(4096) as usize)
+    }
+}

@@ -1,0 +1,582 @@
+//! A queue pair: its attributes, its state machine (`ibv_modify_qp` with the
+//! required/optional attribute masks of the IBA, as the kernel's
+//! `ib_modify_qp_is_ok` checks them), its queues, and the glue that the
+//! requester, completer and responder (sibling modules, each an `impl Qp`
+//! block) share: completions, flushing, and moving to the error state.
+
+use super::cq::{CompletionQueue, Pushed};
+use super::srq::{RecvWqe, SharedRecvQueue};
+use super::wr::{QpAttr, QpCap, RecvWr, SendWr, WrOpcode};
+use super::{AsyncEvent, Ctx, Event};
+use crate::ib::{
+    Access, AsyncEventType, Error, Mtu, QpAttrMask as M, QpState, QpType, Result, SendFlags, Wc,
+    WcOpcode, WcStatus,
+};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Creation parameters of a queue pair (`ibv_qp_init_attr`).
+#[derive(Debug, Clone)]
+pub struct QpInit {
+    pub qp_type: QpType,
+    pub pd: u32,
+    pub send_cq: Arc<CompletionQueue>,
+    pub recv_cq: Arc<CompletionQueue>,
+    pub srq: Option<Arc<SharedRecvQueue>>,
+    pub cap: QpCap,
+    pub sq_sig_all: bool,
+}
+
+/// Device limits a QP is created against.
+pub const MAX_QP_WR: u32 = 16384;
+pub const MAX_SGE: u32 = 32;
+pub const MAX_INLINE: u32 = 256;
+pub const MAX_MSG_SIZE: u64 = 1 << 31;
+
+/// A posted send WQE with its transport progress.
+#[derive(Debug)]
+pub(crate) struct SendWqe {
+    pub wr: SendWr,
+    /// Message length in bytes.
+    pub len: u64,
+    pub signaled: bool,
+    /// PSNs assigned when the WQE is first transmitted.
+    pub started: bool,
+    pub first_psn: u32,
+    pub last_psn: u32,
+}
+
+impl SendWqe {
+    pub fn wc_opcode(&self) -> WcOpcode {
+        match self.wr.opcode {
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteImm => WcOpcode::RdmaWrite,
+            WrOpcode::Send | WrOpcode::SendImm | WrOpcode::SendInv => WcOpcode::Send,
+            WrOpcode::RdmaRead => WcOpcode::RdmaRead,
+            WrOpcode::AtomicCmpSwp => WcOpcode::CompSwap,
+            WrOpcode::AtomicFetchAdd => WcOpcode::FetchAdd,
+            WrOpcode::LocalInv => WcOpcode::LocalInv,
+            WrOpcode::BindMw => WcOpcode::BindMw,
+        }
+    }
+}
+
+pub struct Qp {
+    pub qpn: u32,
+    pub qp_type: QpType,
+    pub pd: u32,
+    pub send_cq: Arc<CompletionQueue>,
+    pub recv_cq: Arc<CompletionQueue>,
+    pub srq: Option<Arc<SharedRecvQueue>>,
+    pub cap: QpCap,
+    pub sq_sig_all: bool,
+    pub attr: QpAttr,
+    pub(crate) sq: VecDeque<SendWqe>,
+    pub(crate) rq: VecDeque<RecvWqe>,
+    pub(crate) req: super::requester::Requester,
+    pub(crate) resp: super::responder::Responder,
+    /// In the engine's list of QPs with something to send.
+    pub(crate) queued: bool,
+    /// SQD: the drained event is pending.
+    pub(crate) sqd_notify_pending: bool,
+}
+
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qp")
+            .field("qpn", &self.qpn)
+            .field("type", &self.qp_type)
+            .field("state", &self.attr.qp_state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Qp {
+    pub fn new(qpn: u32, init: QpInit) -> Result<Qp> {
+        let c = init.cap;
+        if c.max_send_wr > MAX_QP_WR || c.max_recv_wr > MAX_QP_WR {
+            return Err(Error::inval("create_qp: max_send_wr/max_recv_wr above device limit"));
+        }
+        if c.max_send_sge > MAX_SGE || c.max_recv_sge > MAX_SGE {
+            return Err(Error::inval("create_qp: max_sge above device limit"));
+        }
+        if c.max_inline_data > MAX_INLINE {
+            return Err(Error::inval("create_qp: max_inline_data above device limit"));
+        }
+        if let Some(srq) = &init.srq {
+            if srq.pd != init.pd && init.qp_type != QpType::Ud {
+                // rxe accepts an SRQ of another PD; the IBA does too (buffers are
+                // checked against the SRQ's PD).
+            }
+        }
+        Ok(Qp {
+            qpn,
+            qp_type: init.qp_type,
+            pd: init.pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+            cap: init.cap,
+            sq_sig_all: init.sq_sig_all,
+            attr: QpAttr::default(),
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            req: Default::default(),
+            resp: Default::default(),
+            queued: false,
+            sqd_notify_pending: false,
+        })
+    }
+
+    pub fn state(&self) -> QpState {
+        self.attr.qp_state
+    }
+
+    pub fn mtu(&self) -> u32 {
+        self.attr.path_mtu.bytes()
+    }
+
+    /// `ibv_modify_qp`.
+    pub(crate) fn modify(&mut self, ctx: &mut Ctx, a: &QpAttr, mask: M) -> Result<()> {
+        let cur = self.attr.qp_state;
+        if mask.contains(M::CUR_STATE) && a.cur_qp_state != cur {
+            return Err(Error::inval("modify_qp: cur_qp_state does not match"));
+        }
+        let next = if mask.contains(M::STATE) { a.qp_state } else { cur };
+        let Some((required, optional)) = transition(self.qp_type, cur, next) else {
+            return Err(Error::inval(format!("modify_qp: invalid transition {cur:?} -> {next:?}")));
+        };
+        let given = mask - M::STATE;
+        if !given.contains(required) {
+            return Err(Error::inval(format!(
+                "modify_qp {cur:?} -> {next:?}: missing required attributes {:?}",
+                required - given
+            )));
+        }
+        if !(required | optional).contains(given) {
+            return Err(Error::inval(format!(
+                "modify_qp {cur:?} -> {next:?}: attributes not allowed {:?}",
+                given - required - optional
+            )));
+        }
+        self.check_values(ctx, a, mask)?;
+
+        // Apply.
+        let t = &mut self.attr;
+        if mask.contains(M::ACCESS_FLAGS) {
+            t.qp_access_flags = a.qp_access_flags;
+        }
+        if mask.contains(M::PKEY_INDEX) {
+            t.pkey_index = a.pkey_index;
+        }
+        if mask.contains(M::PORT) {
+            t.port_num = a.port_num;
+        }
+        if mask.contains(M::QKEY) {
+            t.qkey = a.qkey;
+        }
+        if mask.contains(M::AV) {
+            t.ah_attr = a.ah_attr;
+        }
+        if mask.contains(M::PATH_MTU) {
+            t.path_mtu = a.path_mtu;
+        }
+        if mask.contains(M::TIMEOUT) {
+            t.timeout = a.timeout;
+        }
+        if mask.contains(M::RETRY_CNT) {
+            t.retry_cnt = a.retry_cnt;
+        }
+        if mask.contains(M::RNR_RETRY) {
+            t.rnr_retry = a.rnr_retry;
+        }
+        if mask.contains(M::RQ_PSN) {
+            t.rq_psn = a.rq_psn & super::psn::PSN_MASK;
+        }
+        if mask.contains(M::MAX_QP_RD_ATOMIC) {
+            t.max_rd_atomic = a.max_rd_atomic;
+        }
+        if mask.contains(M::MIN_RNR_TIMER) {
+            t.min_rnr_timer = a.min_rnr_timer;
+        }
+        if mask.contains(M::SQ_PSN) {
+            t.sq_psn = a.sq_psn & super::psn::PSN_MASK;
+        }
+        if mask.contains(M::MAX_DEST_RD_ATOMIC) {
+            t.max_dest_rd_atomic = a.max_dest_rd_atomic;
+        }
+        if mask.contains(M::DEST_QPN) {
+            t.dest_qp_num = a.dest_qp_num & super::psn::PSN_MASK;
+        }
+        if mask.contains(M::EN_SQD_ASYNC_NOTIFY) {
+            t.en_sqd_async_notify = a.en_sqd_async_notify;
+        }
+
+        if next != cur || mask.contains(M::STATE) {
+            self.enter(ctx, cur, next, mask);
+        }
+        Ok(())
+    }
+
+    fn check_values(&self, ctx: &Ctx, a: &QpAttr, mask: M) -> Result<()> {
+        if mask.contains(M::PORT) && a.port_num != 1 {
+            return Err(Error::inval("modify_qp: port_num must be 1"));
+        }
+        if mask.contains(M::PKEY_INDEX) && a.pkey_index != 0 {
+            return Err(Error::inval("modify_qp: pkey_index out of range (table has 1 entry)"));
+        }
+        if mask.contains(M::TIMEOUT) && a.timeout > 31 {
+            return Err(Error::inval("modify_qp: timeout > 31"));
+        }
+        if mask.contains(M::RETRY_CNT) && a.retry_cnt > 7 {
+            return Err(Error::inval("modify_qp: retry_cnt > 7"));
+        }
+        if mask.contains(M::RNR_RETRY) && a.rnr_retry > 7 {
+            return Err(Error::inval("modify_qp: rnr_retry > 7"));
+        }
+        if mask.contains(M::MIN_RNR_TIMER) && a.min_rnr_timer > 31 {
+            return Err(Error::inval("modify_qp: min_rnr_timer > 31"));
+        }
+        if mask.contains(M::MAX_QP_RD_ATOMIC) && a.max_rd_atomic as u32 > crate::ib::MAX_RD_ATOMIC {
+            return Err(Error::inval("modify_qp: max_rd_atomic above device limit"));
+        }
+        if mask.contains(M::MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic as u32 > crate::ib::MAX_RD_ATOMIC {
+            return Err(Error::inval("modify_qp: max_dest_rd_atomic above device limit"));
+        }
+        if mask.contains(M::AV) {
+            let av = &a.ah_attr;
+            if !av.is_global || av.dgid.is_zero() {
+                return Err(Error::inval("modify_qp: RoCE address vectors need a GRH with a destination GID"));
+            }
+            if av.sgid_index as usize >= ctx.cfg.gids.len() {
+                return Err(Error::inval("modify_qp: sgid_index out of range"));
+            }
+            if av.port_num > 1 {
+                return Err(Error::inval("modify_qp: ah_attr.port_num must be 1"));
+            }
+        }
+        if mask.contains(M::ACCESS_FLAGS)
+            && !(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC | Access::MW_BIND)
+                .contains(a.qp_access_flags)
+        {
+            return Err(Error::inval("modify_qp: unknown qp_access_flags"));
+        }
+        if mask.contains(M::QKEY) && self.qp_type == QpType::Rc {
+            return Err(Error::inval("modify_qp: qkey on an RC QP"));
+        }
+        if mask.contains(M::CAP) {
+            return Err(Error::inval("modify_qp: resizing queues is not supported"));
+        }
+        let _ = Mtu::Mtu256;
+        Ok(())
+    }
+
+    /// Effects of entering `next`.
+    fn enter(&mut self, ctx: &mut Ctx, cur: QpState, next: QpState, mask: M) {
+        self.attr.qp_state = next;
+        match next {
+            QpState::Reset => {
+                self.sq.clear();
+                self.rq.clear();
+                self.req = Default::default();
+                self.resp = Default::default();
+                self.attr = QpAttr { port_num: 1, ..QpAttr::default() };
+            }
+            QpState::Init => {}
+            QpState::Rtr => {
+                if cur != QpState::Rtr {
+                    self.resp.reset(self.attr.rq_psn, self.attr.max_dest_rd_atomic as usize);
+                }
+            }
+            QpState::Rts => {
+                if cur == QpState::Rtr || mask.contains(M::SQ_PSN) {
+                    self.req.reset(self.attr.sq_psn, &self.attr);
+                }
+                ctx.mark_ready(self.qpn);
+                self.sqd_notify_pending = false;
+            }
+            QpState::Sqd => {
+                self.sqd_notify_pending = self.attr.en_sqd_async_notify;
+                self.check_drained(ctx);
+            }
+            QpState::Sqe => {}
+            QpState::Err => self.flush(ctx),
+        }
+    }
+
+    /// Moves the QP to ERR after a fatal transport error, raising `event` if
+    /// given, and flushes both queues.
+    pub(crate) fn fail(&mut self, ctx: &mut Ctx, event: Option<AsyncEventType>) {
+        if self.attr.qp_state == QpState::Err {
+            return;
+        }
+        tracing::warn!(qpn = self.qpn, peer_qpn = self.attr.dest_qp_num, ?event, "QP entering ERR");
+        ctx.stats.qp_errors += 1;
+        self.attr.qp_state = QpState::Err;
+        if let Some(kind) = event {
+            ctx.events.push_back(Event::Async(AsyncEvent::qp(kind, self.qpn)));
+        }
+        self.flush(ctx);
+    }
+
+    /// Completes every outstanding WQE with WR_FLUSH_ERR.
+    pub(crate) fn flush(&mut self, ctx: &mut Ctx) {
+        self.req.timer = None;
+        self.req.rnr_timer = None;
+        while let Some(w) = self.sq.pop_front() {
+            let wc = Wc::new(w.wr.wr_id, WcStatus::WrFlushErr, w.wc_opcode(), self.qpn);
+            self.deliver_send(ctx, wc);
+        }
+        while let Some(r) = self.rq.pop_front() {
+            let wc = Wc::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
+            self.deliver_recv(ctx, wc, false);
+        }
+        if let Some(cur) = self.resp.take_current_recv() {
+            let wc = Wc::new(cur.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
+            self.deliver_recv(ctx, wc, false);
+        }
+        if self.srq.is_some() {
+            ctx.events.push_back(Event::Async(AsyncEvent::qp(AsyncEventType::QpLastWqeReached, self.qpn)));
+        }
+        self.resp.drop_reads();
+    }
+
+    pub(crate) fn deliver_send(&mut self, ctx: &mut Ctx, wc: Wc) {
+        let cq = self.send_cq.clone();
+        self.deliver(ctx, &cq, wc, false);
+    }
+
+    pub(crate) fn deliver_recv(&mut self, ctx: &mut Ctx, wc: Wc, solicited: bool) {
+        let cq = self.recv_cq.clone();
+        self.deliver(ctx, &cq, wc, solicited);
+    }
+
+    fn deliver(&mut self, ctx: &mut Ctx, cq: &CompletionQueue, wc: Wc, solicited: bool) {
+        match cq.push(wc, solicited) {
+            Pushed::Stored { notify } => {
+                if notify {
+                    ctx.events.push_back(Event::CompletionNotify(cq.handle));
+                }
+            }
+            Pushed::Overrun => {
+                tracing::warn!(qpn = self.qpn, cq = cq.handle, "completion queue overrun");
+                ctx.events.push_back(Event::Async(AsyncEvent::cq(AsyncEventType::CqErr, cq.handle)));
+                if self.attr.qp_state != QpState::Err {
+                    self.attr.qp_state = QpState::Err;
+                    ctx.events.push_back(Event::Async(AsyncEvent::qp(AsyncEventType::QpFatal, self.qpn)));
+                }
+            }
+        }
+    }
+
+    /// `ibv_post_send` checks, then queues the WQE.
+    pub(crate) fn post_send(&mut self, ctx: &mut Ctx, wr: SendWr) -> Result<()> {
+        use crate::ib::Errno;
+        let state = self.attr.qp_state;
+        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(Error::inval("post_send: QP is not in RTS"));
+        }
+        if wr.sg_list.len() > self.cap.max_send_sge as usize && wr.inline.is_none() {
+            return Err(Error::inval("post_send: num_sge above max_send_sge"));
+        }
+        if self.sq.len() >= self.cap.max_send_wr as usize {
+            return Err(Error::new(Errno::ENOMEM, "post_send: send queue full"));
+        }
+        let allowed = match self.qp_type {
+            QpType::Ud => matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendImm),
+            QpType::Uc => matches!(
+                wr.opcode,
+                WrOpcode::Send | WrOpcode::SendImm | WrOpcode::RdmaWrite | WrOpcode::RdmaWriteImm
+            ),
+            QpType::Rc => !matches!(wr.opcode, WrOpcode::BindMw | WrOpcode::LocalInv),
+        };
+        if !allowed {
+            return Err(Error::inval(format!("post_send: {:?} not supported on {:?}", wr.opcode, self.qp_type)));
+        }
+        let len = match &wr.inline {
+            Some(d) => {
+                if d.len() > self.cap.max_inline_data as usize {
+                    return Err(Error::inval("post_send: inline data above max_inline_data"));
+                }
+                d.len() as u64
+            }
+            None => crate::mem::sge_total(&wr.sg_list),
+        };
+        if wr.opcode.is_atomic() {
+            if len != 8 || wr.inline.is_some() {
+                return Err(Error::inval("post_send: atomic needs one 8-byte SGE"));
+            }
+            if wr.remote_addr % 8 != 0 {
+                return Err(Error::inval("post_send: atomic remote address not 8-byte aligned"));
+            }
+        }
+        if len > MAX_MSG_SIZE {
+            return Err(Error::inval("post_send: message larger than max_msg_sz"));
+        }
+        if self.qp_type == QpType::Ud {
+            if wr.ud.is_none() {
+                return Err(Error::inval("post_send: UD send without address handle"));
+            }
+            if len > ctx.cfg.mtu.bytes() as u64 {
+                return Err(Error::inval("post_send: UD message larger than the port MTU"));
+            }
+        }
+        let signaled = self.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
+        let wqe = SendWqe { wr, len, signaled, started: false, first_psn: 0, last_psn: 0 };
+        if state == QpState::Err {
+            let wc = Wc::new(wqe.wr.wr_id, WcStatus::WrFlushErr, wqe.wc_opcode(), self.qpn);
+            self.deliver_send(ctx, wc);
+            return Ok(());
+        }
+        self.sq.push_back(wqe);
+        ctx.mark_ready(self.qpn);
+        Ok(())
+    }
+
+    /// `ibv_post_recv` checks, then queues the WQE.
+    pub(crate) fn post_recv(&mut self, ctx: &mut Ctx, wr: RecvWr) -> Result<()> {
+        use crate::ib::Errno;
+        if self.srq.is_some() {
+            return Err(Error::inval("post_recv: QP uses a shared receive queue"));
+        }
+        if self.attr.qp_state == QpState::Reset {
+            return Err(Error::inval("post_recv: QP is in RESET"));
+        }
+        if wr.sg_list.len() > self.cap.max_recv_sge as usize {
+            return Err(Error::inval("post_recv: num_sge above max_recv_sge"));
+        }
+        if self.rq.len() >= self.cap.max_recv_wr as usize {
+            return Err(Error::new(Errno::ENOMEM, "post_recv: receive queue full"));
+        }
+        if self.attr.qp_state == QpState::Err {
+            let wc = Wc::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
+            self.deliver_recv(ctx, wc, false);
+            return Ok(());
+        }
+        self.rq.push_back(RecvWqe { wr_id: wr.wr_id, sges: wr.sg_list });
+        Ok(())
+    }
+
+    /// Takes the next receive WQE from the SRQ or the RQ.
+    pub(crate) fn take_recv(&mut self, ctx: &mut Ctx) -> Option<RecvWqe> {
+        match &self.srq {
+            Some(srq) => {
+                let (w, fire) = srq.take();
+                if fire {
+                    ctx.events.push_back(Event::Async(AsyncEvent::srq(AsyncEventType::SrqLimitReached, srq.handle)));
+                }
+                w
+            }
+            None => self.rq.pop_front(),
+        }
+    }
+
+    /// The PD receive buffers are checked against.
+    pub(crate) fn recv_pd(&self) -> u32 {
+        self.srq.as_ref().map_or(self.pd, |s| s.pd)
+    }
+
+    pub(crate) fn check_drained(&mut self, ctx: &mut Ctx) {
+        if self.attr.qp_state == QpState::Sqd
+            && self.sqd_notify_pending
+            && self.sq.iter().all(|w| !w.started)
+        {
+            self.sqd_notify_pending = false;
+            ctx.events.push_back(Event::Async(AsyncEvent::qp(AsyncEventType::SqDrained, self.qpn)));
+        }
+    }
+
+    /// The earliest timer of this QP.
+    pub(crate) fn next_timeout(&self) -> Option<Instant> {
+        match (self.req.timer, self.req.rnr_timer) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// Required and optional attributes of a transition, or None if invalid.
+fn transition(t: QpType, cur: QpState, next: QpState) -> Option<(M, M)> {
+    use QpState::*;
+    use QpType::*;
+    let none = M::empty();
+    let rts_opt = |t| match t {
+        Rc => M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
+        Uc => M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE,
+        Ud => M::CUR_STATE | M::QKEY,
+    };
+    Some(match (cur, next) {
+        (_, Reset) | (_, Err) => (none, none),
+        (Reset, Init) => match t {
+            Ud => (M::PKEY_INDEX | M::PORT | M::QKEY, none),
+            _ => (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, none),
+        },
+        (Init, Init) => match t {
+            Ud => (none, M::PKEY_INDEX | M::PORT | M::QKEY),
+            _ => (none, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+        },
+        (Init, Rtr) => match t {
+            Rc => (
+                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
+                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+            ),
+            Uc => (M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN, M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX),
+            Ud => (none, M::PKEY_INDEX | M::QKEY),
+        },
+        (Rtr, Rts) => match t {
+            Rc => (
+                M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
+            ),
+            Uc => (M::SQ_PSN, M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE),
+            Ud => (M::SQ_PSN, M::CUR_STATE | M::QKEY),
+        },
+        (Rts, Rts) | (Sqd, Rts) => (none, rts_opt(t)),
+        (Rts, Sqd) => (none, M::EN_SQD_ASYNC_NOTIFY),
+        (Sqd, Sqd) => match t {
+            Rc => (
+                none,
+                M::PORT
+                    | M::AV
+                    | M::TIMEOUT
+                    | M::RETRY_CNT
+                    | M::RNR_RETRY
+                    | M::MAX_QP_RD_ATOMIC
+                    | M::MAX_DEST_RD_ATOMIC
+                    | M::ALT_PATH
+                    | M::ACCESS_FLAGS
+                    | M::PKEY_INDEX
+                    | M::MIN_RNR_TIMER
+                    | M::PATH_MIG_STATE,
+            ),
+            Uc => (none, M::AV | M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::PATH_MIG_STATE),
+            Ud => (none, M::PKEY_INDEX | M::QKEY),
+        },
+        (Sqe, Rts) => match t {
+            Rc => return None,
+            Uc => (none, M::CUR_STATE | M::ACCESS_FLAGS),
+            Ud => (none, M::CUR_STATE | M::QKEY),
+        },
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transition_table_spot_checks() {
+        use QpState::*;
+        assert!(transition(QpType::Rc, Reset, Rtr).is_none());
+        assert!(transition(QpType::Rc, Sqe, Rts).is_none());
+        assert!(transition(QpType::Ud, Sqe, Rts).is_some());
+        let (req, _) = transition(QpType::Rc, Init, Rtr).unwrap();
+        assert!(req.contains(M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER | M::AV));
+        let (req, opt) = transition(QpType::Ud, Rtr, Rts).unwrap();
+        assert_eq!(req, M::SQ_PSN);
+        assert!(opt.contains(M::QKEY));
+        assert!(transition(QpType::Rc, Err, Reset).is_some());
+        assert!(transition(QpType::Rc, Rts, Init).is_none());
+    }
+}

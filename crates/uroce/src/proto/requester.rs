@@ -1,0 +1,347 @@
+//! The requester: turns send WQEs into request packets (split at the path
+//! MTU), assigns PSNs, sets AckReq, keeps the retransmission and RNR timers,
+//! and rewinds for go-back-N. UD and UC WQEs complete when sent.
+
+use super::qp::Qp;
+use super::wr::{QpAttr, WrOpcode};
+use super::{psn, Ctx, Transmit};
+use crate::ib::{QpState, QpType, SendFlags, Wc, WcStatus};
+use crate::mem::{for_each_sge_piece, Want};
+use crate::wire::{AtomicEth, Bth, Deth, Headers, Opcode, Reth};
+use std::time::{Duration, Instant};
+
+/// Unacknowledged PSNs allowed in flight (rxe: RXE_MAX_UNACKED_PSNS).
+pub const MAX_UNACKED_PSNS: i32 = 128;
+/// Packets of one message between AckReqs (rxe: RXE_MAX_PKT_PER_ACK).
+pub const MAX_PKT_PER_ACK: u32 = 64;
+/// The P_Key uroce sends: the default full-member key.
+pub const DEFAULT_PKEY: u16 = 0xFFFF;
+
+#[derive(Debug, Default)]
+pub(crate) struct Requester {
+    /// Next PSN to transmit.
+    pub psn: u32,
+    /// One past the highest PSN ever transmitted (survives rewinds).
+    pub psn_max: u32,
+    /// Oldest PSN not yet acknowledged or answered.
+    pub comp_psn: u32,
+    /// Index in the send queue of the WQE being transmitted.
+    pub cursor: usize,
+    /// Bytes of that WQE already transmitted.
+    pub cursor_off: u64,
+    pub noack: u32,
+    pub retry_left: u8,
+    pub rnr_left: u8,
+    pub timer: Option<Instant>,
+    pub rnr_timer: Option<Instant>,
+    /// READ and atomic WQEs started and not completed.
+    pub rd_atomic: u32,
+    /// A retry is in progress (a NAK does not start another one).
+    pub retrying: bool,
+}
+
+impl Requester {
+    pub fn reset(&mut self, sq_psn: u32, attr: &QpAttr) {
+        *self = Requester {
+            psn: sq_psn,
+            psn_max: sq_psn,
+            comp_psn: sq_psn,
+            retry_left: attr.retry_cnt,
+            rnr_left: attr.rnr_retry,
+            ..Default::default()
+        };
+    }
+}
+
+/// Number of PSNs a message of `len` bytes takes at path MTU `mtu`.
+pub fn num_packets(len: u64, mtu: u32) -> u32 {
+    len.div_ceil(mtu as u64).max(1) as u32
+}
+
+/// The local ACK timeout: 4.096 µs × 2^timeout; 0 disables it.
+pub fn ack_timeout(timeout: u8) -> Option<Duration> {
+    (timeout != 0).then(|| Duration::from_nanos(4096u64 << timeout.min(31)))
+}
+
+impl Qp {
+    /// The next request packet of this QP, if any may be sent now.
+    pub(crate) fn poll_request(&mut self, ctx: &mut Ctx) -> Option<Transmit> {
+        let state = self.attr.qp_state;
+        if !matches!(state, QpState::Rts | QpState::Sqd) || self.req.rnr_timer.is_some() {
+            return None;
+        }
+        let mtu = match self.qp_type {
+            QpType::Ud => ctx.cfg.mtu.bytes(),
+            _ => self.mtu(),
+        };
+        let cursor = self.req.cursor;
+        let wqe = self.sq.get(cursor)?;
+        if self.qp_type == QpType::Rc && psn::diff(self.req.psn, self.req.comp_psn) >= MAX_UNACKED_PSNS {
+            return None;
+        }
+        if !wqe.started {
+            if state == QpState::Sqd {
+                return None;
+            }
+            let op = wqe.wr.opcode;
+            if self.qp_type == QpType::Rc {
+                if wqe.wr.flags.contains(SendFlags::FENCE) && self.req.rd_atomic > 0 {
+                    return None;
+                }
+                if op.is_read_or_atomic() && self.req.rd_atomic >= (self.attr.max_rd_atomic as u32).max(1) {
+                    return None;
+                }
+            }
+            // Local buffers are checked before the first packet.
+            if wqe.wr.inline.is_none() {
+                let want = if op.is_read_or_atomic() { Want::LocalWrite } else { Want::LocalRead };
+                let ok = for_each_sge_piece(ctx.mem, self.pd, &wqe.wr.sg_list, 0, wqe.len, want, |_, _, _| {});
+                if ok.is_err() {
+                    self.local_error(ctx, WcStatus::LocProtErr);
+                    return None;
+                }
+            }
+            let n = if op.is_atomic() { 1 } else { num_packets(wqe.len, mtu) };
+            let first = self.req.psn;
+            let wqe = &mut self.sq[cursor];
+            wqe.started = true;
+            wqe.first_psn = first;
+            wqe.last_psn = psn::add(first, n - 1);
+            if op.is_read_or_atomic() {
+                self.req.rd_atomic += 1;
+            }
+        }
+        let t = self.build_request(ctx, cursor, mtu);
+        if t.is_none() {
+            return None;
+        }
+        if self.qp_type == QpType::Rc {
+            if psn::diff(self.req.psn, self.req.psn_max) > 0 {
+                self.req.psn_max = self.req.psn;
+            }
+            if self.req.timer.is_none() {
+                self.req.timer = ack_timeout(self.attr.timeout).map(|d| ctx.now + d);
+            }
+        }
+        t
+    }
+
+    /// Builds the packet at the cursor and advances it.
+    fn build_request(&mut self, ctx: &mut Ctx, cursor: usize, mtu: u32) -> Option<Transmit> {
+        let wqe = &self.sq[cursor];
+        let op = wqe.wr.opcode;
+        let off = self.req.cursor_off;
+        let len = wqe.len;
+        let first = off == 0;
+        let (chunk, last) = if op.is_read_or_atomic() {
+            (0u64, true)
+        } else {
+            let c = (len - off).min(mtu as u64);
+            (c, off + c == len)
+        };
+        let ud = self.qp_type == QpType::Ud;
+        let opcode = request_opcode(op, first, last, ud);
+        let opcode = if self.qp_type == QpType::Uc { opcode.to_uc() } else { opcode };
+
+        let mut ack_req = false;
+        if self.qp_type == QpType::Rc {
+            self.req.noack += 1;
+            if last || self.req.noack > MAX_PKT_PER_ACK {
+                ack_req = true;
+                self.req.noack = 0;
+            }
+        }
+        let solicited = last
+            && wqe.wr.flags.contains(SendFlags::SOLICITED)
+            && matches!(op, WrOpcode::Send | WrOpcode::SendImm | WrOpcode::SendInv | WrOpcode::RdmaWriteImm);
+        let (dst_ip, dest_qp) = match &wqe.wr.ud {
+            Some(d) if ud => (d.av.dgid.to_ip(), d.remote_qpn),
+            _ => (self.attr.ah_attr.dgid.to_ip(), self.attr.dest_qp_num),
+        };
+        let this_psn = self.req.psn;
+        let mut h = Headers::new(Bth {
+            opcode,
+            solicited,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qp,
+            ack_req,
+            psn: this_psn,
+        });
+        let info = opcode.info().expect("request opcodes are in the table");
+        use crate::wire::OpFlags as F;
+        if info.flags.contains(F::RETH) {
+            let dma_len = if op == WrOpcode::RdmaRead { len - off } else { len };
+            h.reth = Some(Reth { va: wqe.wr.remote_addr + off, rkey: wqe.wr.rkey, dma_len: dma_len as u32 });
+        }
+        if info.flags.contains(F::IMMDT) {
+            h.imm = Some(wqe.wr.imm_data);
+        }
+        if info.flags.contains(F::IETH) {
+            h.ieth = Some(wqe.wr.imm_data);
+        }
+        if info.flags.contains(F::ATOMIC_ETH) {
+            h.atomic_eth = Some(AtomicEth {
+                va: wqe.wr.remote_addr,
+                rkey: wqe.wr.rkey,
+                swap_add: if op == WrOpcode::AtomicCmpSwp { wqe.wr.swap } else { wqe.wr.compare_add },
+                compare: if op == WrOpcode::AtomicCmpSwp { wqe.wr.compare_add } else { 0 },
+            });
+        }
+        if let (true, Some(d)) = (info.flags.contains(F::DETH), &wqe.wr.ud) {
+            // A Q_Key with the high bit set means "use the QP's own Q_Key".
+            let qkey = if d.remote_qkey & 0x8000_0000 != 0 { self.attr.qkey } else { d.remote_qkey };
+            h.deth = Some(Deth { qkey, src_qp: self.qpn });
+        }
+        let pd = self.pd;
+        let mem = ctx.mem;
+        let wr = &wqe.wr;
+        let built = ctx.build(dst_ip, &h, chunk as usize, |buf| match &wr.inline {
+            Some(d) => {
+                buf.copy_from_slice(&d[off as usize..(off + chunk) as usize]);
+                Ok(())
+            }
+            None => for_each_sge_piece(mem, pd, &wr.sg_list, off, chunk, Want::LocalRead, |span, at, n| {
+                span.read(0, &mut buf[at as usize..at as usize + n])
+            }),
+        });
+        let t = match built {
+            Ok(t) => t,
+            Err(_) => {
+                // The region went away between the check and now.
+                self.local_error(ctx, WcStatus::LocProtErr);
+                return None;
+            }
+        };
+        // Advance.
+        if op.is_read_or_atomic() {
+            self.req.psn = psn::add(self.sq[cursor].last_psn, 1);
+        } else {
+            self.req.psn = psn::add(this_psn, 1);
+        }
+        if last {
+            self.req.cursor += 1;
+            self.req.cursor_off = 0;
+        } else {
+            self.req.cursor_off += chunk;
+        }
+        if self.qp_type != QpType::Rc && last {
+            // Unreliable: complete on transmission.
+            let w = self.sq.pop_front().expect("cursor WQE exists");
+            self.req.cursor -= 1;
+            if w.signaled {
+                let mut wc = Wc::new(w.wr.wr_id, WcStatus::Success, w.wc_opcode(), self.qpn);
+                wc.byte_len = w.len as u32;
+                self.deliver_send(ctx, wc);
+            }
+        }
+        Some(t)
+    }
+
+    /// A WQE failed locally before transmission: complete it with `status`
+    /// and move the QP to ERR.
+    pub(crate) fn local_error(&mut self, ctx: &mut Ctx, status: WcStatus) {
+        let cursor = self.req.cursor;
+        if let Some(w) = self.sq.remove(cursor) {
+            let wc = Wc::new(w.wr.wr_id, status, w.wc_opcode(), self.qpn);
+            self.deliver_send(ctx, wc);
+        }
+        self.fail(ctx, None);
+    }
+
+    /// Go-back-N: resume transmission at the oldest unacknowledged PSN.
+    /// A partly acknowledged SEND/WRITE resumes at its first unacknowledged
+    /// packet; a partly answered READ is re-requested from the next expected
+    /// response (new VA and length); an atomic is resent whole.
+    pub(crate) fn rewind(&mut self, ctx: &mut Ctx) {
+        let mtu = self.mtu() as u64;
+        self.req.psn = self.req.comp_psn;
+        self.req.cursor = 0;
+        self.req.cursor_off = 0;
+        self.req.noack = 0;
+        if let Some(head) = self.sq.front().filter(|w| w.started) {
+            let npkts = psn::diff(head.last_psn, head.first_psn) + 1;
+            let done = psn::diff(self.req.comp_psn, head.first_psn).clamp(0, npkts - 1);
+            if !head.wr.opcode.is_atomic() {
+                self.req.cursor_off = done as u64 * mtu;
+            }
+            self.req.psn = psn::add(head.first_psn, done as u32);
+        }
+        self.req.retrying = true;
+        ctx.stats.retransmits += 1;
+        ctx.mark_ready(self.qpn);
+    }
+
+    /// Timer expiry: retransmission timeout or the end of an RNR wait.
+    pub(crate) fn on_timer(&mut self, ctx: &mut Ctx) {
+        let now = ctx.now;
+        if self.req.rnr_timer.is_some_and(|t| t <= now) {
+            self.req.rnr_timer = None;
+            ctx.mark_ready(self.qpn);
+        }
+        if self.req.timer.is_some_and(|t| t <= now) {
+            self.req.timer = None;
+            let outstanding = self.sq.front().is_some_and(|w| w.started);
+            if !outstanding || self.req.rnr_timer.is_some() {
+                return;
+            }
+            ctx.stats.timeouts += 1;
+            if self.req.retry_left == 0 {
+                tracing::warn!(qpn = self.qpn, "transport retry counter exceeded");
+                self.complete_head_error(ctx, WcStatus::RetryExcErr);
+                return;
+            }
+            if self.attr.retry_cnt != 7 {
+                self.req.retry_left -= 1;
+            }
+            self.rewind(ctx);
+            self.req.timer = ack_timeout(self.attr.timeout).map(|d| now + d);
+        }
+    }
+}
+
+/// The opcode of a request packet.
+fn request_opcode(op: WrOpcode, first: bool, last: bool, ud: bool) -> Opcode {
+    use WrOpcode::*;
+    if ud {
+        return if op == SendImm { Opcode::UD_SEND_ONLY_IMM } else { Opcode::UD_SEND_ONLY };
+    }
+    match (op, first, last) {
+        (Send, true, true) => Opcode::RC_SEND_ONLY,
+        (SendImm, true, true) => Opcode::RC_SEND_ONLY_IMM,
+        (SendInv, true, true) => Opcode::RC_SEND_ONLY_INV,
+        (Send | SendImm | SendInv, true, false) => Opcode::RC_SEND_FIRST,
+        (Send | SendImm | SendInv, false, false) => Opcode::RC_SEND_MIDDLE,
+        (Send, false, true) => Opcode::RC_SEND_LAST,
+        (SendImm, false, true) => Opcode::RC_SEND_LAST_IMM,
+        (SendInv, false, true) => Opcode::RC_SEND_LAST_INV,
+        (RdmaWrite, true, true) => Opcode::RC_WRITE_ONLY,
+        (RdmaWriteImm, true, true) => Opcode::RC_WRITE_ONLY_IMM,
+        (RdmaWrite | RdmaWriteImm, true, false) => Opcode::RC_WRITE_FIRST,
+        (RdmaWrite | RdmaWriteImm, false, false) => Opcode::RC_WRITE_MIDDLE,
+        (RdmaWrite, false, true) => Opcode::RC_WRITE_LAST,
+        (RdmaWriteImm, false, true) => Opcode::RC_WRITE_LAST_IMM,
+        (RdmaRead, _, _) => Opcode::RC_READ_REQUEST,
+        (AtomicCmpSwp, _, _) => Opcode::RC_COMPARE_SWAP,
+        (AtomicFetchAdd, _, _) => Opcode::RC_FETCH_ADD,
+        (LocalInv | BindMw, _, _) => unreachable!("local operations send no packet"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_and_packet_counts() {
+        assert_eq!(ack_timeout(0), None);
+        assert_eq!(ack_timeout(14), Some(Duration::from_nanos(4096 << 14)));
+        assert_eq!(num_packets(0, 1024), 1);
+        assert_eq!(num_packets(1024, 1024), 1);
+        assert_eq!(num_packets(1025, 1024), 2);
+    }
+}

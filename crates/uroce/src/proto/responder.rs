@@ -1,0 +1,604 @@
+//! The responder: executes incoming requests in PSN order (SEND into receive
+//! WQEs, WRITE, READ, atomics), checks opcode sequence, lengths, access
+//! rights and keys, answers with ACKs (coalesced), NAKs, RNR NAKs, READ
+//! responses and atomic ACKs, and handles duplicates as the IBA and rxe do:
+//! re-ACK SEND/WRITE, replay READ from memory, replay atomics from the saved
+//! result, never execute twice. UD receives and UC's silent drops live here
+//! too.
+
+use super::qp::Qp;
+use super::srq::RecvWqe;
+use super::{psn, Ctx, Transmit};
+use crate::ib::{AsyncEventType, QpState, QpType, Wc, WcFlags, WcOpcode, WcStatus};
+use crate::mem::{for_each_sge_piece, sge_total, Want};
+use crate::wire::{Aeth, Bth, Headers, NakCode, OpFlags as F, Opcode, Packet};
+use std::collections::VecDeque;
+use std::net::IpAddr;
+
+/// Bytes of the GRH area at the start of a UD receive buffer.
+pub const GRH_LEN: usize = 40;
+
+/// A READ or atomic the responder executed, kept for duplicates.
+#[derive(Debug, Clone, Copy)]
+struct RdResource {
+    first_psn: u32,
+    last_psn: u32,
+    kind: RdKind,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum RdKind {
+    Read,
+    Atomic { orig: u64 },
+}
+
+/// A READ being answered, one packet per poll.
+#[derive(Debug, Clone, Copy)]
+struct ReadJob {
+    start_psn: u32,
+    psn: u32,
+    va: u64,
+    rkey: u32,
+    len: u64,
+    off: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Out {
+    Ack { psn: u32, aeth: Aeth },
+    AtomicAck { psn: u32, orig: u64 },
+    Read(ReadJob),
+}
+
+/// A SEND being received into a receive WQE.
+#[derive(Debug)]
+struct RecvProgress {
+    wqe: RecvWqe,
+    off: u64,
+}
+
+/// A WRITE being received.
+#[derive(Debug, Clone, Copy)]
+struct WriteProgress {
+    va: u64,
+    rkey: u32,
+    total: u64,
+    off: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Responder {
+    /// Expected PSN.
+    epsn: u32,
+    msn: u32,
+    /// A PSN-sequence NAK was sent for the current gap.
+    nak_sent: bool,
+    recv: Option<RecvProgress>,
+    write: Option<WriteProgress>,
+    resources: VecDeque<RdResource>,
+    max_resources: usize,
+    out: VecDeque<Out>,
+    /// UC: the current message was lost; drop until a FIRST/ONLY.
+    uc_resync: bool,
+}
+
+impl Responder {
+    pub fn reset(&mut self, rq_psn: u32, max_dest_rd_atomic: usize) {
+        *self = Responder { epsn: rq_psn, max_resources: max_dest_rd_atomic, ..Default::default() };
+    }
+
+    pub fn take_current_recv(&mut self) -> Option<RecvWqe> {
+        self.recv.take().map(|r| r.wqe)
+    }
+
+    pub fn drop_reads(&mut self) {
+        self.out.retain(|o| !matches!(o, Out::Read(_)));
+    }
+
+    fn push_ack(&mut self, psn: u32, aeth: Aeth) {
+        // Coalesce: a newer ACK replaces an older one still queued.
+        if let (Some(Out::Ack { psn: p, aeth: a }), crate::wire::AethKind::Ack { .. }) =
+            (self.out.back_mut(), aeth.kind())
+        {
+            if matches!(a.kind(), crate::wire::AethKind::Ack { .. }) {
+                *p = psn;
+                *a = aeth;
+                return;
+            }
+        }
+        self.out.push_back(Out::Ack { psn, aeth });
+    }
+}
+
+/// Why a request is refused.
+enum Refuse {
+    Nak(NakCode),
+    Rnr,
+    /// Silently dropped (UC errors).
+    Drop,
+}
+
+impl Qp {
+    /// Handles an RC or UC request packet.
+    pub(crate) fn on_request(&mut self, ctx: &mut Ctx, pkt: &Packet) {
+        if !matches!(self.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            ctx.stats.rx_drop_state += 1;
+            return;
+        }
+        let p = pkt.headers.bth.psn;
+        let d = psn::diff(p, self.resp.epsn);
+        let uc = self.qp_type == QpType::Uc;
+        let flags = pkt.headers.bth.opcode.info().map_or(F::empty(), |i| i.flags);
+        if uc {
+            if d != 0 {
+                // UC: a gap loses the message in progress.
+                ctx.stats.rx_out_of_sequence += 1;
+                self.resp.write = None;
+                if let Some(r) = &mut self.resp.recv {
+                    r.off = 0;
+                }
+                self.resp.uc_resync = true;
+                self.resp.epsn = p;
+            }
+            if self.resp.uc_resync {
+                if !flags.contains(F::FIRST) {
+                    self.resp.epsn = psn::add(p, 1);
+                    return;
+                }
+                self.resp.uc_resync = false;
+            }
+        } else if d > 0 {
+            ctx.stats.rx_out_of_sequence += 1;
+            if !self.resp.nak_sent {
+                self.resp.nak_sent = true;
+                ctx.stats.naks_sent += 1;
+                let epsn = self.resp.epsn;
+                let msn = self.resp.msn;
+                self.resp.out.push_back(Out::Ack { psn: epsn, aeth: Aeth::nak(NakCode::PsnSequence, msn) });
+                ctx.mark_ready(self.qpn);
+            }
+            return;
+        } else if d < 0 {
+            ctx.stats.rx_duplicates += 1;
+            self.on_duplicate(ctx, pkt, flags);
+            return;
+        }
+        match self.execute(ctx, pkt, flags) {
+            Ok(()) => {
+                self.resp.nak_sent = false;
+            }
+            Err(Refuse::Rnr) => {
+                ctx.stats.rnr_naks_sent += 1;
+                let t = self.attr.min_rnr_timer;
+                let msn = self.resp.msn;
+                self.resp.out.push_back(Out::Ack { psn: p, aeth: Aeth::rnr_nak(t, msn) });
+            }
+            Err(Refuse::Nak(code)) => {
+                ctx.stats.naks_sent += 1;
+                tracing::warn!(qpn = self.qpn, psn = p, ?code, "request refused");
+                let msn = self.resp.msn;
+                self.resp.out.push_back(Out::Ack { psn: p, aeth: Aeth::nak(code, msn) });
+                let ev = match code {
+                    NakCode::RemoteAccess => AsyncEventType::QpAccessErr,
+                    _ => AsyncEventType::QpReqErr,
+                };
+                self.fail(ctx, Some(ev));
+            }
+            Err(Refuse::Drop) => {}
+        }
+        ctx.mark_ready(self.qpn);
+    }
+
+    /// Executes the in-sequence request `pkt`; advances the expected PSN.
+    fn execute(&mut self, ctx: &mut Ctx, pkt: &Packet, flags: F) -> Result<(), Refuse> {
+        let uc = self.qp_type == QpType::Uc;
+        let bad = |code| if uc { Refuse::Drop } else { Refuse::Nak(code) };
+        let h = &pkt.headers;
+        let p = h.bth.psn;
+        let mtu = self.mtu() as usize;
+        let len = pkt.payload.len();
+
+        // Opcode sequence.
+        let in_send = self.resp.recv.as_ref().is_some_and(|r| r.off > 0);
+        let in_write = self.resp.write.is_some();
+        let continues = flags.intersects(F::MIDDLE | F::LAST) && !flags.contains(F::FIRST);
+        let seq_ok = if continues {
+            (flags.contains(F::SEND) && in_send) || (flags.contains(F::WRITE) && in_write)
+        } else {
+            !in_send && !in_write
+        };
+        if !seq_ok {
+            return Err(bad(NakCode::InvalidRequest));
+        }
+        // Lengths.
+        if flags.contains(F::PAYLOAD) {
+            let ok = if flags.contains(F::FIRST) && flags.contains(F::LAST) {
+                len <= mtu
+            } else if flags.contains(F::LAST) {
+                (1..=mtu).contains(&len)
+            } else {
+                len == mtu && h.bth.pad_count == 0
+            };
+            if !ok {
+                return Err(bad(NakCode::InvalidRequest));
+            }
+        }
+        // QP access rights.
+        let qa = self.attr.qp_access_flags;
+        use crate::ib::Access as A;
+        if (flags.contains(F::WRITE) && !qa.contains(A::REMOTE_WRITE))
+            || (flags.contains(F::READ) && !qa.contains(A::REMOTE_READ))
+            || (flags.contains(F::ATOMIC) && !qa.contains(A::REMOTE_ATOMIC))
+        {
+            return Err(bad(NakCode::InvalidRequest));
+        }
+
+        if flags.contains(F::SEND) {
+            self.exec_send(ctx, pkt, flags)?;
+        } else if flags.contains(F::WRITE) {
+            self.exec_write(ctx, pkt, flags)?;
+        } else if flags.contains(F::READ) {
+            return self.exec_read(ctx, pkt);
+        } else if flags.contains(F::ATOMIC) {
+            return self.exec_atomic(ctx, pkt);
+        } else {
+            return Err(bad(NakCode::InvalidRequest));
+        }
+        self.resp.epsn = psn::add(p, 1);
+        if flags.contains(F::LAST) {
+            self.resp.msn = psn::add(self.resp.msn, 1);
+        }
+        if h.bth.ack_req && !uc {
+            let msn = self.resp.msn;
+            self.resp.push_ack(p, Aeth::ack(msn));
+        }
+        Ok(())
+    }
+
+    fn exec_send(&mut self, ctx: &mut Ctx, pkt: &Packet, flags: F) -> Result<(), Refuse> {
+        let uc = self.qp_type == QpType::Uc;
+        if flags.contains(F::FIRST) && self.resp.recv.is_none() {
+            match self.take_recv(ctx) {
+                Some(wqe) => self.resp.recv = Some(RecvProgress { wqe, off: 0 }),
+                None => {
+                    ctx.stats.rx_drop_no_recv += 1;
+                    return Err(if uc { Refuse::Drop } else { Refuse::Rnr });
+                }
+            }
+        }
+        let pd = self.recv_pd();
+        let recv = self.resp.recv.as_mut().expect("a receive WQE is open");
+        let off = recv.off;
+        let data = pkt.payload;
+        let status = if off + data.len() as u64 > sge_total(&recv.wqe.sges) {
+            Some((WcStatus::LocLenErr, NakCode::InvalidRequest))
+        } else {
+            let r = for_each_sge_piece(ctx.mem, pd, &recv.wqe.sges, off, data.len() as u64, Want::LocalWrite, |s, at, n| {
+                s.write(0, &data[at as usize..at as usize + n])
+            });
+            r.err().map(|_| (WcStatus::LocProtErr, NakCode::RemoteOperational))
+        };
+        if let Some((st, code)) = status {
+            let recv = self.resp.recv.take().unwrap();
+            let wc = Wc::new(recv.wqe.wr_id, st, WcOpcode::Recv, self.qpn);
+            self.deliver_recv(ctx, wc, false);
+            return Err(if uc { Refuse::Drop } else { Refuse::Nak(code) });
+        }
+        recv.off += data.len() as u64;
+        if flags.contains(F::LAST) {
+            let recv = self.resp.recv.take().unwrap();
+            let mut wc = Wc::new(recv.wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
+            wc.byte_len = recv.off as u32;
+            wc.src_qp = self.attr.dest_qp_num;
+            if let Some(imm) = pkt.headers.imm {
+                wc.imm_data = imm;
+                wc.wc_flags |= WcFlags::WITH_IMM;
+            }
+            if let Some(rkey) = pkt.headers.ieth {
+                // Remote invalidation of memory windows and fast-registered
+                // regions arrives with the memory-window work; until then
+                // the key is reported and nothing is invalidated.
+                wc.imm_data = rkey;
+                wc.wc_flags |= WcFlags::WITH_INV;
+            }
+            self.deliver_recv(ctx, wc, pkt.headers.bth.solicited);
+        }
+        Ok(())
+    }
+
+    fn exec_write(&mut self, ctx: &mut Ctx, pkt: &Packet, flags: F) -> Result<(), Refuse> {
+        let uc = self.qp_type == QpType::Uc;
+        let h = &pkt.headers;
+        if flags.contains(F::FIRST) {
+            let reth = h.reth.expect("WRITE FIRST/ONLY carries a RETH");
+            if reth.dma_len > 1 << 31 {
+                return Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::InvalidRequest) });
+            }
+            if ctx.mem.resolve(reth.rkey, self.pd, reth.va, reth.dma_len as u64, Want::RemoteWrite).is_err() {
+                return Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::RemoteAccess) });
+            }
+            self.resp.write = Some(WriteProgress { va: reth.va, rkey: reth.rkey, total: reth.dma_len as u64, off: 0 });
+        }
+        let w = self.resp.write.expect("a WRITE is open");
+        let data = pkt.payload;
+        let end = w.off + data.len() as u64;
+        let last = flags.contains(F::LAST);
+        if end > w.total || (last && end != w.total) {
+            self.resp.write = None;
+            return Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::InvalidRequest) });
+        }
+        // WRITE with immediate consumes a receive WQE: make sure one exists
+        // before touching memory, so an RNR NAK leaves nothing half done.
+        let mut recv = None;
+        if last && h.imm.is_some() {
+            match self.take_recv(ctx) {
+                Some(wqe) => recv = Some(wqe),
+                None => {
+                    ctx.stats.rx_drop_no_recv += 1;
+                    return Err(if uc { Refuse::Drop } else { Refuse::Rnr });
+                }
+            }
+        }
+        match ctx.mem.resolve(w.rkey, self.pd, w.va + w.off, data.len() as u64, Want::RemoteWrite) {
+            Ok(span) => span.write(0, data),
+            Err(_) => {
+                self.resp.write = None;
+                return Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::RemoteAccess) });
+            }
+        }
+        self.resp.write.as_mut().unwrap().off = end;
+        if last {
+            self.resp.write = None;
+            if let Some(wqe) = recv {
+                let mut wc = Wc::new(wqe.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, self.qpn);
+                wc.byte_len = w.total as u32;
+                wc.imm_data = h.imm.unwrap_or(0);
+                wc.wc_flags = WcFlags::WITH_IMM;
+                wc.src_qp = self.attr.dest_qp_num;
+                self.deliver_recv(ctx, wc, h.bth.solicited);
+            }
+        }
+        Ok(())
+    }
+
+    fn exec_read(&mut self, ctx: &mut Ctx, pkt: &Packet) -> Result<(), Refuse> {
+        let reth = pkt.headers.reth.expect("READ carries a RETH");
+        if self.resp.max_resources == 0 || reth.dma_len > 1 << 31 {
+            return Err(Refuse::Nak(NakCode::InvalidRequest));
+        }
+        let len = reth.dma_len as u64;
+        if ctx.mem.resolve(reth.rkey, self.pd, reth.va, len, Want::RemoteRead).is_err() {
+            return Err(Refuse::Nak(NakCode::RemoteAccess));
+        }
+        let p = pkt.headers.bth.psn;
+        let n = super::requester::num_packets(len, self.mtu());
+        self.add_resource(RdResource { first_psn: p, last_psn: psn::add(p, n - 1), kind: RdKind::Read });
+        self.resp.msn = psn::add(self.resp.msn, 1);
+        self.resp.out.push_back(Out::Read(ReadJob { start_psn: p, psn: p, va: reth.va, rkey: reth.rkey, len, off: 0 }));
+        self.resp.epsn = psn::add(p, n);
+        Ok(())
+    }
+
+    fn exec_atomic(&mut self, ctx: &mut Ctx, pkt: &Packet) -> Result<(), Refuse> {
+        let a = pkt.headers.atomic_eth.expect("atomics carry an AtomicETH");
+        if self.resp.max_resources == 0 || a.va % 8 != 0 {
+            return Err(Refuse::Nak(NakCode::InvalidRequest));
+        }
+        let span = ctx
+            .mem
+            .resolve(a.rkey, self.pd, a.va, 8, Want::RemoteAtomic)
+            .map_err(|_| Refuse::Nak(NakCode::RemoteAccess))?;
+        let orig = if pkt.headers.bth.opcode == Opcode::RC_COMPARE_SWAP {
+            span.compare_swap(a.compare, a.swap_add)
+        } else {
+            span.fetch_add(a.swap_add)
+        };
+        let p = pkt.headers.bth.psn;
+        self.add_resource(RdResource { first_psn: p, last_psn: p, kind: RdKind::Atomic { orig } });
+        self.resp.msn = psn::add(self.resp.msn, 1);
+        self.resp.out.push_back(Out::AtomicAck { psn: p, orig });
+        self.resp.epsn = psn::add(p, 1);
+        Ok(())
+    }
+
+    fn add_resource(&mut self, r: RdResource) {
+        if self.resp.resources.len() >= self.resp.max_resources.max(1) {
+            self.resp.resources.pop_front();
+        }
+        self.resp.resources.push_back(r);
+    }
+
+    /// A request with a PSN older than expected.
+    fn on_duplicate(&mut self, ctx: &mut Ctx, pkt: &Packet, flags: F) {
+        let p = pkt.headers.bth.psn;
+        if self.qp_type != QpType::Rc {
+            return;
+        }
+        if flags.intersects(F::SEND | F::WRITE) {
+            let last = psn::add(self.resp.epsn, psn::PSN_MASK);
+            let msn = self.resp.msn;
+            self.resp.push_ack(last, Aeth::ack(msn));
+            ctx.mark_ready(self.qpn);
+            return;
+        }
+        let Some(res) = self
+            .resp
+            .resources
+            .iter()
+            .rev()
+            .find(|r| psn::le(r.first_psn, p) && psn::le(p, r.last_psn))
+            .copied()
+        else {
+            return;
+        };
+        match (res.kind, flags.contains(F::READ)) {
+            (RdKind::Read, true) => {
+                let reth = pkt.headers.reth.expect("READ carries a RETH");
+                let len = reth.dma_len as u64;
+                if ctx.mem.resolve(reth.rkey, self.pd, reth.va, len, Want::RemoteRead).is_err() {
+                    return;
+                }
+                // Replace a replay of the same READ still queued.
+                self.resp.out.retain(|o| !matches!(o, Out::Read(j) if j.start_psn == p));
+                self.resp.out.push_back(Out::Read(ReadJob { start_psn: p, psn: p, va: reth.va, rkey: reth.rkey, len, off: 0 }));
+            }
+            (RdKind::Atomic { orig }, false) if flags.contains(F::ATOMIC) && res.first_psn == p => {
+                self.resp.out.push_back(Out::AtomicAck { psn: p, orig });
+            }
+            _ => return,
+        }
+        ctx.mark_ready(self.qpn);
+    }
+
+    /// Handles a UD request packet.
+    pub(crate) fn on_ud(&mut self, ctx: &mut Ctx, pkt: &Packet, src: IpAddr, dst: IpAddr) {
+        if !matches!(self.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            ctx.stats.rx_drop_state += 1;
+            return;
+        }
+        let Some(deth) = pkt.headers.deth else { return };
+        if deth.qkey != self.attr.qkey {
+            ctx.stats.rx_drop_qkey += 1;
+            return;
+        }
+        if pkt.payload.len() > ctx.cfg.mtu.bytes() as usize {
+            ctx.stats.rx_drop_malformed += 1;
+            return;
+        }
+        let Some(wqe) = self.take_recv(ctx) else {
+            ctx.stats.rx_drop_no_recv += 1;
+            return;
+        };
+        let total = (GRH_LEN + pkt.payload.len()) as u64;
+        let mut wc = Wc::new(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
+        if total > sge_total(&wqe.sges) {
+            wc.status = WcStatus::LocLenErr;
+            self.deliver_recv(ctx, wc, false);
+            return;
+        }
+        let mut msg = Vec::with_capacity(total as usize);
+        msg.extend_from_slice(&grh(src, dst, pkt.payload.len()));
+        msg.extend_from_slice(pkt.payload);
+        let pd = self.recv_pd();
+        let r = for_each_sge_piece(ctx.mem, pd, &wqe.sges, 0, total, Want::LocalWrite, |s, at, n| {
+            s.write(0, &msg[at as usize..at as usize + n])
+        });
+        if r.is_err() {
+            wc.status = WcStatus::LocProtErr;
+            self.deliver_recv(ctx, wc, false);
+            return;
+        }
+        wc.byte_len = total as u32;
+        wc.src_qp = deth.src_qp;
+        wc.wc_flags = WcFlags::GRH;
+        if let Some(imm) = pkt.headers.imm {
+            wc.imm_data = imm;
+            wc.wc_flags |= WcFlags::WITH_IMM;
+        }
+        self.deliver_recv(ctx, wc, pkt.headers.bth.solicited);
+    }
+
+    /// The next response packet (ACK, NAK, READ response, atomic ACK).
+    pub(crate) fn poll_response(&mut self, ctx: &mut Ctx) -> Option<Transmit> {
+        let dst = self.attr.ah_attr.dgid.to_ip();
+        loop {
+            let out = self.resp.out.pop_front()?;
+            let (psn, opcode, aeth, atomic_ack, job) = match out {
+                Out::Ack { psn, aeth } => (psn, Opcode::RC_ACK, Some(aeth), None, None),
+                Out::AtomicAck { psn, orig } => {
+                    (psn, Opcode::RC_ATOMIC_ACK, Some(Aeth::ack(self.resp.msn)), Some(orig), None)
+                }
+                Out::Read(j) => {
+                    if self.attr.qp_state == QpState::Err {
+                        continue;
+                    }
+                    let mtu = self.mtu() as u64;
+                    let only = j.len <= mtu;
+                    let last = j.off + mtu >= j.len;
+                    let op = match (only, j.off == 0, last) {
+                        (true, _, _) => Opcode::RC_READ_RESPONSE_ONLY,
+                        (false, true, _) => Opcode::RC_READ_RESPONSE_FIRST,
+                        (false, false, true) => Opcode::RC_READ_RESPONSE_LAST,
+                        _ => Opcode::RC_READ_RESPONSE_MIDDLE,
+                    };
+                    let aeth = (op != Opcode::RC_READ_RESPONSE_MIDDLE).then(|| Aeth::ack(self.resp.msn));
+                    (j.psn, op, aeth, None, Some(j))
+                }
+            };
+            let mut h = Headers::new(Bth {
+                opcode,
+                solicited: false,
+                mig_req: false,
+                pad_count: 0,
+                tver: 0,
+                pkey: super::requester::DEFAULT_PKEY,
+                fecn: false,
+                becn: false,
+                dest_qp: self.attr.dest_qp_num,
+                ack_req: false,
+                psn,
+            });
+            h.aeth = aeth;
+            h.atomic_ack = atomic_ack;
+            let Some(j) = job else {
+                return ctx.build(dst, &h, 0, |_| Ok(())).ok();
+            };
+            let mtu = self.mtu() as u64;
+            let chunk = (j.len - j.off).min(mtu);
+            let pd = self.pd;
+            let mem = ctx.mem;
+            let built = ctx.build(dst, &h, chunk as usize, |buf| {
+                let span = mem.resolve(j.rkey, pd, j.va + j.off, chunk, Want::RemoteRead)?;
+                span.read(0, buf);
+                Ok(())
+            });
+            match built {
+                Ok(t) => {
+                    if j.off + chunk < j.len {
+                        let next = ReadJob { psn: psn::add(j.psn, 1), off: j.off + chunk, ..j };
+                        self.resp.out.push_front(Out::Read(next));
+                    }
+                    return Some(t);
+                }
+                Err(_) => {
+                    // The region was invalidated during the READ.
+                    let msn = self.resp.msn;
+                    self.resp.out.push_front(Out::Ack { psn: j.psn, aeth: Aeth::nak(NakCode::RemoteAccess, msn) });
+                    self.fail(ctx, Some(AsyncEventType::QpAccessErr));
+                }
+            }
+        }
+    }
+}
+
+/// The 40-byte GRH area of a UD receive, as rxe fills it: for IPv4 the
+/// IPv4 header in the last 20 bytes, for IPv6 the IPv6 header.
+fn grh(src: IpAddr, dst: IpAddr, payload_len: usize) -> [u8; GRH_LEN] {
+    let mut g = [0u8; GRH_LEN];
+    let udp_len = (8 + crate::wire::packet_len(20, payload_len)) as u16;
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let ip = &mut g[20..];
+            ip[0] = 0x45;
+            ip[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
+            ip[6] = 0x40;
+            ip[8] = 64;
+            ip[9] = 17;
+            ip[12..16].copy_from_slice(&s.octets());
+            ip[16..20].copy_from_slice(&d.octets());
+        }
+        _ => {
+            let to6 = |a: IpAddr| match a {
+                IpAddr::V4(v) => v.to_ipv6_mapped(),
+                IpAddr::V6(v) => v,
+            };
+            g[0] = 0x60;
+            g[4..6].copy_from_slice(&udp_len.to_be_bytes());
+            g[6] = 17;
+            g[7] = 64;
+            g[8..24].copy_from_slice(&to6(src).octets());
+            g[24..40].copy_from_slice(&to6(dst).octets());
+        }
+    }
+    g
+}

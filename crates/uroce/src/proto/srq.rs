@@ -1,0 +1,107 @@
+//! Receive queues: the per-QP receive queue and the shared receive queue
+//! (SRQ) are the same structure; an SRQ is shared by reference and has the
+//! limit event of `ibv_modify_srq(IBV_SRQ_LIMIT)`.
+
+use crate::ib::Sge;
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+/// A posted receive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWqe {
+    pub wr_id: u64,
+    pub sges: Vec<Sge>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    queue: VecDeque<RecvWqe>,
+    limit: u32,
+}
+
+/// A shared receive queue. `handle` is its device-wide number; `pd` the
+/// protection domain its buffers are checked against.
+#[derive(Debug)]
+pub struct SharedRecvQueue {
+    pub handle: u32,
+    pub pd: u32,
+    pub max_wr: u32,
+    pub max_sge: u32,
+    inner: Mutex<Inner>,
+}
+
+impl SharedRecvQueue {
+    pub fn new(handle: u32, pd: u32, max_wr: u32, max_sge: u32, limit: u32) -> Self {
+        SharedRecvQueue { handle, pd, max_wr, max_sge, inner: Mutex::new(Inner { queue: VecDeque::new(), limit }) }
+    }
+
+    /// Posts a receive; false if the queue is full.
+    pub fn post(&self, wqe: RecvWqe) -> bool {
+        let mut g = self.inner.lock().unwrap();
+        if g.queue.len() >= self.max_wr as usize {
+            return false;
+        }
+        g.queue.push_back(wqe);
+        true
+    }
+
+    /// Takes the next receive. The second value is true when this take
+    /// brought the queue below an armed limit (the limit disarms).
+    pub fn take(&self) -> (Option<RecvWqe>, bool) {
+        let mut g = self.inner.lock().unwrap();
+        let w = g.queue.pop_front();
+        let mut fire = false;
+        if w.is_some() && g.limit > 0 && (g.queue.len() as u32) < g.limit {
+            g.limit = 0;
+            fire = true;
+        }
+        (w, fire)
+    }
+
+    /// Peeks at the next receive's wr without taking it.
+    pub fn has_wqe(&self) -> bool {
+        !self.inner.lock().unwrap().queue.is_empty()
+    }
+
+    pub fn set_limit(&self, limit: u32) {
+        self.inner.lock().unwrap().limit = limit;
+    }
+
+    pub fn limit(&self) -> u32 {
+        self.inner.lock().unwrap().limit
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().unwrap().queue.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Removes every posted receive (used when the SRQ is destroyed).
+    pub fn drain(&self) -> Vec<RecvWqe> {
+        self.inner.lock().unwrap().queue.drain(..).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limit_fires_once_below_threshold() {
+        let q = SharedRecvQueue::new(1, 1, 4, 1, 0);
+        for i in 0..4 {
+            assert!(q.post(RecvWqe { wr_id: i, sges: vec![] }));
+        }
+        assert!(!q.post(RecvWqe { wr_id: 9, sges: vec![] }), "full");
+        q.set_limit(2);
+        assert_eq!(q.take(), (Some(RecvWqe { wr_id: 0, sges: vec![] }), false)); // 3 left
+        assert_eq!(q.take().1, false); // 2 left, not below
+        assert_eq!(q.take().1, true); // 1 left < 2
+        assert_eq!(q.limit(), 0);
+        assert_eq!(q.take().1, false);
+        assert_eq!(q.take().0, None);
+    }
+}

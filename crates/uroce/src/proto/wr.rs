@@ -1,0 +1,181 @@
+//! Work requests as the application posts them, and the attributes that
+//! configure a queue pair (`ibv_send_wr`, `ibv_recv_wr`, `ibv_qp_attr`, …) in
+//! Rust form. These are inputs to the protocol core; they carry no behaviour.
+
+use crate::ib::{Access, Gid, Mtu, QpState, SendFlags, Sge};
+
+/// `enum ibv_wr_opcode`, as far as uroce executes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum WrOpcode {
+    RdmaWrite = 0,
+    RdmaWriteImm = 1,
+    Send = 2,
+    SendImm = 3,
+    RdmaRead = 4,
+    AtomicCmpSwp = 5,
+    AtomicFetchAdd = 6,
+    LocalInv = 7,
+    BindMw = 8,
+    SendInv = 9,
+}
+
+impl WrOpcode {
+    pub fn from_raw(v: u32) -> Option<WrOpcode> {
+        use WrOpcode::*;
+        Some(match v {
+            0 => RdmaWrite,
+            1 => RdmaWriteImm,
+            2 => Send,
+            3 => SendImm,
+            4 => RdmaRead,
+            5 => AtomicCmpSwp,
+            6 => AtomicFetchAdd,
+            7 => LocalInv,
+            8 => BindMw,
+            9 => SendInv,
+            _ => return None,
+        })
+    }
+    pub fn is_atomic(self) -> bool {
+        matches!(self, WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd)
+    }
+    pub fn is_send(self) -> bool {
+        matches!(self, WrOpcode::Send | WrOpcode::SendImm | WrOpcode::SendInv)
+    }
+    pub fn is_write(self) -> bool {
+        matches!(self, WrOpcode::RdmaWrite | WrOpcode::RdmaWriteImm)
+    }
+    /// Operations that need a response carrying data (READ and atomics).
+    pub fn is_read_or_atomic(self) -> bool {
+        self == WrOpcode::RdmaRead || self.is_atomic()
+    }
+}
+
+/// The address vector of `ibv_ah_attr` for RoCEv2: the GRH part matters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AddressVector {
+    pub dgid: Gid,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub flow_label: u32,
+    pub sl: u8,
+    pub port_num: u8,
+    pub is_global: bool,
+}
+
+/// Destination of a UD send (`wr.ud`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdDest {
+    pub av: AddressVector,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+}
+
+/// A send work request. `imm_data` holds the immediate or, for SEND_WITH_INV
+/// and LOCAL_INV, the rkey to invalidate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    pub wr_id: u64,
+    pub opcode: WrOpcode,
+    pub flags: SendFlags,
+    pub sg_list: Vec<Sge>,
+    pub imm_data: u32,
+    pub remote_addr: u64,
+    pub rkey: u32,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub ud: Option<UdDest>,
+    /// The message itself, for IBV_SEND_INLINE: copied at post time, so the
+    /// SGEs' memory and keys are not used.
+    pub inline: Option<Vec<u8>>,
+}
+
+impl SendWr {
+    pub fn new(wr_id: u64, opcode: WrOpcode) -> SendWr {
+        SendWr {
+            wr_id,
+            opcode,
+            flags: SendFlags::SIGNALED,
+            sg_list: Vec::new(),
+            imm_data: 0,
+            remote_addr: 0,
+            rkey: 0,
+            compare_add: 0,
+            swap: 0,
+            ud: None,
+            inline: None,
+        }
+    }
+}
+
+/// A receive work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    pub wr_id: u64,
+    pub sg_list: Vec<Sge>,
+}
+
+/// `struct ibv_qp_cap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// The attribute values of `ibv_modify_qp`; which ones apply is said by a
+/// [`crate::ib::QpAttrMask`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpAttr {
+    pub qp_state: QpState,
+    pub cur_qp_state: QpState,
+    pub path_mtu: Mtu,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: Access,
+    pub cap: QpCap,
+    pub ah_attr: AddressVector,
+    pub pkey_index: u16,
+    pub en_sqd_async_notify: bool,
+    pub sq_draining: bool,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+}
+
+impl Default for QpAttr {
+    fn default() -> Self {
+        QpAttr {
+            qp_state: QpState::Reset,
+            cur_qp_state: QpState::Reset,
+            path_mtu: Mtu::Mtu256,
+            qkey: 0,
+            rq_psn: 0,
+            sq_psn: 0,
+            dest_qp_num: 0,
+            qp_access_flags: Access::empty(),
+            cap: QpCap::default(),
+            ah_attr: AddressVector::default(),
+            pkey_index: 0,
+            en_sqd_async_notify: false,
+            sq_draining: false,
+            max_rd_atomic: 0,
+            max_dest_rd_atomic: 0,
+            min_rnr_timer: 0,
+            port_num: 1,
+            timeout: 0,
+            retry_cnt: 0,
+            rnr_retry: 0,
+        }
+    }
+}

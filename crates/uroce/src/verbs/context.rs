@@ -1,0 +1,335 @@
+//! The device context (`ibv_context`): opening a device, its attributes,
+//! completion channels and asynchronous events.
+
+use super::attr::{DeviceAttr, PortAttr};
+use super::config::DeviceConfig;
+use crate::ib::{Errno, Error, Gid, Mtu, Result};
+use crate::io::{EventSink, Runtime, RuntimeConfig};
+use crate::mem::Memory;
+use crate::proto::{AsyncEvent, EngineConfig, Event, Stats};
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+/// One device of this process: runtime, memory and event routing. Shared by
+/// every context opened on it.
+pub(crate) struct DeviceShared {
+    pub name: String,
+    pub rt: Arc<Runtime>,
+    pub mem: Arc<Memory>,
+    pub addr: SocketAddr,
+    pub mtu: Mtu,
+    next_handle: AtomicU32,
+    channels: Mutex<HashMap<u32, Weak<ChannelInner>>>,
+    async_events: Mutex<VecDeque<AsyncEvent>>,
+    async_fd: OwnedFd,
+}
+
+impl DeviceShared {
+    pub fn next_handle(&self) -> u32 {
+        self.next_handle.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn bind_channel(&self, cq: u32, ch: &Arc<ChannelInner>) {
+        self.channels.lock().unwrap().insert(cq, Arc::downgrade(ch));
+    }
+
+    pub fn unbind_channel(&self, cq: u32) {
+        self.channels.lock().unwrap().remove(&cq);
+    }
+
+    pub fn guid(&self) -> u64 {
+        // EUI-64 style from the address: stable and unique per address.
+        let mut g = [0u8; 8];
+        g[0] = 0x02;
+        match self.addr.ip() {
+            IpAddr::V4(v) => g[4..].copy_from_slice(&v.octets()),
+            IpAddr::V6(v) => g[2..].copy_from_slice(&v.octets()[10..]),
+        }
+        g[1] = (self.addr.port() >> 8) as u8 ^ 0x12;
+        g[2] ^= self.addr.port() as u8;
+        u64::from_be_bytes(g)
+    }
+}
+
+impl EventSink for DeviceShared {
+    fn event(&self, ev: Event) {
+        match ev {
+            Event::CompletionNotify(cq) => {
+                let ch = self.channels.lock().unwrap().get(&cq).and_then(|w| w.upgrade());
+                if let Some(ch) = ch {
+                    ch.notify(cq);
+                }
+            }
+            Event::Async(a) => {
+                tracing::debug!(?a, "async event");
+                self.async_events.lock().unwrap().push_back(a);
+                write_eventfd(self.async_fd.as_raw_fd());
+            }
+        }
+    }
+}
+
+impl Drop for DeviceShared {
+    fn drop(&mut self) {
+        self.rt.shutdown();
+    }
+}
+
+fn new_eventfd(flags: libc::c_int) -> Result<OwnedFd> {
+    // SAFETY: eventfd has no memory preconditions.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | flags) };
+    if fd < 0 {
+        return Err(Error::new(Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE)), "eventfd"));
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn write_eventfd(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes a valid u64 to an eventfd.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+/// Blocking (unless the fd is non-blocking) read of one eventfd count.
+fn read_eventfd(fd: RawFd) -> Result<()> {
+    let mut v: u64 = 0;
+    // SAFETY: reads 8 bytes into a valid u64.
+    let n = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+    if n == 8 {
+        Ok(())
+    } else {
+        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        Err(Error::new(Errno(e), "read event"))
+    }
+}
+
+fn registry() -> &'static Mutex<HashMap<String, Weak<DeviceShared>>> {
+    static R: OnceLock<Mutex<HashMap<String, Weak<DeviceShared>>>> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+/// An open device (`ibv_context`).
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) dev: Arc<DeviceShared>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("name", &self.dev.name).field("addr", &self.dev.addr).finish()
+    }
+}
+
+impl Context {
+    /// Opens the device `cfg` describes, starting it if this process has not
+    /// yet; a second open of the same name shares the running device.
+    pub fn open(cfg: &DeviceConfig) -> Result<Context> {
+        let mut reg = registry().lock().unwrap();
+        if let Some(dev) = reg.get(&cfg.name).and_then(|w| w.upgrade()) {
+            return Ok(Context { dev });
+        }
+        let mem = Memory::new();
+        let rt = start_runtime(cfg, &mem)?;
+        let addr = rt.local_addr();
+        let dev = Arc::new(DeviceShared {
+            name: cfg.name.clone(),
+            rt: rt.clone(),
+            mem,
+            addr,
+            mtu: cfg.mtu,
+            next_handle: AtomicU32::new(1),
+            channels: Mutex::new(HashMap::new()),
+            async_events: Mutex::new(VecDeque::new()),
+            async_fd: new_eventfd(libc::EFD_SEMAPHORE)?,
+        });
+        let sink: Arc<dyn EventSink> = dev.clone();
+        rt.set_sink(Arc::downgrade(&sink));
+        reg.insert(cfg.name.clone(), Arc::downgrade(&dev));
+        tracing::info!(name = %cfg.name, %addr, "device started");
+        Ok(Context { dev })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.dev.name
+    }
+
+    /// The UDP address the device is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.dev.addr
+    }
+
+    /// The GID at `index` (the table has one entry: the RoCEv2 GID of the
+    /// address).
+    pub fn query_gid(&self, index: u32) -> Result<Gid> {
+        if index != 0 {
+            return Err(Error::inval("query_gid: index out of range"));
+        }
+        Ok(Gid::from_ip(self.dev.addr.ip()))
+    }
+
+    pub fn query_device(&self) -> DeviceAttr {
+        DeviceAttr::for_device(self.dev.guid())
+    }
+
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        if port != 1 {
+            return Err(Error::inval("query_port: no such port"));
+        }
+        Ok(PortAttr {
+            state: 4,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: self.dev.mtu,
+            gid_tbl_len: 1,
+            port_cap_flags: 0x0401_0000, // IsCM | IsDeviceManagement-like bits as rxe reports
+            max_msg_sz: 0x8000_0000,
+            pkey_tbl_len: 1,
+            active_width: 2, // 4X
+            active_speed: 32, // EDR-ish; uroce has no real link speed
+            link_layer: 2,
+            phys_state: 5,
+        })
+    }
+
+    pub fn alloc_pd(&self) -> Result<super::ProtectionDomain> {
+        super::pd::ProtectionDomain::new(self.clone())
+    }
+
+    pub fn create_cq(&self, cqe: u32, channel: Option<&CompletionChannel>) -> Result<super::CompletionQueue> {
+        super::cq::CompletionQueue::new(self.clone(), cqe, channel)
+    }
+
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
+        Ok(CompletionChannel {
+            inner: Arc::new(ChannelInner { fd: new_eventfd(libc::EFD_SEMAPHORE)?, fired: Mutex::new(VecDeque::new()) }),
+        })
+    }
+
+    /// The fd that becomes readable when an asynchronous event is pending.
+    pub fn async_fd(&self) -> RawFd {
+        self.dev.async_fd.as_raw_fd()
+    }
+
+    /// Waits for the next asynchronous event (`ibv_get_async_event`).
+    pub fn get_async_event(&self) -> Result<AsyncEvent> {
+        read_eventfd(self.dev.async_fd.as_raw_fd())?;
+        self.dev
+            .async_events
+            .lock()
+            .unwrap()
+            .pop_front()
+            .ok_or_else(|| Error::new(Errno::EAGAIN, "no async event"))
+    }
+
+    /// The next asynchronous event, if one is pending.
+    pub fn try_async_event(&self) -> Option<AsyncEvent> {
+        let ev = self.dev.async_events.lock().unwrap().pop_front()?;
+        let mut v = 0u64;
+        // SAFETY: non-blocking read of our semaphore eventfd to keep the count in step.
+        unsafe {
+            let fd = self.dev.async_fd.as_raw_fd();
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+            libc::read(fd, (&mut v as *mut u64).cast(), 8);
+            libc::fcntl(fd, libc::F_SETFL, fl);
+        }
+        Some(ev)
+    }
+
+    /// The device's transport counters.
+    pub fn stats(&self) -> Stats {
+        self.dev.rt.engine().stats()
+    }
+
+    /// Bytes pinned by memory registrations.
+    pub fn pinned_bytes(&self) -> u64 {
+        self.dev.mem.pinned_bytes()
+    }
+
+    /// Flushes the packet capture file, if capturing.
+    pub fn flush_capture(&self) {
+        self.dev.rt.capture_flush();
+    }
+}
+
+fn start_runtime(cfg: &DeviceConfig, mem: &Arc<Memory>) -> Result<Arc<Runtime>> {
+    let mk = |addr: IpAddr| {
+        let mut e = EngineConfig::new(addr, cfg.port, cfg.mtu);
+        e.ipv4_any_id = cfg.ipv4_any_id;
+        RuntimeConfig { engine: e, capture: cfg.capture.clone(), busy_poll: cfg.busy_poll }
+    };
+    if let Some(addr) = cfg.addr {
+        return Runtime::start(mk(addr), mem.clone()).map_err(|e| {
+            Error::new(
+                Errno(e.raw_os_error().unwrap_or(libc::EIO)),
+                format!("cannot bind {addr} port {}: {e} (another process uses it? set UROCE_ADDR)", cfg.port),
+            )
+        });
+    }
+    for host in 1..=254u8 {
+        let addr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, host));
+        match Runtime::start(mk(addr), mem.clone()) {
+            Ok(rt) => return Ok(rt),
+            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => continue,
+            Err(e) => return Err(Error::new(Errno(e.raw_os_error().unwrap_or(libc::EIO)), format!("bind {addr}: {e}"))),
+        }
+    }
+    Err(Error::new(Errno::EADDRINUSE, "no free loopback address 127.0.0.1..254 for port 4791"))
+}
+
+pub(crate) struct ChannelInner {
+    fd: OwnedFd,
+    fired: Mutex<VecDeque<u32>>,
+}
+
+impl ChannelInner {
+    fn notify(&self, cq: u32) {
+        self.fired.lock().unwrap().push_back(cq);
+        write_eventfd(self.fd.as_raw_fd());
+    }
+}
+
+/// A completion channel (`ibv_comp_channel`): a pollable fd that becomes
+/// readable when an armed CQ gets a completion.
+#[derive(Clone)]
+pub struct CompletionChannel {
+    pub(crate) inner: Arc<ChannelInner>,
+}
+
+impl CompletionChannel {
+    pub fn fd(&self) -> RawFd {
+        self.inner.fd.as_raw_fd()
+    }
+
+    /// Waits (unless the fd was made non-blocking) for the next CQ event and
+    /// returns the handle of the CQ it is for (`ibv_get_cq_event`).
+    pub fn get_event(&self) -> Result<u32> {
+        read_eventfd(self.fd())?;
+        self.inner.fired.lock().unwrap().pop_front().ok_or_else(|| Error::new(Errno::EAGAIN, "no CQ event"))
+    }
+
+    /// Waits at most `timeout` for a CQ event.
+    pub fn wait(&self, timeout: std::time::Duration) -> Result<Option<u32>> {
+        let mut pfd = libc::pollfd { fd: self.fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
+        if n <= 0 {
+            return Ok(None);
+        }
+        self.get_event().map(Some)
+    }
+
+    /// Number of channel users (CQs) besides this handle.
+    pub fn is_used(&self) -> bool {
+        Arc::strong_count(&self.inner) > 1
+    }
+}
+
+impl std::fmt::Debug for CompletionChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionChannel").field("fd", &self.fd()).finish()
+    }
+}

@@ -1,0 +1,111 @@
+//! Completion queues (`ibv_cq`).
+
+use super::context::{ChannelInner, CompletionChannel, Context};
+use crate::ib::{Error, Result, Wc};
+use crate::proto::cq::CompletionQueue as Ring;
+use std::sync::Arc;
+
+/// Largest CQ (rxe: RXE_MAX_CQE).
+pub const MAX_CQE: u32 = 32767;
+
+pub struct CompletionQueue {
+    pub(crate) ctx: Context,
+    pub(crate) ring: Arc<Ring>,
+    channel: Option<Arc<ChannelInner>>,
+}
+
+impl CompletionQueue {
+    pub(crate) fn new(ctx: Context, cqe: u32, channel: Option<&CompletionChannel>) -> Result<CompletionQueue> {
+        if cqe == 0 || cqe > MAX_CQE {
+            return Err(Error::inval(format!("create_cq: cqe must be 1..={MAX_CQE}")));
+        }
+        let handle = ctx.dev.next_handle();
+        let ring = Arc::new(Ring::new(handle, cqe as usize));
+        let channel = channel.map(|c| c.inner.clone());
+        if let Some(ch) = &channel {
+            ctx.dev.bind_channel(handle, ch);
+        }
+        Ok(CompletionQueue { ctx, ring, channel })
+    }
+
+    /// The device-wide handle (what a completion channel event names).
+    pub fn handle(&self) -> u32 {
+        self.ring.handle
+    }
+
+    /// Number of entries.
+    pub fn capacity(&self) -> usize {
+        self.ring.capacity()
+    }
+
+    /// Polls up to `out.len()` completions (`ibv_poll_cq`).
+    pub fn poll(&self, out: &mut [Wc]) -> Result<usize> {
+        self.ring.poll(out)
+    }
+
+    /// Polls one completion.
+    pub fn poll_one(&self) -> Option<Wc> {
+        self.ring.poll_one()
+    }
+
+    /// Arms the CQ for one completion event on its channel
+    /// (`ibv_req_notify_cq`).
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        if self.channel.is_none() {
+            return Err(Error::inval("req_notify_cq: CQ has no completion channel"));
+        }
+        self.ring.arm(solicited_only);
+        Ok(())
+    }
+
+    /// `ibv_resize_cq`.
+    pub fn resize(&self, cqe: u32) -> Result<()> {
+        if cqe == 0 || cqe > MAX_CQE {
+            return Err(Error::inval(format!("resize_cq: cqe must be 1..={MAX_CQE}")));
+        }
+        self.ring.resize(cqe as usize)
+    }
+
+    /// Waits up to `timeout` for `n` completions, polling (for tests and
+    /// tools).
+    pub fn wait(&self, n: usize, timeout: std::time::Duration) -> Result<Vec<Wc>> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            if let Some(wc) = self.ring.poll_one() {
+                out.push(wc);
+                continue;
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::new(
+                    crate::ib::Errno(libc::ETIMEDOUT),
+                    format!("waited {timeout:?} for {n} completions, got {}", out.len()),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+        Ok(out)
+    }
+
+    /// Destroys the CQ, or fails with EBUSY while a QP uses it.
+    pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
+        if Arc::strong_count(&self.ring) > 1 {
+            return Err((self, Error::new(crate::ib::Errno::EBUSY, "destroy_cq: CQ in use by a QP")));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        if self.channel.is_some() {
+            self.ctx.dev.unbind_channel(self.ring.handle);
+        }
+    }
+}
+
+impl std::fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionQueue").field("handle", &self.ring.handle).finish()
+    }
+}

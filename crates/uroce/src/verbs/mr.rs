@@ -1,0 +1,139 @@
+//! Memory regions (`ibv_mr`).
+
+use super::pd::{PdInner, ProtectionDomain};
+use crate::ib::{Access, Error, Result, Sge, ACCESS_OPTIONAL_RANGE};
+use crate::mem::Want;
+use std::sync::Arc;
+
+/// A registered memory region. Dropping it deregisters; an owned buffer is
+/// freed only after the device can no longer touch it.
+pub struct MemoryRegion {
+    pd: Arc<PdInner>,
+    key: u32,
+    addr: u64,
+    len: usize,
+    iova: u64,
+    access: Access,
+}
+
+fn known(access: Access) -> Result<Access> {
+    let bits = access.bits() & !ACCESS_OPTIONAL_RANGE;
+    let a = Access::from_bits(bits).ok_or_else(|| Error::inval("reg_mr: unknown access flags"))?;
+    Ok(a - Access::RELAXED_ORDERING)
+}
+
+impl MemoryRegion {
+    pub(crate) fn register_owned(pd: &ProtectionDomain, mut buf: Vec<u8>, access: Access) -> Result<MemoryRegion> {
+        let access = known(access)?;
+        let addr = buf.as_mut_ptr();
+        let len = buf.len();
+        if len == 0 {
+            return Err(Error::inval("reg_mr: empty buffer"));
+        }
+        let mem = &pd.inner.ctx.dev.mem;
+        // SAFETY: the buffer moves into the region as its owner and lives as
+        // long as the region; its heap data does not move.
+        let mr = unsafe { mem.register_host(pd.inner.handle, addr as usize, len as u64, addr as u64, access, Some(Box::new(buf))) }?;
+        Ok(MemoryRegion { pd: pd.inner.clone(), key: mr.key, addr: addr as u64, len, iova: addr as u64, access })
+    }
+
+    /// # Safety
+    /// `addr..addr+len` must stay valid until the region is dropped.
+    pub(crate) unsafe fn register_raw(
+        pd: &ProtectionDomain,
+        addr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        let access = known(access)?;
+        let mem = &pd.inner.ctx.dev.mem;
+        // SAFETY: the caller's contract.
+        let mr = unsafe { mem.register_host(pd.inner.handle, addr as usize, len as u64, iova, access, None) }?;
+        Ok(MemoryRegion { pd: pd.inner.clone(), key: mr.key, addr: addr as u64, len, iova, access })
+    }
+
+    pub fn lkey(&self) -> u32 {
+        self.key
+    }
+
+    pub fn rkey(&self) -> u32 {
+        self.key
+    }
+
+    /// Host address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// The address the device uses for the first byte (`iova`).
+    pub fn iova(&self) -> u64 {
+        self.iova
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// An SGE over `offset..offset+len` of this region.
+    pub fn sge(&self, offset: usize, len: u32) -> Sge {
+        Sge { addr: self.iova + offset as u64, length: len, lkey: self.key }
+    }
+
+    /// Copies bytes out of the region.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        let span = self
+            .pd
+            .ctx
+            .dev
+            .mem
+            .resolve(self.key, self.pd.handle, self.iova + offset as u64, out.len() as u64, Want::LocalRead)
+            .map_err(|e| Error::inval(format!("read_at: {e}")))?;
+        span.read(0, out);
+        Ok(())
+    }
+
+    /// Copies bytes into the region.
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        let span = self
+            .pd
+            .ctx
+            .dev
+            .mem
+            .resolve(self.key, self.pd.handle, self.iova + offset as u64, data.len() as u64, Want::LocalRead)
+            .map_err(|e| Error::inval(format!("write_at: {e}")))?;
+        span.write(0, data);
+        Ok(())
+    }
+
+    /// The whole region's bytes (a copy).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len];
+        self.read_at(0, &mut v).expect("in range");
+        v
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        let _ = self.pd.ctx.dev.mem.deregister(self.key);
+    }
+}
+
+impl std::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("key", &format_args!("{:#x}", self.key))
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .finish()
+    }
+}

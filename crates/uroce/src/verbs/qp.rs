@@ -1,0 +1,199 @@
+//! Queue pairs (`ibv_qp`).
+
+use super::cq::CompletionQueue;
+use super::pd::{PdInner, ProtectionDomain};
+use super::srq::SharedReceiveQueue;
+use crate::ib::{QpAttrMask, QpState, QpType, Result};
+use crate::proto::cq::CompletionQueue as Ring;
+use crate::proto::qp::QpInit;
+use crate::proto::srq::SharedRecvQueue;
+use crate::proto::wr::{QpAttr, QpCap, RecvWr, SendWr};
+use std::sync::Arc;
+
+/// Creation attributes (`ibv_qp_init_attr`).
+pub struct QpInitAttr<'a> {
+    pub qp_type: QpType,
+    pub send_cq: &'a CompletionQueue,
+    pub recv_cq: &'a CompletionQueue,
+    pub srq: Option<&'a SharedReceiveQueue>,
+    pub cap: QpCap,
+    pub sq_sig_all: bool,
+}
+
+impl<'a> QpInitAttr<'a> {
+    /// An RC QP with room for 256 WRs of 4 SGEs each way and 64 inline bytes.
+    pub fn rc(send_cq: &'a CompletionQueue, recv_cq: &'a CompletionQueue) -> Self {
+        QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq,
+            recv_cq,
+            srq: None,
+            cap: QpCap { max_send_wr: 256, max_recv_wr: 256, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 64 },
+            sq_sig_all: false,
+        }
+    }
+
+    /// The same for a UD QP.
+    pub fn ud(send_cq: &'a CompletionQueue, recv_cq: &'a CompletionQueue) -> Self {
+        QpInitAttr { qp_type: QpType::Ud, ..Self::rc(send_cq, recv_cq) }
+    }
+}
+
+pub struct QueuePair {
+    pd: Arc<PdInner>,
+    qpn: u32,
+    qp_type: QpType,
+    cap: QpCap,
+    _send_cq: Arc<Ring>,
+    _recv_cq: Arc<Ring>,
+    _srq: Option<Arc<SharedRecvQueue>>,
+}
+
+impl ProtectionDomain {
+    /// `ibv_create_qp`.
+    pub fn create_qp(&self, attr: &QpInitAttr) -> Result<QueuePair> {
+        QueuePair::new(self, attr)
+    }
+
+    /// `ibv_create_srq`.
+    pub fn create_srq(&self, max_wr: u32, max_sge: u32, limit: u32) -> Result<SharedReceiveQueue> {
+        SharedReceiveQueue::new(self, max_wr, max_sge, limit)
+    }
+}
+
+impl QueuePair {
+    fn new(pd: &ProtectionDomain, a: &QpInitAttr) -> Result<QueuePair> {
+        let init = QpInit {
+            qp_type: a.qp_type,
+            pd: pd.handle(),
+            send_cq: a.send_cq.ring.clone(),
+            recv_cq: a.recv_cq.ring.clone(),
+            srq: a.srq.map(|s| s.queue.clone()),
+            cap: a.cap,
+            sq_sig_all: a.sq_sig_all,
+        };
+        let qpn = pd.inner.ctx.dev.rt.engine().create_qp(init)?;
+        Ok(QueuePair {
+            pd: pd.inner.clone(),
+            qpn,
+            qp_type: a.qp_type,
+            cap: a.cap,
+            _send_cq: a.send_cq.ring.clone(),
+            _recv_cq: a.recv_cq.ring.clone(),
+            _srq: a.srq.map(|s| s.queue.clone()),
+        })
+    }
+
+    pub fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    pub fn cap(&self) -> QpCap {
+        self.cap
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        self.pd.ctx.dev.rt.pump(|e, now| e.modify_qp(now, self.qpn, attr, mask))
+    }
+
+    /// `ibv_query_qp`: the current attributes.
+    pub fn query(&self) -> QpAttr {
+        let e = self.pd.ctx.dev.rt.engine();
+        let qp = e.qp(self.qpn).expect("a live handle has a QP");
+        QpAttr { cap: qp.cap, cur_qp_state: qp.attr.qp_state, ..qp.attr }
+    }
+
+    pub fn state(&self) -> QpState {
+        self.query().qp_state
+    }
+
+    /// `ibv_post_send`.
+    pub fn post_send(&self, wr: &SendWr) -> Result<()> {
+        self.pd.ctx.dev.rt.pump(|e, now| e.post_send(now, self.qpn, wr.clone()))
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        self.pd.ctx.dev.rt.pump(|e, now| e.post_recv(now, self.qpn, wr.clone()))
+    }
+
+    /// Moves an RC QP through INIT, RTR and RTS to a peer (`ibv_rc_pingpong`'s
+    /// attributes; access flags for every remote operation).
+    pub fn connect_rc(&self, remote: &super::Gid, remote_qpn: u32, local_psn: u32, remote_psn: u32) -> Result<()> {
+        use crate::ib::{Access, Mtu};
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            ..QpAttr::default()
+        };
+        self.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)?;
+        a.qp_state = QpState::Rtr;
+        a.path_mtu = Mtu::Mtu4096.min_by_bytes(self.pd.ctx.dev.mtu);
+        a.dest_qp_num = remote_qpn;
+        a.rq_psn = remote_psn;
+        a.max_dest_rd_atomic = 16;
+        a.min_rnr_timer = 12;
+        a.ah_attr = crate::proto::wr::AddressVector {
+            dgid: *remote,
+            is_global: true,
+            hop_limit: 64,
+            port_num: 1,
+            ..Default::default()
+        };
+        self.modify(
+            &a,
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+                | QpAttrMask::MAX_DEST_RD_ATOMIC
+                | QpAttrMask::MIN_RNR_TIMER,
+        )?;
+        a.qp_state = QpState::Rts;
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        a.sq_psn = local_psn;
+        a.max_rd_atomic = 16;
+        self.modify(
+            &a,
+            QpAttrMask::STATE
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::MAX_QP_RD_ATOMIC,
+        )
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let _ = self.pd.ctx.dev.rt.engine().destroy_qp(self.qpn);
+    }
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair").field("qpn", &self.qpn).field("type", &self.qp_type).finish()
+    }
+}
+
+impl crate::ib::Mtu {
+    /// The smaller of two MTUs.
+    pub fn min_by_bytes(self, other: crate::ib::Mtu) -> crate::ib::Mtu {
+        if self.bytes() <= other.bytes() {
+            self
+        } else {
+            other
+        }
+    }
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The whole uroce test suite: installs what it needs (Debian packages) when
+# missing, builds everything, runs every test, and ends with one summary line.
+# Usage: scripts/test.sh            (from anywhere in the repository)
+# Env:   UROCE_SIM_SEEDS=N          seeds for the simulated fabric (default 200)
+#        UROCE_NO_INSTALL=1         never call apt-get
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS=(ibverbs-utils perftest python3-pyverbs libibverbs-dev rdma-core tshark valgrind iproute2 clang libclang-dev)
+
+install_packages() {
+    local missing=()
+    for p in "${PKGS[@]}"; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "${UROCE_NO_INSTALL:-0}" = 1 ]; then
+        echo "skip install: UROCE_NO_INSTALL=1 (missing: ${missing[*]})"; return 0
+    fi
+    local SUDO=""
+    if [ "$(id -u)" != 0 ]; then
+        if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then SUDO="sudo -n"; else
+            echo "skip install: not root and no passwordless sudo (missing: ${missing[*]}); tests needing them will skip"; return 0
+        fi
+    fi
+    echo "installing: ${missing[*]}"
+    echo "wireshark-common wireshark-common/install-setuid boolean false" | $SUDO debconf-set-selections
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1 || true
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 \
+        || echo "warning: apt-get could not install some of: ${missing[*]}; tests needing them will skip"
+}
+
+if ! command -v cargo >/dev/null; then
+    echo "cargo not found: install Rust with https://rustup.rs (curl --proto '=https' -sSf https://sh.rustup.rs | sh)" >&2
+    exit 2
+fi
+command -v apt-get >/dev/null && install_packages
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+# The drop-in library is built in release mode once; its tests find it there.
+if [ -x scripts/build-dropin.sh ]; then
+    scripts/build-dropin.sh || status=1
+fi
+cargo test --workspace --all-targets 2>&1 | tee "$log" || status=1
+cargo test --workspace --doc 2>&1 | tee -a "$log" || status=1
+
+sum() { grep -E '^test result:' "$log" | grep -oE "[0-9]+ $1" | awk '{s+=$1} END {print s+0}'; }
+passed=$(sum passed); failed=$(sum failed); ignored=$(sum ignored)
+echo
+echo "skips (with reasons):"
+grep -E '^SKIP' "$log" | sort | uniq -c || echo "  none"
+echo
+echo "${passed:-0} passed, ${failed:-0} failed, ${ignored:-0} skipped"
+[ "${failed:-0}" = 0 ] && [ $status = 0 ]
