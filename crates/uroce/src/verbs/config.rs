@@ -6,7 +6,7 @@
 //! | `UROCE_DEVICE` | device name | `uroce0` |
 //! | `UROCE_ADDR` | IPv4 or IPv6 address to bind | the first free of 127.0.0.1 … 127.0.0.254 |
 //! | `UROCE_PORT` | UDP port of this device and its peers | 4791 |
-//! | `UROCE_MTU` | active MTU in bytes (256…4096) | 4096 |
+//! | `UROCE_MTU` | active MTU in bytes (256…4096) | from the interface MTU − 80 (rxe's rule) |
 //! | `UROCE_CAPTURE` | write a pcap of every packet to this file (`%p` = pid) | off |
 //! | `UROCE_BUSY_POLL` | `1`: spin instead of sleeping | 0 |
 //! | `UROCE_IPV4_ANY_ID` | `1`: accept IPv4 ICRCs with any IP ID (Linux rxe peers) | 0 |
@@ -26,7 +26,8 @@ pub struct DeviceConfig {
     /// None: pick the first free 127.0.0.x.
     pub addr: Option<IpAddr>,
     pub port: u16,
-    pub mtu: Mtu,
+    /// None: derived from the interface MTU as rxe does (lo: 4096, 1500: 1024).
+    pub mtu: Option<Mtu>,
     pub capture: Option<PathBuf>,
     pub busy_poll: bool,
     pub ipv4_any_id: bool,
@@ -38,7 +39,7 @@ impl Default for DeviceConfig {
             name: "uroce0".into(),
             addr: None,
             port: crate::wire::ROCE_V2_PORT,
-            mtu: Mtu::Mtu4096,
+            mtu: None,
             capture: None,
             busy_poll: false,
             ipv4_any_id: false,
@@ -75,7 +76,7 @@ impl DeviceConfig {
             if !(256..=4096).contains(&b) {
                 return Err(Error::inval(format!("UROCE_MTU: {b} outside 256..4096")));
             }
-            c.mtu = Mtu::from_bytes_floor(b);
+            c.mtu = Some(Mtu::from_bytes_floor(b));
         }
         if let Some(v) = var("UROCE_CAPTURE") {
             c.capture = Some(PathBuf::from(v.replace("%p", &std::process::id().to_string())));

@@ -140,7 +140,7 @@ impl Context {
             rt: rt.clone(),
             mem,
             addr,
-            mtu: cfg.mtu,
+            mtu: rt.engine().config().mtu,
             next_handle: AtomicU32::new(1),
             channels: Mutex::new(HashMap::new()),
             async_events: Mutex::new(VecDeque::new()),
@@ -257,7 +257,10 @@ impl Context {
 
 fn start_runtime(cfg: &DeviceConfig, mem: &Arc<Memory>) -> Result<Arc<Runtime>> {
     let mk = |addr: IpAddr| {
-        let mut e = EngineConfig::new(addr, cfg.port, cfg.mtu);
+        let mtu = cfg.mtu.unwrap_or_else(|| {
+            crate::io::netdev::interface_mtu(addr).map_or(Mtu::Mtu1024, crate::io::netdev::roce_mtu_for)
+        });
+        let mut e = EngineConfig::new(addr, cfg.port, mtu);
         e.ipv4_any_id = cfg.ipv4_any_id;
         RuntimeConfig { engine: e, capture: cfg.capture.clone(), busy_poll: cfg.busy_poll }
     };
