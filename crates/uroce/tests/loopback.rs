@@ -1,55 +1,11 @@
 //! Two devices in one process over real UDP sockets on loopback, through the
 //! safe Rust API: every operation, errors, and a packet capture.
 
-use std::net::{IpAddr, Ipv4Addr};
-use std::sync::atomic::{AtomicU16, Ordering};
+mod common;
+
+use common::*;
 use std::time::Duration;
 use uroce::verbs::*;
-
-const T: Duration = Duration::from_secs(10);
-
-/// Two devices on 127.0.0.1/127.0.0.2 sharing a port no other test uses.
-fn pair_with(capture: Option<std::path::PathBuf>) -> (Context, Context) {
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    for _ in 0..50 {
-        let port = 20000 + (std::process::id() as u16 % 1000) * 16 + NEXT.fetch_add(1, Ordering::Relaxed) % 16;
-        let mut a = DeviceConfig::at(&format!("lo-a-{port}"), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), port);
-        let b = DeviceConfig::at(&format!("lo-b-{port}"), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), port);
-        a.capture = capture.clone();
-        if let (Ok(a), Ok(b)) = (Context::open(&a), Context::open(&b)) {
-            return (a, b);
-        }
-    }
-    panic!("no free port pair");
-}
-
-struct End {
-    ctx: Context,
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    qp: QueuePair,
-}
-
-fn end(ctx: Context) -> End {
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(1024, None).unwrap();
-    let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
-    End { ctx, pd, cq, qp }
-}
-
-fn connected(capture: Option<std::path::PathBuf>) -> (End, End) {
-    let (a, b) = pair_with(capture);
-    let (a, b) = (end(a), end(b));
-    a.qp.connect_rc(&b.ctx.query_gid(0).unwrap(), b.qp.qp_num(), 100, 200).unwrap();
-    b.qp.connect_rc(&a.ctx.query_gid(0).unwrap(), a.qp.qp_num(), 200, 100).unwrap();
-    (a, b)
-}
-
-fn wr(id: u64, op: WrOpcode, sge: Sge) -> SendWr {
-    let mut w = SendWr::new(id, op);
-    w.sg_list = vec![sge];
-    w
-}
 
 #[test]
 fn write_read_send_and_atomics_over_udp() {

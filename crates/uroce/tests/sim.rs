@@ -79,6 +79,7 @@ fn node(addr: IpAddr, mtu: Mtu) -> Node {
     Node { engine, mem, cq, qpn }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn connect(n: &mut Node, now: Instant, peer: IpAddr, peer_qpn: u32, sq_psn: u32, rq_psn: u32, mtu: Mtu, timeout: u8) {
     let mut a = QpAttr {
         qp_state: QpState::Init,

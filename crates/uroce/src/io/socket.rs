@@ -5,7 +5,7 @@
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 
 #[derive(Debug)]
@@ -23,7 +23,7 @@ impl RoceSocket {
         }
         let _ = sock.set_recv_buffer_size(8 << 20);
         let _ = sock.set_send_buffer_size(8 << 20);
-        if let IpAddr::V4(_) = addr.ip() {
+        if addr.ip().is_ipv4() {
             let val: libc::c_int = libc::IP_PMTUDISC_DO;
             // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from &val.
             let rc = unsafe {

@@ -112,9 +112,7 @@ impl Qp {
             }
         }
         let t = self.build_request(ctx, cursor, mtu);
-        if t.is_none() {
-            return None;
-        }
+        t.as_ref()?;
         if self.qp_type == QpType::Rc {
             if psn::diff(self.req.psn, self.req.psn_max) > 0 {
                 self.req.psn_max = self.req.psn;
