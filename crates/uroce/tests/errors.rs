@@ -198,3 +198,20 @@ fn inline_send_and_uc_write() {
     r.remote_addr = dst.iova();
     assert_eq!(uc_a.post_send(&r).unwrap_err().errno, Errno::EINVAL, "no READ on UC");
 }
+
+#[test]
+fn post_list_reports_the_first_bad_wr() {
+    let (a, b) = connected(None);
+    let m = a.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+    let rx = b.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv_list((0..2).map(|i| RecvWr { wr_id: i, sg_list: vec![rx.sge(0, 64)] })).unwrap();
+    let good = wr(1, WrOpcode::Send, m.sge(0, 8));
+    let mut bad = wr(2, WrOpcode::Send, m.sge(0, 8));
+    bad.sg_list = vec![m.sge(0, 1); 5]; // above max_send_sge
+    let (i, e) = a.qp.post_send_list([good.clone(), bad, good]).unwrap_err();
+    assert_eq!((i, e.errno), (1, Errno::EINVAL));
+    let wcs = a.cq.wait(1, Duration::from_secs(5)).unwrap();
+    assert_eq!(wcs[0].wr_id, 1, "the WR before bad_wr was posted");
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(a.cq.poll_one().is_none(), "nothing after bad_wr was posted");
+}

@@ -3,7 +3,7 @@
 use super::cq::CompletionQueue;
 use super::pd::{PdInner, ProtectionDomain};
 use super::srq::SharedReceiveQueue;
-use crate::ib::{QpAttrMask, QpState, QpType, Result};
+use crate::ib::{Error, QpAttrMask, QpState, QpType, Result};
 use crate::proto::cq::CompletionQueue as Ring;
 use crate::proto::qp::QpInit;
 use crate::proto::srq::SharedRecvQueue;
@@ -120,6 +120,28 @@ impl QueuePair {
     /// `ibv_post_recv`.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
         self.pd.ctx.dev.rt.pump(|e, now| e.post_recv(now, self.qpn, wr.clone()))
+    }
+
+    /// Posts a list of send WRs with one pass through the device (as one
+    /// `ibv_post_send` call with a chained list). On failure, the index of the
+    /// first WR not posted (`bad_wr`) and why; the WRs before it are posted.
+    pub fn post_send_list(&self, wrs: impl IntoIterator<Item = SendWr>) -> std::result::Result<(), (usize, Error)> {
+        self.pd.ctx.dev.rt.pump(|e, now| {
+            for (i, wr) in wrs.into_iter().enumerate() {
+                e.post_send(now, self.qpn, wr).map_err(|err| (i, err))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The same for receive WRs.
+    pub fn post_recv_list(&self, wrs: impl IntoIterator<Item = RecvWr>) -> std::result::Result<(), (usize, Error)> {
+        self.pd.ctx.dev.rt.pump(|e, now| {
+            for (i, wr) in wrs.into_iter().enumerate() {
+                e.post_recv(now, self.qpn, wr).map_err(|err| (i, err))?;
+            }
+            Ok(())
+        })
     }
 
     /// Moves an RC QP through INIT, RTR and RTS to a peer (`ibv_rc_pingpong`'s
