@@ -215,3 +215,29 @@ fn post_list_reports_the_first_bad_wr() {
     std::thread::sleep(Duration::from_millis(20));
     assert!(a.cq.poll_one().is_none(), "nothing after bad_wr was posted");
 }
+
+#[test]
+fn rereg_changes_what_the_peer_may_do() {
+    let (a, b) = connected(None);
+    let src = a.pd.register(vec![7u8; 32], Access::empty()).unwrap();
+    let mut target = b.pd.register(vec![0u8; 32], Access::LOCAL_WRITE).unwrap();
+    let write = |id: u64, t: &MemoryRegion| {
+        let mut w = wr(id, WrOpcode::RdmaWrite, src.sge(0, 32));
+        w.remote_addr = t.iova();
+        w.rkey = t.rkey();
+        w
+    };
+    let key = target.rkey();
+    target.rereg_access(Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    assert_eq!(target.rkey(), key, "access change keeps the key");
+    a.qp.post_send(&write(1, &target)).unwrap();
+    assert_eq!(a.cq.wait(1, Duration::from_secs(5)).unwrap()[0].status, WcStatus::Success);
+    assert_eq!(target.to_vec(), vec![7u8; 32]);
+    // Moving it to a new buffer gives a new key; the old key is refused.
+    let old = write(2, &target);
+    target.rereg_buffer(vec![0u8; 64]).unwrap();
+    assert_ne!(target.rkey(), key);
+    a.qp.post_send(&old).unwrap();
+    assert_eq!(a.cq.wait(1, Duration::from_secs(5)).unwrap()[0].status, WcStatus::RemAccessErr);
+    assert_eq!(target.to_vec(), vec![0u8; 64]);
+}

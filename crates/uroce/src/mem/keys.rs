@@ -55,6 +55,28 @@ impl KeyTable {
         slot.region.take()
     }
 
+    /// Replaces the region of a current key. With `new_variant`, the region
+    /// gets a new key (same index, next variant) and the old key stops
+    /// working; otherwise it keeps its key.
+    pub fn replace(
+        &mut self,
+        key: u32,
+        new_variant: bool,
+        make: impl FnOnce(u32) -> MemoryRegion,
+    ) -> Option<(Arc<MemoryRegion>, Arc<MemoryRegion>)> {
+        let index = key >> 8;
+        let slot = self.slots.get_mut(index as usize)?;
+        if slot.variant as u32 != key & 0xff || slot.region.is_none() {
+            return None;
+        }
+        if new_variant {
+            slot.variant = slot.variant.wrapping_add(1);
+        }
+        let region = Arc::new(make((index << 8) | slot.variant as u32));
+        let old = slot.region.replace(region.clone())?;
+        Some((old, region))
+    }
+
     pub fn lookup(&self, key: u32) -> Option<&Arc<MemoryRegion>> {
         let slot = self.slots.get((key >> 8) as usize)?;
         if slot.variant as u32 != key & 0xff {

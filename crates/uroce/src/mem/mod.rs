@@ -93,14 +93,11 @@ impl Memory {
         if len > 0 {
             self.pins.lock().unwrap().pin(addr as u64, len)?;
         }
-        let mr = self.keys.write().unwrap().insert(|key| MemoryRegion {
-            pd,
-            key,
-            iova,
-            length: len,
-            access,
-            backing: Backing::Host { addr, owner },
-        });
+        let mr = self
+            .keys
+            .write()
+            .unwrap()
+            .insert(|key| MemoryRegion::new(pd, key, iova, len, access, Backing::Host { addr, owner: owner.map(Arc::from) }));
         Ok(mr)
     }
 
@@ -114,20 +111,65 @@ impl Memory {
             .ok_or_else(|| Error::inval("dereg_mr: unknown key"))?;
         // A packet being processed may hold a Span on the region: wait for it,
         // so that the caller may free the memory as soon as we return.
-        let mut spins = 0u32;
-        while Arc::strong_count(&mr) > 1 {
-            spins += 1;
-            if spins > 64 {
-                std::thread::sleep(std::time::Duration::from_micros(50));
-            } else {
-                std::thread::yield_now();
-            }
-        }
+        mr.wait_unused();
         let Backing::Host { addr, .. } = mr.backing;
         if mr.length > 0 {
             self.pins.lock().unwrap().unpin(addr as u64, mr.length);
         }
         Ok(())
+    }
+
+    /// `ibv_rereg_mr`: changes a region's protection domain, access rights
+    /// and/or translation. Everything is validated before anything changes.
+    /// PD and access changes keep the key (as mlx5 does in place); a new
+    /// translation issues a new key variant, so work requests that still
+    /// name the old key and buffer fail instead of reaching the new memory.
+    ///
+    /// # Safety
+    /// With a new translation, the new range must stay valid until the region
+    /// is deregistered or re-registered again.
+    pub unsafe fn rereg(&self, key: u32, change: Rereg) -> Result<Arc<MemoryRegion>> {
+        let old = self.lookup(key).ok_or_else(|| Error::inval("rereg_mr: unknown key"))?;
+        let access = change.access.unwrap_or(old.access);
+        check_access_flags(access)?;
+        let Backing::Host { addr: old_addr, owner: ref old_owner } = old.backing;
+        let old_owner = old_owner.clone();
+        let (addr, len, iova) = match &change.translation {
+            Some(t) => {
+                if t.addr == 0 || t.len == 0 {
+                    return Err(Error::inval("rereg_mr: translation needs an address and a length"));
+                }
+                (t.addr, t.len, t.iova)
+            }
+            None => (old_addr, old.length, old.iova),
+        };
+        let pd = change.pd.unwrap_or(old.pd);
+        drop(old);
+        let new_translation = change.translation.is_some();
+        if new_translation {
+            self.pins.lock().unwrap().pin(addr as u64, len)?;
+        }
+        let mut keys = self.keys.write().unwrap();
+        // The buffer owner is shared with the new region unless the range changes.
+        let owner = match change.translation {
+            Some(t) => t.owner.map(Arc::from),
+            None => old_owner,
+        };
+        let replaced = keys.replace(key, new_translation, |k| {
+            MemoryRegion::new(pd, k, iova, len, access, Backing::Host { addr, owner })
+        });
+        drop(keys);
+        let Some((old, new)) = replaced else {
+            if new_translation {
+                self.pins.lock().unwrap().unpin(addr as u64, len);
+            }
+            return Err(Error::inval("rereg_mr: region went away"));
+        };
+        old.wait_unused();
+        if new_translation && old.length > 0 {
+            self.pins.lock().unwrap().unpin(old_addr as u64, old.length);
+        }
+        Ok(new)
     }
 
     /// The region a key names, if the key (with its variant) is current.
@@ -163,6 +205,22 @@ impl Memory {
     pub fn pinned_bytes(&self) -> u64 {
         self.pins.lock().unwrap().pinned_bytes()
     }
+}
+
+/// What `ibv_rereg_mr` changes.
+#[derive(Default)]
+pub struct Rereg {
+    pub pd: Option<u32>,
+    pub access: Option<Access>,
+    pub translation: Option<Translation>,
+}
+
+/// A new range for a region.
+pub struct Translation {
+    pub addr: usize,
+    pub len: u64,
+    pub iova: u64,
+    pub owner: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 /// The IBA rules on access flags at registration.
@@ -276,6 +334,38 @@ mod tests {
         assert_eq!(k1 >> 8, k2 >> 8, "index reused");
         assert_ne!(k1, k2, "variant differs so the stale key fails");
         assert_eq!(mem.resolve(k1, 1, buf.as_ptr() as u64, 1, Want::LocalRead).err(), Some(AccessError::BadKey));
+    }
+
+    #[test]
+    fn rereg_access_pd_and_translation() {
+        let mem = Memory::default();
+        let mut a = vec![0u8; 4096];
+        let mut b = vec![0u8; 8192];
+        let (pa, pb) = (a.as_ptr() as u64, b.as_mut_ptr() as usize);
+        let k = reg(&mem, &mut a, Access::LOCAL_WRITE).key;
+        assert_eq!(mem.resolve(k, 1, pa, 8, Want::RemoteWrite).err(), Some(AccessError::Permission));
+        // SAFETY: no translation change.
+        let mr = unsafe { mem.rereg(k, Rereg { access: Some(Access::LOCAL_WRITE | Access::REMOTE_WRITE), ..Default::default() }) }.unwrap();
+        assert_eq!(mr.key, k, "access change keeps the key");
+        assert!(mem.resolve(k, 1, pa, 8, Want::RemoteWrite).is_ok());
+        // SAFETY: no translation change.
+        unsafe { mem.rereg(k, Rereg { pd: Some(7), ..Default::default() }) }.unwrap();
+        assert_eq!(mem.resolve(k, 1, pa, 8, Want::RemoteWrite).err(), Some(AccessError::WrongPd));
+        // Invalid access is refused and changes nothing.
+        // SAFETY: no translation change.
+        let e = unsafe { mem.rereg(k, Rereg { access: Some(Access::REMOTE_WRITE), ..Default::default() }) }.unwrap_err();
+        assert_eq!(e.errno, Errno::EINVAL);
+        assert!(mem.resolve(k, 7, pa, 8, Want::RemoteWrite).is_ok());
+        // Translation: a new key variant; the old key is dead.
+        let t = Translation { addr: pb, len: 8192, iova: pb as u64, owner: None };
+        // SAFETY: `b` outlives the region.
+        let mr2 = unsafe { mem.rereg(k, Rereg { translation: Some(t), ..Default::default() }) }.unwrap();
+        assert_ne!(mr2.key, k);
+        assert_eq!(mr2.key >> 8, k >> 8);
+        assert_eq!(mem.resolve(k, 7, pa, 8, Want::LocalRead).err(), Some(AccessError::BadKey));
+        assert!(mem.resolve(mr2.key, 7, pb as u64 + 8000, 192, Want::RemoteWrite).is_ok());
+        mem.deregister(mr2.key).unwrap();
+        assert_eq!(mem.pinned_bytes(), 0);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! in and out. The direct path for pinned host memory lives here.
 
 use crate::ib::Access;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Where a region's bytes live.
@@ -11,7 +11,7 @@ pub enum Backing {
     /// `owner`, when set, keeps the buffer alive as long as the region.
     Host {
         addr: usize,
-        owner: Option<Box<dyn std::any::Any + Send + Sync>>,
+        owner: Option<Arc<dyn std::any::Any + Send + Sync>>,
     },
 }
 
@@ -36,9 +36,28 @@ pub struct MemoryRegion {
     pub length: u64,
     pub access: Access,
     pub backing: Backing,
+    /// Spans alive: transfers in progress. Deregistration waits for zero.
+    pub(crate) spans: AtomicUsize,
 }
 
 impl MemoryRegion {
+    pub fn new(pd: u32, key: u32, iova: u64, length: u64, access: Access, backing: Backing) -> MemoryRegion {
+        MemoryRegion { pd, key, iova, length, access, backing, spans: AtomicUsize::new(0) }
+    }
+
+    /// Waits until no transfer uses the region.
+    pub(crate) fn wait_unused(&self) {
+        let mut spins = 0u32;
+        while self.spans.load(Ordering::Acquire) > 0 {
+            spins += 1;
+            if spins > 64 {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
     /// The span `iova..iova+len`, if it lies inside the region.
     pub fn span(self: &Arc<Self>, iova: u64, len: u64) -> Option<Span> {
         let off = iova.checked_sub(self.iova)?;
@@ -46,7 +65,8 @@ impl MemoryRegion {
             return None;
         }
         let Backing::Host { addr, .. } = self.backing;
-        Some(Span { host: addr + off as usize, len: len as usize, _mr: Some(self.clone()) })
+        self.spans.fetch_add(1, Ordering::AcqRel);
+        Some(Span { host: addr + off as usize, len: len as usize, mr: Some(self.clone()) })
     }
 }
 
@@ -56,12 +76,20 @@ impl MemoryRegion {
 pub struct Span {
     host: usize,
     len: usize,
-    _mr: Option<Arc<MemoryRegion>>,
+    mr: Option<Arc<MemoryRegion>>,
+}
+
+impl Drop for Span {
+    fn drop(&mut self) {
+        if let Some(mr) = &self.mr {
+            mr.spans.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl Span {
     pub(crate) fn empty() -> Span {
-        Span { host: 0, len: 0, _mr: None }
+        Span { host: 0, len: 0, mr: None }
     }
 
     pub fn len(&self) -> usize {

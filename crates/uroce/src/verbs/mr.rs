@@ -2,7 +2,7 @@
 
 use super::pd::{PdInner, ProtectionDomain};
 use crate::ib::{Access, Error, Result, Sge, ACCESS_OPTIONAL_RANGE};
-use crate::mem::Want;
+use crate::mem::{Rereg, Translation, Want};
 use std::sync::Arc;
 
 /// A registered memory region. Dropping it deregisters; an owned buffer is
@@ -51,6 +51,44 @@ impl MemoryRegion {
         // SAFETY: the caller's contract.
         let mr = unsafe { mem.register_host(pd.inner.handle, addr as usize, len as u64, iova, access, None) }?;
         Ok(MemoryRegion { pd: pd.inner.clone(), key: mr.key, addr: addr as u64, len, iova, access })
+    }
+
+    /// `ibv_rereg_mr(IBV_REREG_MR_CHANGE_ACCESS)`: the key stays.
+    pub fn rereg_access(&mut self, access: Access) -> Result<()> {
+        let access = known(access)?;
+        // SAFETY: no new translation.
+        unsafe { self.pd.ctx.dev.mem.rereg(self.key, Rereg { access: Some(access), ..Default::default() }) }?;
+        self.access = access;
+        Ok(())
+    }
+
+    /// `ibv_rereg_mr(IBV_REREG_MR_CHANGE_PD)`: the key stays.
+    pub fn rereg_pd(&mut self, pd: &ProtectionDomain) -> Result<()> {
+        if !Arc::ptr_eq(&pd.inner.ctx.dev, &self.pd.ctx.dev) {
+            return Err(Error::inval("rereg_mr: PD of another device"));
+        }
+        // SAFETY: no new translation.
+        unsafe { self.pd.ctx.dev.mem.rereg(self.key, Rereg { pd: Some(pd.handle()), ..Default::default() }) }?;
+        self.pd = pd.inner.clone();
+        Ok(())
+    }
+
+    /// `ibv_rereg_mr(IBV_REREG_MR_CHANGE_TRANSLATION)` onto a new owned
+    /// buffer: the region gets a new key; the old buffer is freed.
+    pub fn rereg_buffer(&mut self, mut buf: Vec<u8>) -> Result<()> {
+        if buf.is_empty() {
+            return Err(Error::inval("rereg_mr: empty buffer"));
+        }
+        let addr = buf.as_mut_ptr() as usize;
+        let len = buf.len();
+        let t = Translation { addr, len: len as u64, iova: addr as u64, owner: Some(Box::new(buf)) };
+        // SAFETY: the buffer moves into the region as its owner.
+        let mr = unsafe { self.pd.ctx.dev.mem.rereg(self.key, Rereg { translation: Some(t), ..Default::default() }) }?;
+        self.key = mr.key;
+        self.addr = addr as u64;
+        self.iova = addr as u64;
+        self.len = len;
+        Ok(())
     }
 
     pub fn lkey(&self) -> u32 {
