@@ -13,8 +13,8 @@
 //! [`ib`] holds the verbs vocabulary (enums, flags, errno) shared by all.
 
 pub mod ib;
-pub mod wire;
+pub mod io;
 pub mod mem;
 pub mod proto;
-pub mod io;
 pub mod verbs;
+pub mod wire;

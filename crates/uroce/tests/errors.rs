@@ -21,7 +21,13 @@ fn to_rts(qp: &QueuePair, peer: &Context, peer_qpn: u32, timeout: u8, retry: u8,
     a.dest_qp_num = peer_qpn;
     a.max_dest_rd_atomic = 1;
     a.min_rnr_timer = 1;
-    a.ah_attr = AddressVector { dgid: peer.query_gid(0).unwrap(), is_global: true, hop_limit: 64, port_num: 1, ..Default::default() };
+    a.ah_attr = AddressVector {
+        dgid: peer.query_gid(0).unwrap(),
+        is_global: true,
+        hop_limit: 64,
+        port_num: 1,
+        ..Default::default()
+    };
     let m = QpAttrMask::STATE
         | QpAttrMask::AV
         | QpAttrMask::PATH_MTU
@@ -113,11 +119,19 @@ fn post_errors_return_errno() {
     let rtr = QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() };
     assert_eq!(a.qp.modify(&rtr, QpAttrMask::STATE).unwrap_err().errno, Errno::EINVAL);
     let init = QpAttr { qp_state: QpState::Init, port_num: 1, ..QpAttr::default() };
-    assert_eq!(a.qp.modify(&init, QpAttrMask::STATE | QpAttrMask::PORT).unwrap_err().errno, Errno::EINVAL, "missing PKEY_INDEX, ACCESS_FLAGS");
+    assert_eq!(
+        a.qp.modify(&init, QpAttrMask::STATE | QpAttrMask::PORT).unwrap_err().errno,
+        Errno::EINVAL,
+        "missing PKEY_INDEX, ACCESS_FLAGS"
+    );
     let bad_port = QpAttr { qp_state: QpState::Init, port_num: 2, ..QpAttr::default() };
     let m3 = QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS_FLAGS;
     assert_eq!(a.qp.modify(&bad_port, m3).unwrap_err().errno, Errno::EINVAL);
-    assert_eq!(a.qp.modify(&QpAttr { qkey: 1, ..init }, m3 | QpAttrMask::QKEY).unwrap_err().errno, Errno::EINVAL, "QKEY on RC");
+    assert_eq!(
+        a.qp.modify(&QpAttr { qkey: 1, ..init }, m3 | QpAttrMask::QKEY).unwrap_err().errno,
+        Errno::EINVAL,
+        "QKEY on RC"
+    );
     a.qp.modify(&init, m3).unwrap();
     assert_eq!(a.qp.state(), QpState::Init);
     // Too many SGEs, and a queue overflow.
@@ -172,13 +186,24 @@ fn inline_send_and_uc_write() {
     let uc_a = a.pd.create_qp(&QpInitAttr { qp_type: QpType::Uc, ..QpInitAttr::rc(&a.cq, &a.cq) }).unwrap();
     let uc_b = b.pd.create_qp(&QpInitAttr { qp_type: QpType::Uc, ..QpInitAttr::rc(&b.cq, &b.cq) }).unwrap();
     for (q, peer, pq) in [(&uc_a, &b.ctx, uc_b.qp_num()), (&uc_b, &a.ctx, uc_a.qp_num())] {
-        let mut at = QpAttr { qp_state: QpState::Init, port_num: 1, qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE, ..QpAttr::default() };
-        q.modify(&at, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS).unwrap();
+        let mut at = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            ..QpAttr::default()
+        };
+        q.modify(&at, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)
+            .unwrap();
         at.qp_state = QpState::Rtr;
         at.path_mtu = Mtu::Mtu1024;
         at.dest_qp_num = pq;
-        at.ah_attr = AddressVector { dgid: peer.query_gid(0).unwrap(), is_global: true, port_num: 1, ..Default::default() };
-        q.modify(&at, QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN).unwrap();
+        at.ah_attr =
+            AddressVector { dgid: peer.query_gid(0).unwrap(), is_global: true, port_num: 1, ..Default::default() };
+        q.modify(
+            &at,
+            QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN,
+        )
+        .unwrap();
         at.qp_state = QpState::Rts;
         q.modify(&at, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
     }

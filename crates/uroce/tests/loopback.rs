@@ -137,7 +137,13 @@ fn ud_send_receive_with_grh() {
     qb.post_recv(&RecvWr { wr_id: 1, sg_list: vec![rx.sge(0, 140)] }).unwrap();
     let tx = pa.register(b"hello over UD".to_vec(), Access::empty()).unwrap();
     let ah = pa
-        .create_ah(AddressVector { dgid: cb.query_gid(0).unwrap(), is_global: true, hop_limit: 64, port_num: 1, ..Default::default() })
+        .create_ah(AddressVector {
+            dgid: cb.query_gid(0).unwrap(),
+            is_global: true,
+            hop_limit: 64,
+            port_num: 1,
+            ..Default::default()
+        })
         .unwrap();
     let mut s = wr(9, WrOpcode::Send, tx.sge(0, 13));
     s.ud = Some(UdDest { av: ah.av, remote_qpn: qb.qp_num(), remote_qkey: 0x1111_1111 });
@@ -218,7 +224,8 @@ fn capture_decodes_with_correct_icrcs() {
         let (a, b) = connected(Some(path.clone()));
         port = a.ctx.local_addr().port();
         let m = a.pd.register(vec![5u8; 10_000], Access::LOCAL_WRITE).unwrap();
-        let t = b.pd.register(vec![0u8; 10_000], Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ).unwrap();
+        let t =
+            b.pd.register(vec![0u8; 10_000], Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ).unwrap();
         let mut w = wr(1, WrOpcode::RdmaWrite, m.sge(0, 10_000));
         w.remote_addr = t.iova();
         w.rkey = t.rkey();
@@ -243,7 +250,18 @@ fn capture_decodes_with_correct_icrcs() {
     let out = std::process::Command::new("tshark")
         .args(["-r", path.to_str().unwrap(), "-d", &format!("udp.port=={port},infiniband")])
         .args(["--disable-protocol", "rpcordma", "--disable-protocol", "tftp"])
-        .args(["-T", "fields", "-E", "separator=,", "-e", "infiniband.bth.opcode", "-e", "_ws.malformed", "-e", "_ws.expert.severity"])
+        .args([
+            "-T",
+            "fields",
+            "-E",
+            "separator=,",
+            "-e",
+            "infiniband.bth.opcode",
+            "-e",
+            "_ws.malformed",
+            "-e",
+            "_ws.expert.severity",
+        ])
         .output();
     match out {
         Err(_) => println!("SKIP tshark check of the capture: tshark is not installed"),
@@ -257,7 +275,10 @@ fn capture_decodes_with_correct_icrcs() {
                 assert!(!f[0].is_empty(), "no BTH decoded: {r}");
                 assert!(f.get(1).is_none_or(|m| m.is_empty()), "malformed: {r}");
                 // Severity 8388608 = error, 6291456 = warning.
-                assert!(f.get(2).is_none_or(|e| e.is_empty() || e.parse::<u64>().unwrap_or(0) < 6291456), "expert item: {r}");
+                assert!(
+                    f.get(2).is_none_or(|e| e.is_empty() || e.parse::<u64>().unwrap_or(0) < 6291456),
+                    "expert item: {r}"
+                );
             }
         }
     }

@@ -54,7 +54,8 @@ fn pinning_counts_against_memlock() {
     unsafe {
         cmd.pre_exec(|| {
             let lim = libc::rlimit { rlim_cur: 1 << 20, rlim_max: 1 << 20 };
-            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) != 0 || libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
+            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) != 0 || libc::setgid(65534) != 0 || libc::setuid(65534) != 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

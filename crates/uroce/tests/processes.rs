@@ -11,7 +11,12 @@ fn wait_ok(mut child: std::process::Child, what: &str, limit: Duration) {
     loop {
         if let Some(st) = child.try_wait().unwrap() {
             let out = child.wait_with_output().unwrap();
-            assert!(st.success(), "{what} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(
+                st.success(),
+                "{what} failed: {}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
             return;
         }
         if t.elapsed() > limit {
@@ -47,7 +52,12 @@ fn two_processes_on_loopback() {
 }
 
 fn sh(args: &[&str]) -> bool {
-    Command::new(args[0]).args(&args[1..]).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    Command::new(args[0])
+        .args(&args[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Removes the namespaces even if the test fails.

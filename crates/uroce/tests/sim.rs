@@ -94,7 +94,8 @@ fn connect(n: &mut Node, now: Instant, peer: IpAddr, peer_qpn: u32, sq_psn: u32,
     a.rq_psn = rq_psn;
     a.max_dest_rd_atomic = 8;
     a.min_rnr_timer = 1;
-    a.ah_attr = AddressVector { dgid: Gid::from_ip(peer), is_global: true, hop_limit: 64, port_num: 1, ..Default::default() };
+    a.ah_attr =
+        AddressVector { dgid: Gid::from_ip(peer), is_global: true, hop_limit: 64, port_num: 1, ..Default::default() };
     n.engine
         .modify_qp(
             now,
@@ -110,7 +111,12 @@ fn connect(n: &mut Node, now: Instant, peer: IpAddr, peer_qpn: u32, sq_psn: u32,
     a.sq_psn = sq_psn;
     a.max_rd_atomic = 8;
     n.engine
-        .modify_qp(now, n.qpn, &a, M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC)
+        .modify_qp(
+            now,
+            n.qpn,
+            &a,
+            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+        )
         .unwrap();
 }
 
@@ -193,7 +199,10 @@ fn run_seed(seed: u64, clean: bool) -> Result<[uroce::proto::Stats; 2], String> 
     let post_recvs = |b: &mut Node, now: Instant, upto: usize, posted: &mut usize| {
         while *posted < upto {
             let (off, len) = sends[*posted];
-            let wr = RecvWr { wr_id: *posted as u64, sg_list: vec![Sge { addr: rbuf.addr() + off as u64, length: len as u32, lkey: rbuf.key }] };
+            let wr = RecvWr {
+                wr_id: *posted as u64,
+                sg_list: vec![Sge { addr: rbuf.addr() + off as u64, length: len as u32, lkey: rbuf.key }],
+            };
             b.engine.post_recv(now, b.qpn, wr).unwrap();
             *posted += 1;
         }
@@ -249,7 +258,13 @@ fn run_seed(seed: u64, clean: bool) -> Result<[uroce::proto::Stats; 2], String> 
     loop {
         steps += 1;
         if steps > 2_000_000 || now > limit {
-            return Err(format!("no progress: {} of {} send completions, stats A {:?} B {:?}", a_wcs.len(), expected_a, a.engine.stats(), b.engine.stats()));
+            return Err(format!(
+                "no progress: {} of {} send completions, stats A {:?} B {:?}",
+                a_wcs.len(),
+                expected_a,
+                a.engine.stats(),
+                b.engine.stats()
+            ));
         }
         if late_recvs && now > t0 + Duration::from_millis(3) {
             post_recvs(&mut b, now, sends.len(), &mut recvs_posted);
@@ -270,17 +285,19 @@ fn run_seed(seed: u64, clean: bool) -> Result<[uroce::proto::Stats; 2], String> 
         // so wait for the send queue to drain.
         let a_idle = a.engine.qp(a.qpn).map(|q| q.state() == QpState::Rts).unwrap_or(false)
             && a_wcs.iter().filter(|w| w.status != WcStatus::Success).count() == 0;
-        if a_idle && a_wcs.len() == signaled.len() && a.engine.poll_timeout().is_none() && fabric.is_empty() && b_wcs.len() == sends.len() {
+        if a_idle
+            && a_wcs.len() == signaled.len()
+            && a.engine.poll_timeout().is_none()
+            && fabric.is_empty()
+            && b_wcs.len() == sends.len()
+        {
             break;
         }
         if a_wcs.iter().any(|w| w.status != WcStatus::Success) {
             return Err(format!("error completion: {:?}", a_wcs.iter().find(|w| w.status != WcStatus::Success)));
         }
         // Advance time to the next event.
-        let next = [fabric.next_time(), a.engine.poll_timeout(), b.engine.poll_timeout()]
-            .into_iter()
-            .flatten()
-            .min();
+        let next = [fabric.next_time(), a.engine.poll_timeout(), b.engine.poll_timeout()].into_iter().flatten().min();
         now = match next {
             Some(t) if t > now => t,
             Some(_) => now,
@@ -342,12 +359,23 @@ fn run_seed(seed: u64, clean: bool) -> Result<[uroce::proto::Stats; 2], String> 
     }
     // Receive completions: in order, with the right lengths.
     for (i, wc) in b_wcs.iter().enumerate() {
-        if wc.wr_id != i as u64 || wc.status != WcStatus::Success || wc.opcode != WcOpcode::Recv || wc.byte_len as usize != sends[i].1 {
+        if wc.wr_id != i as u64
+            || wc.status != WcStatus::Success
+            || wc.opcode != WcOpcode::Recv
+            || wc.byte_len as usize != sends[i].1
+        {
             return Err(format!("receive completion {i} wrong: {wc:?}"));
         }
     }
     if std::env::var("UROCE_SIM_VERBOSE").is_ok() {
-        eprintln!("seed {seed}: mtu {} ops {} fabric {:?}\n  A {:?}\n  B {:?}", mtu.bytes(), ops.len(), fabric.stats, a.engine.stats(), b.engine.stats());
+        eprintln!(
+            "seed {seed}: mtu {} ops {} fabric {:?}\n  A {:?}\n  B {:?}",
+            mtu.bytes(),
+            ops.len(),
+            fabric.stats,
+            a.engine.stats(),
+            b.engine.stats()
+        );
     }
     Ok([a.engine.stats(), b.engine.stats()])
 }

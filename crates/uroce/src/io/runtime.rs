@@ -78,9 +78,7 @@ impl Runtime {
             thread: Mutex::new(None),
         });
         let weak = Arc::downgrade(&rt);
-        let handle = std::thread::Builder::new()
-            .name("uroce-progress".into())
-            .spawn(move || progress_loop(weak))?;
+        let handle = std::thread::Builder::new().name("uroce-progress".into()).spawn(move || progress_loop(weak))?;
         *rt.thread.lock().unwrap() = Some(handle);
         Ok(rt)
     }
@@ -234,7 +232,8 @@ impl Runtime {
         let local = self.socket.local_addr();
         if let Some(c) = &self.capture {
             for (i, &(n, from)) in got.iter().enumerate() {
-                let ip = IpInfo { src: from.ip(), dst: local.ip(), sport: from.port(), dport: local.port(), ipv4_id: 0 };
+                let ip =
+                    IpInfo { src: from.ip(), dst: local.ip(), sport: from.port(), dport: local.port(), ipv4_id: 0 };
                 c.record(&ip, &bufs[i][..n]);
             }
         }

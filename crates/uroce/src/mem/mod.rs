@@ -93,22 +93,15 @@ impl Memory {
         if len > 0 {
             self.pins.lock().unwrap().pin(addr as u64, len)?;
         }
-        let mr = self
-            .keys
-            .write()
-            .unwrap()
-            .insert(|key| MemoryRegion::new(pd, key, iova, len, access, Backing::Host { addr, owner: owner.map(Arc::from) }));
+        let mr = self.keys.write().unwrap().insert(|key| {
+            MemoryRegion::new(pd, key, iova, len, access, Backing::Host { addr, owner: owner.map(Arc::from) })
+        });
         Ok(mr)
     }
 
     /// Removes a region's key and unpins it once no transfer still uses it.
     pub fn deregister(&self, key: u32) -> Result<()> {
-        let mr = self
-            .keys
-            .write()
-            .unwrap()
-            .remove(key)
-            .ok_or_else(|| Error::inval("dereg_mr: unknown key"))?;
+        let mr = self.keys.write().unwrap().remove(key).ok_or_else(|| Error::inval("dereg_mr: unknown key"))?;
         // A packet being processed may hold a Span on the region: wait for it,
         // so that the caller may free the memory as soon as we return.
         mr.wait_unused();
@@ -225,18 +218,11 @@ pub struct Translation {
 
 /// The IBA rules on access flags at registration.
 pub fn check_access_flags(access: Access) -> Result<()> {
-    if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
-        && !access.contains(Access::LOCAL_WRITE)
-    {
-        return Err(Error::inval(
-            "remote write or atomic access requires local write access",
-        ));
+    if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) && !access.contains(Access::LOCAL_WRITE) {
+        return Err(Error::inval("remote write or atomic access requires local write access"));
     }
     if access.contains(Access::ON_DEMAND) || access.contains(Access::HUGETLB) {
-        return Err(Error::new(
-            Errno::EOPNOTSUPP,
-            "on-demand paging is not supported by this device yet",
-        ));
+        return Err(Error::new(Errno::EOPNOTSUPP, "on-demand paging is not supported by this device yet"));
     }
     Ok(())
 }
@@ -345,7 +331,10 @@ mod tests {
         let k = reg(&mem, &mut a, Access::LOCAL_WRITE).key;
         assert_eq!(mem.resolve(k, 1, pa, 8, Want::RemoteWrite).err(), Some(AccessError::Permission));
         // SAFETY: no translation change.
-        let mr = unsafe { mem.rereg(k, Rereg { access: Some(Access::LOCAL_WRITE | Access::REMOTE_WRITE), ..Default::default() }) }.unwrap();
+        let mr = unsafe {
+            mem.rereg(k, Rereg { access: Some(Access::LOCAL_WRITE | Access::REMOTE_WRITE), ..Default::default() })
+        }
+        .unwrap();
         assert_eq!(mr.key, k, "access change keeps the key");
         assert!(mem.resolve(k, 1, pa, 8, Want::RemoteWrite).is_ok());
         // SAFETY: no translation change.
@@ -353,7 +342,8 @@ mod tests {
         assert_eq!(mem.resolve(k, 1, pa, 8, Want::RemoteWrite).err(), Some(AccessError::WrongPd));
         // Invalid access is refused and changes nothing.
         // SAFETY: no translation change.
-        let e = unsafe { mem.rereg(k, Rereg { access: Some(Access::REMOTE_WRITE), ..Default::default() }) }.unwrap_err();
+        let e =
+            unsafe { mem.rereg(k, Rereg { access: Some(Access::REMOTE_WRITE), ..Default::default() }) }.unwrap_err();
         assert_eq!(e.errno, Errno::EINVAL);
         assert!(mem.resolve(k, 7, pa, 8, Want::RemoteWrite).is_ok());
         // Translation: a new key variant; the old key is dead.

@@ -9,10 +9,7 @@ use std::sync::Arc;
 pub enum Backing {
     /// Pinned memory of this process at `addr` (the host address of `iova`).
     /// `owner`, when set, keeps the buffer alive as long as the region.
-    Host {
-        addr: usize,
-        owner: Option<Arc<dyn std::any::Any + Send + Sync>>,
-    },
+    Host { addr: usize, owner: Option<Arc<dyn std::any::Any + Send + Sync>> },
 }
 
 impl std::fmt::Debug for Backing {

@@ -14,7 +14,11 @@ pub struct PinTable {
 fn page_size() -> u64 {
     // SAFETY: sysconf has no memory-safety preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 { p as u64 } else { 4096 }
+    if p > 0 {
+        p as u64
+    } else {
+        4096
+    }
 }
 
 fn pages(addr: u64, len: u64) -> (u64, u64) {

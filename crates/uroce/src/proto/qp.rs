@@ -9,8 +9,7 @@ use super::srq::{RecvWqe, SharedRecvQueue};
 use super::wr::{QpAttr, QpCap, RecvWr, SendWr, WrOpcode};
 use super::{AsyncEvent, Ctx, Event};
 use crate::ib::{
-    Access, AsyncEventType, Error, Mtu, QpAttrMask as M, QpState, QpType, Result, SendFlags, Wc,
-    WcOpcode, WcStatus,
+    Access, AsyncEventType, Error, Mtu, QpAttrMask as M, QpState, QpType, Result, SendFlags, Wc, WcOpcode, WcStatus,
 };
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -256,7 +255,11 @@ impl Qp {
             }
         }
         if mask.contains(M::ACCESS_FLAGS)
-            && !(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC | Access::MW_BIND)
+            && !(Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC
+                | Access::MW_BIND)
                 .contains(a.qp_access_flags)
         {
             return Err(Error::inval("modify_qp: unknown qp_access_flags"));
@@ -384,10 +387,9 @@ impl Qp {
         }
         let allowed = match self.qp_type {
             QpType::Ud => matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendImm),
-            QpType::Uc => matches!(
-                wr.opcode,
-                WrOpcode::Send | WrOpcode::SendImm | WrOpcode::RdmaWrite | WrOpcode::RdmaWriteImm
-            ),
+            QpType::Uc => {
+                matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendImm | WrOpcode::RdmaWrite | WrOpcode::RdmaWriteImm)
+            }
             QpType::Rc => !matches!(wr.opcode, WrOpcode::BindMw | WrOpcode::LocalInv),
         };
         if !allowed {
@@ -477,10 +479,7 @@ impl Qp {
     }
 
     pub(crate) fn check_drained(&mut self, ctx: &mut Ctx) {
-        if self.attr.qp_state == QpState::Sqd
-            && self.sqd_notify_pending
-            && self.sq.iter().all(|w| !w.started)
-        {
+        if self.attr.qp_state == QpState::Sqd && self.sqd_notify_pending && self.sq.iter().all(|w| !w.started) {
             self.sqd_notify_pending = false;
             ctx.events.push_back(Event::Async(AsyncEvent::qp(AsyncEventType::SqDrained, self.qpn)));
         }

@@ -273,9 +273,15 @@ impl Qp {
         let status = if off + data.len() as u64 > sge_total(&recv.wqe.sges) {
             Some((WcStatus::LocLenErr, NakCode::InvalidRequest))
         } else {
-            let r = for_each_sge_piece(ctx.mem, pd, &recv.wqe.sges, off, data.len() as u64, Want::LocalWrite, |s, at, n| {
-                s.write(0, &data[at as usize..at as usize + n])
-            });
+            let r = for_each_sge_piece(
+                ctx.mem,
+                pd,
+                &recv.wqe.sges,
+                off,
+                data.len() as u64,
+                Want::LocalWrite,
+                |s, at, n| s.write(0, &data[at as usize..at as usize + n]),
+            );
             r.err().map(|_| (WcStatus::LocProtErr, NakCode::RemoteOperational))
         };
         if let Some((st, code)) = status {
@@ -421,13 +427,8 @@ impl Qp {
             ctx.mark_ready(self.qpn);
             return;
         }
-        let Some(res) = self
-            .resp
-            .resources
-            .iter()
-            .rev()
-            .find(|r| psn::le(r.first_psn, p) && psn::le(p, r.last_psn))
-            .copied()
+        let Some(res) =
+            self.resp.resources.iter().rev().find(|r| psn::le(r.first_psn, p) && psn::le(p, r.last_psn)).copied()
         else {
             return;
         };
@@ -440,7 +441,14 @@ impl Qp {
                 }
                 // Replace a replay of the same READ still queued.
                 self.resp.out.retain(|o| !matches!(o, Out::Read(j) if j.start_psn == p));
-                self.resp.out.push_back(Out::Read(ReadJob { start_psn: p, psn: p, va: reth.va, rkey: reth.rkey, len, off: 0 }));
+                self.resp.out.push_back(Out::Read(ReadJob {
+                    start_psn: p,
+                    psn: p,
+                    va: reth.va,
+                    rkey: reth.rkey,
+                    len,
+                    off: 0,
+                }));
             }
             (RdKind::Atomic { orig }, false) if flags.contains(F::ATOMIC) && res.first_psn == p => {
                 self.resp.out.push_back(Out::AtomicAck { psn: p, orig });

@@ -82,7 +82,10 @@ fn new_eventfd(flags: libc::c_int) -> Result<OwnedFd> {
     // SAFETY: eventfd has no memory preconditions.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | flags) };
     if fd < 0 {
-        return Err(Error::new(Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE)), "eventfd"));
+        return Err(Error::new(
+            Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE)),
+            "eventfd",
+        ));
     }
     // SAFETY: a fresh descriptor we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -187,7 +190,7 @@ impl Context {
             port_cap_flags: 0x0401_0000, // IsCM | IsDeviceManagement-like bits as rxe reports
             max_msg_sz: 0x8000_0000,
             pkey_tbl_len: 1,
-            active_width: 2, // 4X
+            active_width: 2,  // 4X
             active_speed: 32, // EDR-ish; uroce has no real link speed
             link_layer: 2,
             phys_state: 5,
@@ -216,12 +219,7 @@ impl Context {
     /// Waits for the next asynchronous event (`ibv_get_async_event`).
     pub fn get_async_event(&self) -> Result<AsyncEvent> {
         read_eventfd(self.dev.async_fd.as_raw_fd())?;
-        self.dev
-            .async_events
-            .lock()
-            .unwrap()
-            .pop_front()
-            .ok_or_else(|| Error::new(Errno::EAGAIN, "no async event"))
+        self.dev.async_events.lock().unwrap().pop_front().ok_or_else(|| Error::new(Errno::EAGAIN, "no async event"))
     }
 
     /// The next asynchronous event, if one is pending.
@@ -277,7 +275,9 @@ fn start_runtime(cfg: &DeviceConfig, mem: &Arc<Memory>) -> Result<Arc<Runtime>> 
         match Runtime::start(mk(addr), mem.clone()) {
             Ok(rt) => return Ok(rt),
             Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => continue,
-            Err(e) => return Err(Error::new(Errno(e.raw_os_error().unwrap_or(libc::EIO)), format!("bind {addr}: {e}"))),
+            Err(e) => {
+                return Err(Error::new(Errno(e.raw_os_error().unwrap_or(libc::EIO)), format!("bind {addr}: {e}")))
+            }
         }
     }
     Err(Error::new(Errno::EADDRINUSE, "no free loopback address 127.0.0.1..254 for port 4791"))

@@ -33,7 +33,9 @@ impl MemoryRegion {
         let mem = &pd.inner.ctx.dev.mem;
         // SAFETY: the buffer moves into the region as its owner and lives as
         // long as the region; its heap data does not move.
-        let mr = unsafe { mem.register_host(pd.inner.handle, addr as usize, len as u64, addr as u64, access, Some(Box::new(buf))) }?;
+        let mr = unsafe {
+            mem.register_host(pd.inner.handle, addr as usize, len as u64, addr as u64, access, Some(Box::new(buf)))
+        }?;
         Ok(MemoryRegion { pd: pd.inner.clone(), key: mr.key, addr: addr as u64, len, iova: addr as u64, access })
     }
 

@@ -22,7 +22,10 @@ impl SharedReceiveQueue {
             return Err(Error::inval("create_srq: srq_limit above max_wr"));
         }
         let handle = pd.inner.ctx.dev.next_handle();
-        Ok(SharedReceiveQueue { queue: Arc::new(Queue::new(handle, pd.handle(), max_wr, max_sge, limit)), _pd: pd.inner.clone() })
+        Ok(SharedReceiveQueue {
+            queue: Arc::new(Queue::new(handle, pd.handle(), max_wr, max_sge, limit)),
+            _pd: pd.inner.clone(),
+        })
     }
 
     pub fn handle(&self) -> u32 {

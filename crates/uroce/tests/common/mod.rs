@@ -51,4 +51,3 @@ pub fn wr(id: u64, op: WrOpcode, sge: Sge) -> SendWr {
     w.sg_list = vec![sge];
     w
 }
-

@@ -2,15 +2,38 @@
 //! SEND with immediate and atomics over real UDP sockets, with every
 //! packet checked by its ICRC. Prints what happened.
 //!
-//! Run: `cargo run --release --example demo`
+//! Run: `uroce demo` (or `cargo run --release -p uroce-cli -- demo`).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
+
 use uroce::verbs::*;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let port = 4791 + (std::process::id() % 1000) as u16 * 7 % 20000 + 10000;
-    let a = Context::open(&DeviceConfig::at("demo-a", IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), port))?;
+#[derive(clap::Args)]
+pub struct Args {
+    /// UDP port both demo devices use (0: derived from the process id).
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+    /// Write device A's packets (both directions) to this pcap file.
+    #[arg(long)]
+    capture: Option<std::path::PathBuf>,
+}
+
+pub fn run(a: Args) -> std::process::ExitCode {
+    match demo(a) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("uroce demo: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn demo(a: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let port = if a.port != 0 { a.port } else { 10000 + (std::process::id() % 20000) as u16 };
+    let mut ca = DeviceConfig::at("demo-a", IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), port);
+    ca.capture = a.capture.clone();
+    let a = Context::open(&ca)?;
     let b = Context::open(&DeviceConfig::at("demo-b", IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), port))?;
     println!("device A: {} at {}  GID {}", a.name(), a.local_addr(), a.query_gid(0)?.to_ip());
     println!("device B: {} at {}  GID {}", b.name(), b.local_addr(), b.query_gid(0)?.to_ip());
@@ -92,6 +115,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("FETCH_ADD   3 x +5 on B's counter: now {}", u64::from_ne_bytes(c));
 
     let s = a.stats();
+    a.flush_capture();
     println!(
         "\ndevice A sent {} packets ({} bytes), received {}; retransmits {}, ICRC drops {}",
         s.tx_packets, s.tx_bytes, s.rx_packets, s.retransmits, s.rx_drop_icrc

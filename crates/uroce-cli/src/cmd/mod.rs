@@ -1,0 +1,4 @@
+//! Subcommands.
+pub mod decode;
+pub mod demo;
+pub mod devices;

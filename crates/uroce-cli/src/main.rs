@@ -1,0 +1,36 @@
+//! The `uroce` command. Each subcommand lives in its own file under `cmd/`.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "uroce", version, about = "A user-space RoCEv2 RDMA device")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Print every RoCE packet of a pcap file and check its ICRC.
+    Decode(cmd::decode::Args),
+    /// Two devices on loopback doing RDMA WRITE, READ, SEND and atomics.
+    Demo(cmd::demo::Args),
+    /// Show the device this process would open (like ibv_devinfo).
+    Devices(cmd::devices::Args),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("UROCE_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Decode(a) => cmd::decode::run(a),
+        Cmd::Demo(a) => cmd::demo::run(a),
+        Cmd::Devices(a) => cmd::devices::run(a),
+    }
+}

@@ -1,0 +1,189 @@
+//! The invariant CRC as Linux rxe computes it: CRC-32 (IEEE, reflected) over
+//! eight 0xFF bytes, the IP and UDP headers and the BTH with their variant
+//! fields masked to ones, then the rest of the packet; stored little-endian.
+//!
+//! The IP header is rebuilt from [`IpInfo`]: IPv4 with IHL 5, DF set and
+//! fragment offset 0 (rxe and uroce senders), or IPv6.
+
+use std::net::IpAddr;
+
+/// The IP/UDP facts the ICRC covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IpInfo {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub sport: u16,
+    pub dport: u16,
+    /// IPv4 Identification (ignored for IPv6).
+    pub ipv4_id: u16,
+}
+
+fn hasher_over_headers(ip: &IpInfo, udp_payload_len: usize, bth: &[u8]) -> crc32fast::Hasher {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[0xFF; 8]);
+    let udp_len = (8 + udp_payload_len) as u16;
+    match (ip.src, ip.dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let mut x = [0u8; 20];
+            x[0] = 0x45;
+            x[1] = 0xFF; // TOS
+            x[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
+            x[4..6].copy_from_slice(&ip.ipv4_id.to_be_bytes());
+            x[6] = 0x40; // DF
+            x[8] = 0xFF; // TTL
+            x[9] = 17;
+            x[10] = 0xFF; // checksum
+            x[11] = 0xFF;
+            x[12..16].copy_from_slice(&s.octets());
+            x[16..20].copy_from_slice(&d.octets());
+            h.update(&x);
+        }
+        (s, d) => {
+            let v6 = |a: IpAddr| match a {
+                IpAddr::V4(v) => v.to_ipv6_mapped(),
+                IpAddr::V6(v) => v,
+            };
+            let mut x = [0u8; 40];
+            x[0..4].copy_from_slice(&[0x6F, 0xFF, 0xFF, 0xFF]); // version; TC and flow label masked
+            x[4..6].copy_from_slice(&udp_len.to_be_bytes());
+            x[6] = 17;
+            x[7] = 0xFF; // hop limit
+            x[8..24].copy_from_slice(&v6(s).octets());
+            x[24..40].copy_from_slice(&v6(d).octets());
+            h.update(&x);
+        }
+    }
+    let mut u = [0xFFu8; 8];
+    u[0..2].copy_from_slice(&ip.sport.to_be_bytes());
+    u[2..4].copy_from_slice(&ip.dport.to_be_bytes());
+    u[4..6].copy_from_slice(&udp_len.to_be_bytes());
+    h.update(&u);
+    h.update(&bth[..4]);
+    h.update(&[0xFF]); // FECN, BECN, Resv6a
+    h.update(&bth[5..12]);
+    h
+}
+
+/// The ICRC wire bytes of a UDP payload whose last four bytes (the ICRC
+/// itself) are not in `without_icrc`. `without_icrc` holds at least a BTH.
+pub fn compute(ip: &IpInfo, without_icrc: &[u8]) -> [u8; 4] {
+    if without_icrc.len() < 12 {
+        return [0; 4];
+    }
+    let mut h = hasher_over_headers(ip, without_icrc.len() + 4, without_icrc);
+    h.update(&without_icrc[12..]);
+    h.finalize().to_le_bytes()
+}
+
+/// Whether the last four bytes of `udp_payload` are its correct ICRC.
+pub fn verify(ip: &IpInfo, udp_payload: &[u8]) -> bool {
+    let n = udp_payload.len();
+    n >= 16 && compute(ip, &udp_payload[..n - 4]) == udp_payload[n - 4..]
+}
+
+/// For an IPv4 receiver that cannot see the Identification: the ID that
+/// makes the ICRC match, if one does. The CRC is affine over GF(2) in the 16
+/// ID bits, so 17 CRC evaluations give the system and elimination solves it;
+/// 16 of the 32 ICRC bits determine the ID and the other 16 remain a check
+/// (a random corruption passes with probability 2^-16). Slow path: it costs
+/// 17 CRCs of the packet.
+pub fn solve_ipv4_id(ip: &IpInfo, udp_payload: &[u8]) -> Option<u16> {
+    let n = udp_payload.len();
+    if n < 16 || !ip.src.is_ipv4() {
+        return None;
+    }
+    let want = u32::from_le_bytes(udp_payload[n - 4..].try_into().ok()?);
+    let crc_with = |id: u16| u32::from_le_bytes(compute(&IpInfo { ipv4_id: id, ..*ip }, &udp_payload[..n - 4]));
+    let base = crc_with(0);
+    let target = want ^ base;
+    // Columns: effect of each ID bit on the 32 CRC bits.
+    let cols: Vec<u32> = (0..16).map(|i| crc_with(1 << i) ^ base).collect();
+    // Gaussian elimination over GF(2): rows are CRC bits, unknowns ID bits.
+    let mut rows: Vec<(u32, bool)> = (0..32)
+        .map(|r| {
+            let mut m = 0u32;
+            for (i, c) in cols.iter().enumerate() {
+                if c >> r & 1 == 1 {
+                    m |= 1 << i;
+                }
+            }
+            (m, target >> r & 1 == 1)
+        })
+        .collect();
+    let mut pivot_row = 0;
+    let mut pivots = Vec::new();
+    for bit in 0..16 {
+        let Some(p) = (pivot_row..32).find(|&r| rows[r].0 >> bit & 1 == 1) else { continue };
+        rows.swap(pivot_row, p);
+        let (pm, pv) = rows[pivot_row];
+        for (r, row) in rows.iter_mut().enumerate() {
+            if r != pivot_row && row.0 >> bit & 1 == 1 {
+                row.0 ^= pm;
+                row.1 ^= pv;
+            }
+        }
+        pivots.push((bit, pivot_row));
+        pivot_row += 1;
+    }
+    if rows[pivot_row..].iter().any(|&(m, v)| m == 0 && v) {
+        return None; // inconsistent: corrupted
+    }
+    let mut id = 0u16;
+    for (bit, r) in pivots {
+        if rows[r].1 {
+            id |= 1 << bit;
+        }
+    }
+    (crc_with(id) == want).then_some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (frame hex, from wire.md and conformance/vectors.txt)
+    const CNP: &str = "e41d2dab2bc27cfe90643b32080045c2003c718c4000401191610a0011010a001201000012b7002800008100ffff40000118000000000000000000000000000000000000000082fd002a";
+    const READ: &str = "000c29ae1ca4000c2989a2e508004500003cbe10400040118a4bc0a83881c0a83883df9412b7002800000c00ffff000000118054cb6300007fee260fb000000002b80001000008c6154a";
+    const UC_V4: &str = "248a07a8fa22248a07a8fa22080045010040047840004011b4d5c0a80007c0a80007c00012b7002caca22460ffff000000d300cf17104630818be28935d90e9a95505401be885e50000078f353f3";
+    const UC_V6: &str = "248a07a8fa22248a07a8fa2286dd6e21face002c11ff2022000000000000000000000000102320230000000000000000000000001024c00012b7002ce7c52460ffff000000d300cf17104630818be28935d90e9a95505401be885e5000003e5b743b";
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    }
+
+    /// IpInfo and UDP payload of an Ethernet frame.
+    fn split(f: &[u8]) -> (IpInfo, Vec<u8>) {
+        crate::wire::pcap::extract_roce(1, f, 4791).map(|(i, p)| (i, p.to_vec())).expect("RoCEv2 frame")
+    }
+
+    #[test]
+    fn vectors_verify() {
+        for v in [CNP, READ, UC_V4, UC_V6] {
+            let f = hex(v);
+            let (ip, p) = split(&f);
+            assert!(verify(&ip, &p), "{v}");
+            let n = p.len();
+            assert_eq!(compute(&ip, &p[..n - 4])[..], p[n - 4..]);
+        }
+    }
+
+    #[test]
+    fn ipv4_id_is_solved_and_corruption_rejected() {
+        for (v, id) in [(CNP, 0x718C), (READ, 0xBE10), (UC_V4, 0x0478)] {
+            let (ip, mut p) = split(&hex(v));
+            assert_eq!(solve_ipv4_id(&IpInfo { ipv4_id: 0, ..ip }, &p), Some(id));
+            let i = p.len() - 6;
+            p[i] ^= 0x10;
+            assert_eq!(solve_ipv4_id(&ip, &p), None, "corruption of {v}");
+        }
+    }
+
+    #[test]
+    fn masked_fields_do_not_matter() {
+        let (mut ip, mut p) = split(&hex(CNP));
+        p[4] ^= 0xC0; // FECN/BECN
+        assert!(verify(&ip, &p));
+        ip.ipv4_id ^= 1;
+        assert!(!verify(&ip, &p));
+    }
+}

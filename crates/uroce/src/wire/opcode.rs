@@ -1,0 +1,295 @@
+//! The opcode table: for every BTH opcode, its name (as rxe_opcode.c), the
+//! extension headers it carries, and what it means to the transport. It is the
+//! single source of header layout: parse and emit both follow it.
+
+use bitflags::bitflags;
+
+/// A BTH opcode: transport in bits 7:5, operation in bits 4:0.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Opcode(pub u8);
+
+/// The transport an opcode belongs to.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Transport {
+    Rc,
+    Uc,
+    Rd,
+    Ud,
+    Cnp,
+    Other(u8),
+}
+
+bitflags! {
+    /// What an opcode carries and means.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct OpFlags: u32 {
+        const RETH = 1;
+        const AETH = 1 << 1;
+        const ATOMIC_ETH = 1 << 2;
+        const ATOMIC_ACK_ETH = 1 << 3;
+        const IMMDT = 1 << 4;
+        const IETH = 1 << 5;
+        const DETH = 1 << 6;
+        const FETH = 1 << 7;
+        /// May carry a payload.
+        const PAYLOAD = 1 << 8;
+        const FIRST = 1 << 9;
+        const MIDDLE = 1 << 10;
+        const LAST = 1 << 11;
+        /// A whole message in one packet (FIRST and LAST are set too).
+        const ONLY = 1 << 12;
+        /// Sent by a requester.
+        const REQUEST = 1 << 13;
+        /// Sent by a responder: ACK, atomic ACK, READ responses.
+        const RESPONSE = 1 << 14;
+        /// Consumes a receive WQE.
+        const RWR = 1 << 15;
+        /// The responder completes a receive WQE on it.
+        const COMP = 1 << 16;
+        const SEND = 1 << 17;
+        const WRITE = 1 << 18;
+        const READ = 1 << 19;
+        const ATOMIC = 1 << 20;
+        const ACK = 1 << 21;
+    }
+}
+
+/// One row of the table.
+#[derive(Debug, PartialEq, Eq)]
+pub struct OpInfo {
+    pub name: &'static str,
+    pub flags: OpFlags,
+    /// BTH plus extension headers, in bytes.
+    pub hdr_len: usize,
+}
+
+impl Opcode {
+    pub const RC_SEND_FIRST: Opcode = Opcode(0x00);
+    pub const RC_SEND_MIDDLE: Opcode = Opcode(0x01);
+    pub const RC_SEND_LAST: Opcode = Opcode(0x02);
+    pub const RC_SEND_LAST_IMM: Opcode = Opcode(0x03);
+    pub const RC_SEND_ONLY: Opcode = Opcode(0x04);
+    pub const RC_SEND_ONLY_IMM: Opcode = Opcode(0x05);
+    pub const RC_WRITE_FIRST: Opcode = Opcode(0x06);
+    pub const RC_WRITE_MIDDLE: Opcode = Opcode(0x07);
+    pub const RC_WRITE_LAST: Opcode = Opcode(0x08);
+    pub const RC_WRITE_LAST_IMM: Opcode = Opcode(0x09);
+    pub const RC_WRITE_ONLY: Opcode = Opcode(0x0A);
+    pub const RC_WRITE_ONLY_IMM: Opcode = Opcode(0x0B);
+    pub const RC_READ_REQUEST: Opcode = Opcode(0x0C);
+    pub const RC_READ_RESPONSE_FIRST: Opcode = Opcode(0x0D);
+    pub const RC_READ_RESPONSE_MIDDLE: Opcode = Opcode(0x0E);
+    pub const RC_READ_RESPONSE_LAST: Opcode = Opcode(0x0F);
+    pub const RC_READ_RESPONSE_ONLY: Opcode = Opcode(0x10);
+    pub const RC_ACK: Opcode = Opcode(0x11);
+    pub const RC_ATOMIC_ACK: Opcode = Opcode(0x12);
+    pub const RC_COMPARE_SWAP: Opcode = Opcode(0x13);
+    pub const RC_FETCH_ADD: Opcode = Opcode(0x14);
+    pub const RC_SEND_LAST_INV: Opcode = Opcode(0x16);
+    pub const RC_SEND_ONLY_INV: Opcode = Opcode(0x17);
+    pub const RC_FLUSH: Opcode = Opcode(0x1C);
+    pub const RC_ATOMIC_WRITE: Opcode = Opcode(0x1D);
+    pub const UC_SEND_FIRST: Opcode = Opcode(0x20);
+    pub const UC_SEND_MIDDLE: Opcode = Opcode(0x21);
+    pub const UC_SEND_LAST: Opcode = Opcode(0x22);
+    pub const UC_SEND_LAST_IMM: Opcode = Opcode(0x23);
+    pub const UC_SEND_ONLY: Opcode = Opcode(0x24);
+    pub const UC_SEND_ONLY_IMM: Opcode = Opcode(0x25);
+    pub const UC_WRITE_FIRST: Opcode = Opcode(0x26);
+    pub const UC_WRITE_MIDDLE: Opcode = Opcode(0x27);
+    pub const UC_WRITE_LAST: Opcode = Opcode(0x28);
+    pub const UC_WRITE_LAST_IMM: Opcode = Opcode(0x29);
+    pub const UC_WRITE_ONLY: Opcode = Opcode(0x2A);
+    pub const UC_WRITE_ONLY_IMM: Opcode = Opcode(0x2B);
+    pub const UD_SEND_ONLY: Opcode = Opcode(0x64);
+    pub const UD_SEND_ONLY_IMM: Opcode = Opcode(0x65);
+    pub const CNP: Opcode = Opcode(0x81);
+
+    /// The table row, or None for reserved and unknown opcodes.
+    pub fn info(self) -> Option<&'static OpInfo> {
+        TABLE[self.0 as usize].as_ref()
+    }
+
+    pub fn transport(self) -> Transport {
+        match self.0 >> 5 {
+            0 => Transport::Rc,
+            1 => Transport::Uc,
+            2 => Transport::Rd,
+            3 => Transport::Ud,
+            4 => Transport::Cnp,
+            t => Transport::Other(t),
+        }
+    }
+
+    /// The UC opcode of an RC SEND/WRITE opcode; other opcodes unchanged.
+    pub fn to_uc(self) -> Opcode {
+        if self.0 <= 0x0B {
+            Opcode(self.0 + 0x20)
+        } else {
+            self
+        }
+    }
+}
+
+use OpFlags as F;
+
+const fn row(name: &'static str, flags: OpFlags, hdr_len: usize) -> Option<OpInfo> {
+    Some(OpInfo { name, flags, hdr_len })
+}
+
+const SEND: OpFlags = F::SEND.union(F::REQUEST).union(F::PAYLOAD).union(F::RWR);
+const WRITE: OpFlags = F::WRITE.union(F::REQUEST).union(F::PAYLOAD);
+const RRESP: OpFlags = F::READ.union(F::RESPONSE).union(F::PAYLOAD);
+const ONLY: OpFlags = F::FIRST.union(F::LAST).union(F::ONLY);
+const SEND_LAST: OpFlags = SEND.union(F::LAST).union(F::COMP);
+const SEND_ONLY: OpFlags = SEND.union(ONLY).union(F::COMP);
+
+/// RC rows 0x00..0x1F; UC reuses 0x00..0x0B with its own names.
+const fn rc_or_uc(op: u8, uc: bool) -> Option<OpInfo> {
+    macro_rules! n {
+        ($rc:literal, $uc:literal) => {
+            if uc {
+                $uc
+            } else {
+                $rc
+            }
+        };
+    }
+    match op {
+        0x00 => row(n!("RC_SEND_FIRST", "UC_SEND_FIRST"), SEND.union(F::FIRST), 12),
+        0x01 => row(n!("RC_SEND_MIDDLE", "UC_SEND_MIDDLE"), SEND.union(F::MIDDLE), 12),
+        0x02 => row(n!("RC_SEND_LAST", "UC_SEND_LAST"), SEND_LAST, 12),
+        0x03 => row(n!("RC_SEND_LAST_WITH_IMMEDIATE", "UC_SEND_LAST_WITH_IMMEDIATE"), SEND_LAST.union(F::IMMDT), 16),
+        0x04 => row(n!("RC_SEND_ONLY", "UC_SEND_ONLY"), SEND_ONLY, 12),
+        0x05 => row(n!("RC_SEND_ONLY_WITH_IMMEDIATE", "UC_SEND_ONLY_WITH_IMMEDIATE"), SEND_ONLY.union(F::IMMDT), 16),
+        0x06 => row(n!("RC_RDMA_WRITE_FIRST", "UC_RDMA_WRITE_FIRST"), WRITE.union(F::FIRST).union(F::RETH), 28),
+        0x07 => row(n!("RC_RDMA_WRITE_MIDDLE", "UC_RDMA_WRITE_MIDDLE"), WRITE.union(F::MIDDLE), 12),
+        0x08 => row(n!("RC_RDMA_WRITE_LAST", "UC_RDMA_WRITE_LAST"), WRITE.union(F::LAST), 12),
+        0x09 => row(
+            n!("RC_RDMA_WRITE_LAST_WITH_IMMEDIATE", "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE"),
+            WRITE.union(F::LAST).union(F::IMMDT).union(F::RWR).union(F::COMP),
+            16,
+        ),
+        0x0A => row(n!("RC_RDMA_WRITE_ONLY", "UC_RDMA_WRITE_ONLY"), WRITE.union(ONLY).union(F::RETH), 28),
+        0x0B => row(
+            n!("RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE"),
+            WRITE.union(ONLY).union(F::RETH).union(F::IMMDT).union(F::RWR).union(F::COMP),
+            32,
+        ),
+        _ if uc => None,
+        0x0C => row("RC_RDMA_READ_REQUEST", F::READ.union(F::REQUEST).union(ONLY).union(F::RETH), 28),
+        0x0D => row("RC_RDMA_READ_RESPONSE_FIRST", RRESP.union(F::FIRST).union(F::AETH), 16),
+        0x0E => row("RC_RDMA_READ_RESPONSE_MIDDLE", RRESP.union(F::MIDDLE), 12),
+        0x0F => row("RC_RDMA_READ_RESPONSE_LAST", RRESP.union(F::LAST).union(F::AETH), 16),
+        0x10 => row("RC_RDMA_READ_RESPONSE_ONLY", RRESP.union(ONLY).union(F::AETH), 16),
+        0x11 => row("RC_ACKNOWLEDGE", F::ACK.union(F::RESPONSE).union(ONLY).union(F::AETH), 16),
+        0x12 => row(
+            "RC_ATOMIC_ACKNOWLEDGE",
+            F::ACK.union(F::RESPONSE).union(ONLY).union(F::AETH).union(F::ATOMIC_ACK_ETH),
+            24,
+        ),
+        0x13 => row("RC_COMPARE_SWAP", F::ATOMIC.union(F::REQUEST).union(ONLY).union(F::ATOMIC_ETH), 40),
+        0x14 => row("RC_FETCH_ADD", F::ATOMIC.union(F::REQUEST).union(ONLY).union(F::ATOMIC_ETH), 40),
+        0x16 => row("RC_SEND_LAST_WITH_INVALIDATE", SEND_LAST.union(F::IETH), 16),
+        0x17 => row("RC_SEND_ONLY_WITH_INVALIDATE", SEND_ONLY.union(F::IETH), 16),
+        0x1C => row("RC_FLUSH", F::REQUEST.union(ONLY).union(F::FETH).union(F::RETH), 32),
+        0x1D => row("RC_ATOMIC_WRITE", F::REQUEST.union(ONLY).union(F::RETH).union(F::PAYLOAD), 28),
+        _ => None,
+    }
+}
+
+const fn build() -> [Option<OpInfo>; 256] {
+    let mut t = [const { None }; 256];
+    let mut op = 0;
+    while op < 0x20 {
+        t[op] = rc_or_uc(op as u8, false);
+        t[op + 0x20] = rc_or_uc(op as u8, true);
+        op += 1;
+    }
+    t[0x64] = row("UD_SEND_ONLY", SEND_ONLY.union(F::DETH), 20);
+    t[0x65] = row("UD_SEND_ONLY_WITH_IMMEDIATE", SEND_ONLY.union(F::DETH).union(F::IMMDT), 24);
+    t[0x81] = row("CNP", F::empty(), 12 + 16);
+    t
+}
+
+static TABLE: [Option<OpInfo>; 256] = build();
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_lengths_match_the_spec() {
+        // wire.md §4: (opcode, header length).
+        let expect = [
+            (0x00, 12),
+            (0x01, 12),
+            (0x02, 12),
+            (0x03, 16),
+            (0x04, 12),
+            (0x05, 16),
+            (0x06, 28),
+            (0x07, 12),
+            (0x08, 12),
+            (0x09, 16),
+            (0x0A, 28),
+            (0x0B, 32),
+            (0x0C, 28),
+            (0x0D, 16),
+            (0x0E, 12),
+            (0x0F, 16),
+            (0x10, 16),
+            (0x11, 16),
+            (0x12, 24),
+            (0x13, 40),
+            (0x14, 40),
+            (0x16, 16),
+            (0x17, 16),
+            (0x1C, 32),
+            (0x1D, 28),
+            (0x64, 20),
+            (0x65, 24),
+        ];
+        for (op, len) in expect {
+            assert_eq!(Opcode(op).info().unwrap().hdr_len, len, "opcode {op:#x}");
+            if op <= 0x0B {
+                assert_eq!(Opcode(op).to_uc().info().unwrap().hdr_len, len);
+            }
+        }
+        for reserved in [0x15u8, 0x18, 0x2C, 0x40, 0x63, 0x66, 0xFF] {
+            assert!(Opcode(reserved).info().is_none(), "{reserved:#x}");
+        }
+    }
+
+    #[test]
+    fn flags_are_consistent() {
+        for op in 0..=255u8 {
+            let Some(i) = Opcode(op).info() else { continue };
+            let f = i.flags;
+            let ext = [
+                (F::RETH, 16),
+                (F::AETH, 4),
+                (F::ATOMIC_ETH, 28),
+                (F::ATOMIC_ACK_ETH, 8),
+                (F::IMMDT, 4),
+                (F::IETH, 4),
+                (F::DETH, 8),
+                (F::FETH, 4),
+            ];
+            let sum: usize = ext.iter().filter(|(x, _)| f.contains(*x)).map(|(_, n)| n).sum();
+            if op != 0x81 {
+                assert_eq!(12 + sum, i.hdr_len, "{}", i.name);
+            }
+            assert!(!(f.contains(F::REQUEST) && f.contains(F::RESPONSE)), "{}", i.name);
+            if f.contains(F::ONLY) {
+                assert!(f.contains(F::FIRST | F::LAST), "{}", i.name);
+            }
+            if f.contains(F::COMP) {
+                assert!(f.contains(F::LAST), "{}", i.name);
+            }
+        }
+        assert_eq!(Opcode::UC_WRITE_ONLY.info().unwrap().name, "UC_RDMA_WRITE_ONLY");
+        assert_eq!(Opcode(0x24).transport(), Transport::Uc);
+        assert_eq!(Opcode::UD_SEND_ONLY.transport(), Transport::Ud);
+    }
+}
