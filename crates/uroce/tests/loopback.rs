@@ -283,3 +283,50 @@ fn capture_decodes_with_correct_icrcs() {
         }
     }
 }
+
+#[test]
+fn busy_poll_devices_work() {
+    use std::net::{IpAddr, Ipv4Addr};
+    let port = 26000 + (std::process::id() % 1000) as u16;
+    let mut ca = DeviceConfig::at("bp-a", IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3)), port);
+    let mut cb = DeviceConfig::at("bp-b", IpAddr::V4(Ipv4Addr::new(127, 0, 0, 4)), port);
+    ca.busy_poll = true;
+    cb.busy_poll = true;
+    let (Ok(a), Ok(b)) = (Context::open(&ca), Context::open(&cb)) else {
+        println!("SKIP busy_poll_devices_work: port {port} in use");
+        return;
+    };
+    let (a, b) = (end(a), end(b));
+    a.qp.connect_rc(&b.ctx.query_gid(0).unwrap(), b.qp.qp_num(), 1, 2).unwrap();
+    b.qp.connect_rc(&a.ctx.query_gid(0).unwrap(), a.qp.qp_num(), 2, 1).unwrap();
+    let src = a.pd.register(vec![4u8; 100_000], Access::empty()).unwrap();
+    let dst = b.pd.register(vec![0u8; 100_000], Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let mut w = wr(1, WrOpcode::RdmaWrite, src.sge(0, 100_000));
+    w.remote_addr = dst.iova();
+    w.rkey = dst.rkey();
+    a.qp.post_send(&w).unwrap();
+    assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);
+    assert_eq!(dst.to_vec(), vec![4u8; 100_000]);
+}
+
+#[test]
+fn fence_orders_after_a_read() {
+    let (a, b) = connected(None);
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let remote = b.pd.register(vec![1u8; 64], all).unwrap();
+    let local = a.pd.register(vec![0u8; 128], all).unwrap();
+    // READ the old contents, then (fenced) WRITE new ones: the READ must see the old.
+    let mut r = wr(1, WrOpcode::RdmaRead, local.sge(0, 64));
+    r.remote_addr = remote.iova();
+    r.rkey = remote.rkey();
+    local.write_at(64, &[9u8; 64]).unwrap();
+    let mut w = wr(2, WrOpcode::RdmaWrite, local.sge(64, 64));
+    w.remote_addr = remote.iova();
+    w.rkey = remote.rkey();
+    w.flags |= SendFlags::FENCE;
+    a.qp.post_send_list([r, w]).unwrap();
+    let wcs = a.cq.wait(2, T).unwrap();
+    assert_eq!((wcs[0].wr_id, wcs[1].wr_id), (1, 2));
+    assert_eq!(&local.to_vec()[..64], &[1u8; 64][..]);
+    assert_eq!(remote.to_vec(), vec![9u8; 64]);
+}
