@@ -10,10 +10,12 @@
 
 mod keys;
 mod mr;
+mod mw;
 mod pin;
 
 pub use keys::KeyTable;
 pub use mr::{Backing, MemoryRegion, Span};
+pub use mw::{inc_rkey, BindError, BindRequest, MemoryWindow, MwType, MW_INDEX_BASE};
 pub use pin::PinTable;
 
 use crate::ib::{Access, Errno, Error, Result};
@@ -61,6 +63,7 @@ impl Want {
 pub struct Memory {
     keys: RwLock<KeyTable>,
     pins: Mutex<PinTable>,
+    windows: RwLock<Vec<Option<Arc<MemoryWindow>>>>,
 }
 
 impl Memory {
@@ -100,7 +103,29 @@ impl Memory {
     }
 
     /// Removes a region's key and unpins it once no transfer still uses it.
+    /// EBUSY while memory windows are bound to it.
     pub fn deregister(&self, key: u32) -> Result<()> {
+        if self.lookup(key).is_some_and(|m| m.bound_windows() > 0) {
+            return Err(Error::new(Errno::EBUSY, "dereg_mr: memory windows are bound to the region"));
+        }
+        self.deregister_unchecked(key)
+    }
+
+    /// Deregisters even with windows bound: they are invalidated first (the
+    /// IBA's orphaned windows). For handles dropped in Rust.
+    pub fn deregister_force(&self, key: u32) -> Result<()> {
+        if self.lookup(key).is_some_and(|m| m.bound_windows() > 0) {
+            for mw in self.windows.read().unwrap().iter().flatten() {
+                let mut st = mw.state.lock().unwrap();
+                if st.binding.as_ref().is_some_and(|b| b.mr.key == key) {
+                    MemoryWindow::unbind(&mut st);
+                }
+            }
+        }
+        self.deregister_unchecked(key)
+    }
+
+    fn deregister_unchecked(&self, key: u32) -> Result<()> {
         let mr = self.keys.write().unwrap().remove(key).ok_or_else(|| Error::inval("dereg_mr: unknown key"))?;
         // A packet being processed may hold a Span on the region: wait for it,
         // so that the caller may free the memory as soon as we return.
@@ -192,6 +217,141 @@ impl Memory {
             return Err(AccessError::Permission);
         }
         mr.span(iova, len).ok_or(AccessError::Range)
+    }
+
+    /// Checks a remote access (an rkey from the wire) for QP `qpn` of
+    /// protection domain `pd`: a region key or a window key.
+    pub fn resolve_remote(
+        &self,
+        key: u32,
+        pd: u32,
+        qpn: u32,
+        iova: u64,
+        len: u64,
+        want: Want,
+    ) -> std::result::Result<Span, AccessError> {
+        if key >> 8 < MW_INDEX_BASE {
+            return self.resolve(key, pd, iova, len, want);
+        }
+        if len == 0 {
+            return Ok(Span::empty());
+        }
+        let mw = self.window(key).ok_or(AccessError::BadKey)?;
+        mw.resolve(key, pd, qpn, iova, len, want.required())
+    }
+
+    fn window(&self, key: u32) -> Option<Arc<MemoryWindow>> {
+        let i = (key >> 8).checked_sub(MW_INDEX_BASE)? as usize;
+        self.windows.read().unwrap().get(i)?.clone()
+    }
+
+    /// `ibv_alloc_mw`.
+    pub fn alloc_mw(&self, pd: u32, mw_type: MwType) -> Arc<MemoryWindow> {
+        let mut ws = self.windows.write().unwrap();
+        let i = ws.iter().position(|w| w.is_none()).unwrap_or_else(|| {
+            ws.push(None);
+            ws.len() - 1
+        });
+        let key = ((MW_INDEX_BASE + i as u32) << 8) | (i as u32 & 0xff);
+        let mw = Arc::new(MemoryWindow { pd, mw_type, state: Mutex::new(mw::MwState { key, binding: None }) });
+        ws[i] = Some(mw.clone());
+        mw
+    }
+
+    /// `ibv_dealloc_mw`: unbinds and frees; accesses in flight then fail.
+    pub fn dealloc_mw(&self, key: u32) -> Result<()> {
+        let i = (key >> 8)
+            .checked_sub(MW_INDEX_BASE)
+            .ok_or_else(|| Error::new(Errno::ENOENT, "dealloc_mw: not a window"))?;
+        let mut ws = self.windows.write().unwrap();
+        let slot = ws.get_mut(i as usize).ok_or_else(|| Error::new(Errno::ENOENT, "dealloc_mw: no such window"))?;
+        let mw = slot.take().ok_or_else(|| Error::new(Errno::ENOENT, "dealloc_mw: no such window"))?;
+        MemoryWindow::unbind(&mut mw.state.lock().unwrap());
+        Ok(())
+    }
+
+    /// Binds a window (BIND_MW work request, or `ibv_bind_mw` for type 1),
+    /// on behalf of QP `qpn` of protection domain `qp_pd`. Returns the new key.
+    pub fn bind_mw(&self, qp_pd: u32, qpn: u32, r: &BindRequest) -> std::result::Result<u32, BindError> {
+        let mw = self.window(r.mw_key).ok_or(BindError("no such window"))?;
+        let mut st = mw.state.lock().unwrap();
+        if st.key != r.mw_key {
+            return Err(BindError("window key does not match"));
+        }
+        let allowed = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC | Access::ZERO_BASED;
+        if !allowed.contains(r.access) {
+            return Err(BindError("unsupported window access flags"));
+        }
+        let zero_based = r.access.contains(Access::ZERO_BASED);
+        let access = r.access - Access::ZERO_BASED;
+        match mw.mw_type {
+            MwType::Type1 if zero_based => return Err(BindError("type 1 windows cannot be zero based")),
+            MwType::Type2 if st.binding.is_some() => return Err(BindError("type 2 window is already bound")),
+            MwType::Type2 if r.len == 0 => return Err(BindError("type 2 windows cannot be bound with length 0")),
+            _ => {}
+        }
+        if qp_pd != mw.pd {
+            return Err(BindError("QP and window are in different protection domains"));
+        }
+        let new_key = match mw.mw_type {
+            MwType::Type1 => r.new_key,
+            MwType::Type2 => (st.key & !0xff) | (r.new_key & 0xff),
+        };
+        if new_key >> 8 != st.key >> 8 {
+            return Err(BindError("new key names another window"));
+        }
+        if r.len == 0 {
+            // Type 1 unbind.
+            MemoryWindow::unbind(&mut st);
+            st.key = new_key;
+            return Ok(new_key);
+        }
+        let mr = self.lookup(r.mr_key).ok_or(BindError("no such memory region"))?;
+        if mr.pd != mw.pd {
+            return Err(BindError("region and window are in different protection domains"));
+        }
+        if !mr.access.contains(Access::MW_BIND) {
+            return Err(BindError("region was registered without IBV_ACCESS_MW_BIND"));
+        }
+        if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) && !mr.access.contains(Access::LOCAL_WRITE) {
+            return Err(BindError("remote write/atomic windows need a region with local write"));
+        }
+        let inside = r.addr >= mr.iova && r.addr.checked_add(r.len).is_some_and(|e| e <= mr.iova + mr.length);
+        if !inside {
+            return Err(BindError("window outside the region"));
+        }
+        MemoryWindow::unbind(&mut st);
+        mr.windows.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        st.binding = Some(mw::Binding {
+            mr,
+            addr: r.addr,
+            len: r.len,
+            access,
+            zero_based,
+            qpn: (mw.mw_type == MwType::Type2).then_some(qpn),
+        });
+        st.key = new_key;
+        Ok(new_key)
+    }
+
+    /// Invalidates a type-2 window (LOCAL_INV from QP `qpn`, or
+    /// SEND_WITH_INV arriving on it).
+    pub fn invalidate(&self, key: u32, pd: u32, qpn: u32) -> std::result::Result<(), BindError> {
+        let mw = self.window(key).ok_or(BindError("no such window (regions cannot be invalidated)"))?;
+        let mut st = mw.state.lock().unwrap();
+        if st.key != key || mw.pd != pd {
+            return Err(BindError("stale key or other protection domain"));
+        }
+        if mw.mw_type == MwType::Type1 {
+            return Err(BindError("type 1 windows cannot be invalidated"));
+        }
+        match &st.binding {
+            Some(b) if b.qpn == Some(qpn) => {}
+            Some(_) => return Err(BindError("window is bound to another QP")),
+            None => return Err(BindError("window is not bound")),
+        }
+        MemoryWindow::unbind(&mut st);
+        Ok(())
     }
 
     /// Bytes currently pinned by registrations of this device.

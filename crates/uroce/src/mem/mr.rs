@@ -35,11 +35,27 @@ pub struct MemoryRegion {
     pub backing: Backing,
     /// Spans alive: transfers in progress. Deregistration waits for zero.
     pub(crate) spans: AtomicUsize,
+    /// Memory windows bound to this region (deregistration is EBUSY).
+    pub(crate) windows: AtomicUsize,
 }
 
 impl MemoryRegion {
     pub fn new(pd: u32, key: u32, iova: u64, length: u64, access: Access, backing: Backing) -> MemoryRegion {
-        MemoryRegion { pd, key, iova, length, access, backing, spans: AtomicUsize::new(0) }
+        MemoryRegion {
+            pd,
+            key,
+            iova,
+            length,
+            access,
+            backing,
+            spans: AtomicUsize::new(0),
+            windows: AtomicUsize::new(0),
+        }
+    }
+
+    /// Number of memory windows bound to the region.
+    pub fn bound_windows(&self) -> usize {
+        self.windows.load(Ordering::Acquire)
     }
 
     /// Waits until no transfer uses the region.

@@ -62,6 +62,13 @@ impl Qp {
         let mut progress = false;
         let mut result = Acked::Fine;
         while let Some(w) = self.sq.front() {
+            if w.wr.opcode.is_local() {
+                if !w.started {
+                    break;
+                }
+                self.complete_local_head(ctx);
+                continue;
+            }
             if !w.started || psn::lt(p, w.first_psn) {
                 break;
             }
@@ -70,8 +77,7 @@ impl Qp {
                 break;
             }
             if psn::le(w.last_psn, p) {
-                let w = self.sq.pop_front().unwrap();
-                self.req.cursor = self.req.cursor.saturating_sub(1);
+                let w = self.pop_head().unwrap();
                 self.req.comp_psn = psn::add(w.last_psn, 1);
                 progress = true;
                 if w.signaled {
@@ -95,6 +101,7 @@ impl Qp {
     }
 
     fn forward_progress(&mut self, ctx: &mut Ctx) {
+        self.complete_local_head(ctx);
         self.req.retry_left = self.attr.retry_cnt;
         self.req.rnr_left = self.attr.rnr_retry;
         self.req.retrying = false;
@@ -148,8 +155,7 @@ impl Qp {
         }
         self.req.comp_psn = psn::add(p, 1);
         if p == head.last_psn {
-            let w = self.sq.pop_front().unwrap();
-            self.req.cursor = self.req.cursor.saturating_sub(1);
+            let w = self.pop_head().unwrap();
             self.req.rd_atomic -= 1;
             if w.signaled {
                 let mut wc = Wc::new(w.wr.wr_id, WcStatus::Success, w.wc_opcode(), self.qpn);
@@ -184,8 +190,7 @@ impl Qp {
             self.complete_head_error(ctx, WcStatus::LocProtErr);
             return;
         }
-        let w = self.sq.pop_front().unwrap();
-        self.req.cursor = self.req.cursor.saturating_sub(1);
+        let w = self.pop_head().unwrap();
         self.req.rd_atomic -= 1;
         self.req.comp_psn = psn::add(p, 1);
         if w.signaled {

@@ -387,10 +387,8 @@ impl Qp {
         }
         let allowed = match self.qp_type {
             QpType::Ud => matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendImm),
-            QpType::Uc => {
-                matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendImm | WrOpcode::RdmaWrite | WrOpcode::RdmaWriteImm)
-            }
-            QpType::Rc => !matches!(wr.opcode, WrOpcode::BindMw | WrOpcode::LocalInv),
+            QpType::Uc => !wr.opcode.is_read_or_atomic() && wr.opcode != WrOpcode::SendInv,
+            QpType::Rc => true,
         };
         if !allowed {
             return Err(Error::inval(format!("post_send: {:?} not supported on {:?}", wr.opcode, self.qp_type)));
@@ -404,6 +402,9 @@ impl Qp {
             }
             None => crate::mem::sge_total(&wr.sg_list),
         };
+        if wr.opcode == WrOpcode::BindMw && wr.bind.is_none() {
+            return Err(Error::inval("post_send: BIND_MW without bind information"));
+        }
         if wr.opcode.is_atomic() {
             if len != 8 || wr.inline.is_some() {
                 return Err(Error::inval("post_send: atomic needs one 8-byte SGE"));
@@ -483,6 +484,48 @@ impl Qp {
             self.sqd_notify_pending = false;
             ctx.events.push_back(Event::Async(AsyncEvent::qp(AsyncEventType::SqDrained, self.qpn)));
         }
+    }
+
+    /// Removes the completed WQE at the head of the send queue, keeping the
+    /// transmit cursor consistent: if the cursor was on it (re-sending it
+    /// after a rewind), transmission continues at the next WQE and PSN.
+    pub(crate) fn pop_head(&mut self) -> Option<SendWqe> {
+        let w = self.sq.pop_front()?;
+        if self.req.cursor == 0 {
+            self.req.cursor_off = 0;
+            if w.started && !w.wr.opcode.is_local() {
+                let next = super::psn::add(w.last_psn, 1);
+                if super::psn::lt(self.req.psn, next) {
+                    self.req.psn = next;
+                }
+            }
+        } else {
+            self.req.cursor -= 1;
+        }
+        Some(w)
+    }
+
+    /// A one-line summary of the transport state, for diagnostics.
+    pub fn debug_state(&self) -> String {
+        let sq: Vec<String> = self
+            .sq
+            .iter()
+            .map(|w| {
+                format!("{:?} len {} psn {}..{} started {}", w.wr.opcode, w.len, w.first_psn, w.last_psn, w.started)
+            })
+            .collect();
+        format!(
+            "state {:?} sq [{}] req.psn {} comp_psn {} cursor {}+{} rd_atomic {} retrying {} | {}",
+            self.attr.qp_state,
+            sq.join("; "),
+            self.req.psn,
+            self.req.comp_psn,
+            self.req.cursor,
+            self.req.cursor_off,
+            self.req.rd_atomic,
+            self.req.retrying,
+            self.resp.debug_state()
+        )
     }
 
     /// The earliest timer of this QP.

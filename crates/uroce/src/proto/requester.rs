@@ -74,6 +74,22 @@ impl Qp {
             QpType::Ud => ctx.cfg.mtu.bytes(),
             _ => self.mtu(),
         };
+        // Local operations run when the cursor reaches them; ones already
+        // executed (seen again after a rewind) are skipped.
+        loop {
+            let w = self.sq.get(self.req.cursor)?;
+            if !w.wr.opcode.is_local() {
+                break;
+            }
+            if !w.started {
+                if self.attr.qp_state != QpState::Rts {
+                    return None;
+                }
+                self.execute_local(ctx);
+            } else {
+                self.req.cursor += 1;
+            }
+        }
         let cursor = self.req.cursor;
         let wqe = self.sq.get(cursor)?;
         if self.qp_type == QpType::Rc && psn::diff(self.req.psn, self.req.comp_psn) >= MAX_UNACKED_PSNS {
@@ -229,8 +245,7 @@ impl Qp {
         }
         if self.qp_type != QpType::Rc && last {
             // Unreliable: complete on transmission.
-            let w = self.sq.pop_front().expect("cursor WQE exists");
-            self.req.cursor -= 1;
+            let w = self.pop_head().expect("cursor WQE exists");
             if w.signaled {
                 let mut wc = Wc::new(w.wr.wr_id, WcStatus::Success, w.wc_opcode(), self.qpn);
                 wc.byte_len = w.len as u32;
@@ -238,6 +253,39 @@ impl Qp {
             }
         }
         Some(t)
+    }
+
+    /// Executes the BIND_MW or LOCAL_INV at the cursor, in send-queue order.
+    /// A failure completes it with MW_BIND_ERR and moves the QP to ERR.
+    fn execute_local(&mut self, ctx: &mut Ctx) {
+        let cursor = self.req.cursor;
+        let wr = &self.sq[cursor].wr;
+        let r = match wr.opcode {
+            WrOpcode::BindMw => {
+                let req = wr.bind.expect("checked at post");
+                ctx.mem.bind_mw(self.pd, self.qpn, &req).map(|_| ())
+            }
+            _ => ctx.mem.invalidate(wr.imm_data, self.pd, self.qpn),
+        };
+        if let Err(e) = r {
+            tracing::warn!(qpn = self.qpn, "{e}");
+            self.local_error(ctx, WcStatus::MwBindErr);
+            return;
+        }
+        self.sq[cursor].started = true;
+        self.req.cursor += 1;
+        self.complete_local_head(ctx);
+    }
+
+    /// Completes executed local WQEs at the head of the send queue.
+    pub(crate) fn complete_local_head(&mut self, ctx: &mut Ctx) {
+        while self.sq.front().is_some_and(|w| w.wr.opcode.is_local() && w.started) {
+            let w = self.pop_head().unwrap();
+            if w.signaled {
+                let wc = Wc::new(w.wr.wr_id, WcStatus::Success, w.wc_opcode(), self.qpn);
+                self.deliver_send(ctx, wc);
+            }
+        }
     }
 
     /// A WQE failed locally before transmission: complete it with `status`

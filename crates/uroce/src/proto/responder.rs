@@ -87,6 +87,11 @@ impl Responder {
         *self = Responder { epsn: rq_psn, max_resources: max_dest_rd_atomic, ..Default::default() };
     }
 
+    pub fn debug_state(&self) -> String {
+        let res: Vec<String> = self.resources.iter().map(|r| format!("{}..{}", r.first_psn, r.last_psn)).collect();
+        format!("epsn {} msn {} resources [{}] out {}", self.epsn, self.msn, res.join(","), self.out.len())
+    }
+
     pub fn take_current_recv(&mut self) -> Option<RecvWqe> {
         self.recv.take().map(|r| r.wqe)
     }
@@ -301,9 +306,16 @@ impl Qp {
                 wc.wc_flags |= WcFlags::WITH_IMM;
             }
             if let Some(rkey) = pkt.headers.ieth {
-                // Remote invalidation of memory windows and fast-registered
-                // regions arrives with the memory-window work; until then
-                // the key is reported and nothing is invalidated.
+                // The window is invalidated before the receive completes. A
+                // bad key fails the receive with REM_INV_REQ_ERR and the QP
+                // (rxe sends no NAK: the requester times out).
+                if let Err(e) = ctx.mem.invalidate(rkey, self.pd, self.qpn) {
+                    tracing::warn!(qpn = self.qpn, rkey, "SEND_WITH_INV: {e}");
+                    wc.status = WcStatus::RemInvReqErr;
+                    self.deliver_recv(ctx, wc, false);
+                    self.fail(ctx, Some(AsyncEventType::QpReqErr));
+                    return Err(Refuse::Drop);
+                }
                 wc.imm_data = rkey;
                 wc.wc_flags |= WcFlags::WITH_INV;
             }
@@ -320,7 +332,11 @@ impl Qp {
             if reth.dma_len > 1 << 31 {
                 return Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::InvalidRequest) });
             }
-            if ctx.mem.resolve(reth.rkey, self.pd, reth.va, reth.dma_len as u64, Want::RemoteWrite).is_err() {
+            if ctx
+                .mem
+                .resolve_remote(reth.rkey, self.pd, self.qpn, reth.va, reth.dma_len as u64, Want::RemoteWrite)
+                .is_err()
+            {
                 return Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::RemoteAccess) });
             }
             self.resp.write = Some(WriteProgress { va: reth.va, rkey: reth.rkey, total: reth.dma_len as u64, off: 0 });
@@ -345,7 +361,7 @@ impl Qp {
                 }
             }
         }
-        match ctx.mem.resolve(w.rkey, self.pd, w.va + w.off, data.len() as u64, Want::RemoteWrite) {
+        match ctx.mem.resolve_remote(w.rkey, self.pd, self.qpn, w.va + w.off, data.len() as u64, Want::RemoteWrite) {
             Ok(span) => span.write(0, data),
             Err(_) => {
                 self.resp.write = None;
@@ -373,7 +389,7 @@ impl Qp {
             return Err(Refuse::Nak(NakCode::InvalidRequest));
         }
         let len = reth.dma_len as u64;
-        if ctx.mem.resolve(reth.rkey, self.pd, reth.va, len, Want::RemoteRead).is_err() {
+        if ctx.mem.resolve_remote(reth.rkey, self.pd, self.qpn, reth.va, len, Want::RemoteRead).is_err() {
             return Err(Refuse::Nak(NakCode::RemoteAccess));
         }
         let p = pkt.headers.bth.psn;
@@ -392,7 +408,7 @@ impl Qp {
         }
         let span = ctx
             .mem
-            .resolve(a.rkey, self.pd, a.va, 8, Want::RemoteAtomic)
+            .resolve_remote(a.rkey, self.pd, self.qpn, a.va, 8, Want::RemoteAtomic)
             .map_err(|_| Refuse::Nak(NakCode::RemoteAccess))?;
         let orig = if pkt.headers.bth.opcode == Opcode::RC_COMPARE_SWAP {
             span.compare_swap(a.compare, a.swap_add)
@@ -436,7 +452,7 @@ impl Qp {
             (RdKind::Read, true) => {
                 let reth = pkt.headers.reth.expect("READ carries a RETH");
                 let len = reth.dma_len as u64;
-                if ctx.mem.resolve(reth.rkey, self.pd, reth.va, len, Want::RemoteRead).is_err() {
+                if ctx.mem.resolve_remote(reth.rkey, self.pd, self.qpn, reth.va, len, Want::RemoteRead).is_err() {
                     return;
                 }
                 // Replace a replay of the same READ still queued.

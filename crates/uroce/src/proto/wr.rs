@@ -50,6 +50,10 @@ impl WrOpcode {
     pub fn is_read_or_atomic(self) -> bool {
         self == WrOpcode::RdmaRead || self.is_atomic()
     }
+    /// Operations executed locally, without packets.
+    pub fn is_local(self) -> bool {
+        matches!(self, WrOpcode::LocalInv | WrOpcode::BindMw)
+    }
 }
 
 /// The address vector of `ibv_ah_attr` for RoCEv2: the GRH part matters.
@@ -90,6 +94,8 @@ pub struct SendWr {
     /// The message itself, for IBV_SEND_INLINE: copied at post time, so the
     /// SGEs' memory and keys are not used.
     pub inline: Option<Vec<u8>>,
+    /// BIND_MW: the window, its new key, the region and the range.
+    pub bind: Option<crate::mem::BindRequest>,
 }
 
 impl SendWr {
@@ -106,6 +112,7 @@ impl SendWr {
             swap: 0,
             ud: None,
             inline: None,
+            bind: None,
         }
     }
 }

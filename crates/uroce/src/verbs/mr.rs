@@ -14,6 +14,7 @@ pub struct MemoryRegion {
     len: usize,
     iova: u64,
     access: Access,
+    registered: bool,
 }
 
 fn known(access: Access) -> Result<Access> {
@@ -36,7 +37,15 @@ impl MemoryRegion {
         let mr = unsafe {
             mem.register_host(pd.inner.handle, addr as usize, len as u64, addr as u64, access, Some(Box::new(buf)))
         }?;
-        Ok(MemoryRegion { pd: pd.inner.clone(), key: mr.key, addr: addr as u64, len, iova: addr as u64, access })
+        Ok(MemoryRegion {
+            pd: pd.inner.clone(),
+            key: mr.key,
+            addr: addr as u64,
+            len,
+            iova: addr as u64,
+            access,
+            registered: true,
+        })
     }
 
     /// # Safety
@@ -52,7 +61,7 @@ impl MemoryRegion {
         let mem = &pd.inner.ctx.dev.mem;
         // SAFETY: the caller's contract.
         let mr = unsafe { mem.register_host(pd.inner.handle, addr as usize, len as u64, iova, access, None) }?;
-        Ok(MemoryRegion { pd: pd.inner.clone(), key: mr.key, addr: addr as u64, len, iova, access })
+        Ok(MemoryRegion { pd: pd.inner.clone(), key: mr.key, addr: addr as u64, len, iova, access, registered: true })
     }
 
     /// `ibv_rereg_mr(IBV_REREG_MR_CHANGE_ACCESS)`: the key stays.
@@ -162,9 +171,23 @@ impl MemoryRegion {
     }
 }
 
+impl MemoryRegion {
+    /// `ibv_dereg_mr`: fails with EBUSY while memory windows are bound to it
+    /// (dropping the handle instead invalidates them).
+    pub fn dereg(mut self) -> std::result::Result<(), (Self, Error)> {
+        if let Err(e) = self.pd.ctx.dev.mem.deregister(self.key) {
+            return Err((self, e));
+        }
+        self.registered = false;
+        Ok(())
+    }
+}
+
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        let _ = self.pd.ctx.dev.mem.deregister(self.key);
+        if self.registered {
+            let _ = self.pd.ctx.dev.mem.deregister_force(self.key);
+        }
     }
 }
 
