@@ -46,6 +46,9 @@ pub mod cap {
     pub const RC_RNR_NAK_GEN: u32 = 1 << 11;
     pub const N_NOTIFY_CQ: u32 = 1 << 14;
     pub const PORT_ACTIVE_EVENT: u32 = 1 << 5;
+    pub const MEM_WINDOW: u32 = 1 << 17;
+    pub const MEM_MGT_EXTENSIONS: u32 = 1 << 21;
+    pub const MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
 }
 
 impl DeviceAttr {
@@ -65,7 +68,10 @@ impl DeviceAttr {
                 | cap::SYS_IMAGE_GUID
                 | cap::RC_RNR_NAK_GEN
                 | cap::N_NOTIFY_CQ
-                | cap::PORT_ACTIVE_EVENT,
+                | cap::PORT_ACTIVE_EVENT
+                | cap::MEM_WINDOW
+                | cap::MEM_MGT_EXTENSIONS
+                | cap::MEM_WINDOW_TYPE_2B,
             max_sge: MAX_SGE,
             max_sge_rd: MAX_SGE,
             max_cq: 0x10000,
@@ -76,7 +82,7 @@ impl DeviceAttr {
             max_res_rd_atom: 128 * 0x10000,
             max_qp_init_rd_atom: 128,
             atomic_cap: 1,
-            max_mw: 0,
+            max_mw: 0x10000,
             max_ah: 0x8000,
             max_srq: 0x4000,
             max_srq_wr: MAX_QP_WR,
