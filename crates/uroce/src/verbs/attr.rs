@@ -42,10 +42,10 @@ pub struct DeviceAttr {
 /// `IBV_DEVICE_*` capability bits uroce has.
 pub mod cap {
     pub const BAD_PKEY_CNTR: u32 = 1 << 1;
-    pub const SYS_IMAGE_GUID: u32 = 1 << 10;
-    pub const RC_RNR_NAK_GEN: u32 = 1 << 11;
+    pub const SYS_IMAGE_GUID: u32 = 1 << 11;
+    pub const RC_RNR_NAK_GEN: u32 = 1 << 12;
     pub const N_NOTIFY_CQ: u32 = 1 << 14;
-    pub const PORT_ACTIVE_EVENT: u32 = 1 << 5;
+    pub const PORT_ACTIVE_EVENT: u32 = 1 << 10;
     pub const MEM_WINDOW: u32 = 1 << 17;
     pub const MEM_MGT_EXTENSIONS: u32 = 1 << 21;
     pub const MEM_WINDOW_TYPE_2B: u32 = 1 << 24;

@@ -1,0 +1,370 @@
+//! Devices and contexts: the device list, `ibv_open_device` (a
+//! `verbs_context` with the ops table), and the query functions.
+
+use crate::errno::{fail, null, set_errno};
+use crate::ffi::*;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int};
+use std::sync::{Mutex, OnceLock};
+use uroce::verbs::{Context, DeviceConfig};
+
+/// An `ibv_device` followed by its configuration.
+#[repr(C)]
+pub struct UDevice {
+    pub dev: ibv_device,
+    pub cfg: DeviceConfig,
+}
+
+/// An `ibv_context` embedded in a `verbs_context`, followed by uroce's part.
+#[repr(C)]
+pub struct UContext {
+    pub vctx: verbs_context,
+    pub ctx: Context,
+    /// CQ handle → `ibv_cq` pointer, for completion channel events.
+    pub cqs: Mutex<HashMap<u32, usize>>,
+    /// QP number → `ibv_qp` pointer, for asynchronous events.
+    pub qps: Mutex<HashMap<u32, usize>>,
+}
+
+impl UContext {
+    /// The `UContext` of an `ibv_context` this library returned.
+    pub unsafe fn from_ctx<'a>(ctx: *mut ibv_context) -> &'a UContext {
+        let off = std::mem::offset_of!(verbs_context, context);
+        // SAFETY: every ibv_context we hand out is the `context` field of the
+        // `vctx` field (at offset 0) of a live UContext.
+        unsafe { &*((ctx as *mut u8).sub(off) as *const UContext) }
+    }
+}
+
+fn copy_name(dst: &mut [c_char], s: &str) {
+    let n = dst.len() - 1;
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(n)) {
+        *d = b as c_char;
+    }
+}
+
+/// The devices of this process: one, from the environment (`UROCE_*`).
+fn devices() -> &'static [usize] {
+    static DEVS: OnceLock<Vec<usize>> = OnceLock::new();
+    DEVS.get_or_init(|| match DeviceConfig::from_env() {
+        Ok(cfg) => {
+            // SAFETY: ibv_device is plain old data; all-zero is valid.
+            let mut dev: ibv_device = unsafe { std::mem::zeroed() };
+            dev.node_type = ibv_node_type_IBV_NODE_CA as _;
+            dev.transport_type = ibv_transport_type_IBV_TRANSPORT_IB as _;
+            copy_name(&mut dev.name, &cfg.name);
+            copy_name(&mut dev.dev_name, &format!("uverbs-{}", cfg.name));
+            copy_name(&mut dev.dev_path, "/dev/null");
+            copy_name(&mut dev.ibdev_path, &format!("/nonexistent/uroce/{}", cfg.name));
+            vec![Box::into_raw(Box::new(UDevice { dev, cfg })) as usize]
+        }
+        Err(e) => {
+            eprintln!("uroce: no device: {e}");
+            Vec::new()
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_device {
+    let devs = devices();
+    // SAFETY: malloc of n+1 pointers; freed by ibv_free_device_list.
+    let list = unsafe { libc::calloc(devs.len() + 1, std::mem::size_of::<usize>()) } as *mut *mut ibv_device;
+    if list.is_null() {
+        return null(libc::ENOMEM);
+    }
+    for (i, &d) in devs.iter().enumerate() {
+        // SAFETY: i < len; `d` points to a leaked UDevice whose first field is the ibv_device.
+        unsafe { *list.add(i) = d as *mut ibv_device };
+    }
+    if !num.is_null() {
+        // SAFETY: the caller passes a valid int pointer or NULL.
+        unsafe { *num = devs.len() as c_int };
+    }
+    list
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
+    // SAFETY: `list` came from ibv_get_device_list (calloc) or is NULL.
+    unsafe { libc::free(list as *mut libc::c_void) };
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_name(dev: *mut ibv_device) -> *const c_char {
+    if dev.is_null() {
+        return null(libc::EINVAL);
+    }
+    // SAFETY: a device from our list.
+    unsafe { (*dev).name.as_ptr() }
+}
+
+fn guid_of(cfg: &DeviceConfig) -> u64 {
+    // Stable per device name and address, like a node GUID.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in cfg.name.bytes().chain(format!("{:?}{}", cfg.addr, cfg.port).bytes()) {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    (h & 0x00FF_FFFF_FFFF_FFFF) | 0x0200_0000_0000_0000
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
+    if dev.is_null() {
+        return 0;
+    }
+    // SAFETY: devices we hand out are UDevices.
+    let d = unsafe { &*(dev as *const UDevice) };
+    guid_of(&d.cfg).to_be()
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_get_device_index(_dev: *mut ibv_device) -> c_int {
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
+    if dev.is_null() {
+        return null(libc::EINVAL);
+    }
+    // SAFETY: devices we hand out are UDevices.
+    let d = unsafe { &*(dev as *const UDevice) };
+    let ctx = match Context::open(&d.cfg) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("uroce: cannot open {}: {e}", d.cfg.name);
+            fail(&e);
+            return std::ptr::null_mut();
+        }
+    };
+    // SAFETY: verbs_context is plain old data (pointers and integers); zero
+    // is a valid initial value, every op NULL.
+    let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
+    vctx.sz = std::mem::size_of::<verbs_context>();
+    let c = &mut vctx.context;
+    c.device = dev;
+    c.cmd_fd = ctx.async_fd();
+    c.async_fd = ctx.async_fd();
+    c.num_comp_vectors = 1;
+    c.abi_compat = VERBS_ABI_IS_EXTENDED;
+    c.ops.poll_cq = Some(crate::datapath::poll_cq);
+    c.ops.req_notify_cq = Some(crate::datapath::req_notify_cq);
+    c.ops.post_send = Some(crate::datapath::post_send);
+    c.ops.post_recv = Some(crate::datapath::post_recv);
+    let u = Box::new(UContext { vctx, ctx, cqs: Mutex::new(HashMap::new()), qps: Mutex::new(HashMap::new()) });
+    let u = Box::into_raw(u);
+    // SAFETY: `u` is a fresh allocation; the mutex lives inside it.
+    unsafe {
+        libc::pthread_mutex_init(
+            &mut (*u).vctx.context.mutex as *mut _ as *mut libc::pthread_mutex_t,
+            std::ptr::null(),
+        );
+        &mut (*u).vctx.context
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
+    if ctx.is_null() {
+        return -libc::EINVAL;
+    }
+    let off = std::mem::offset_of!(verbs_context, context);
+    // SAFETY: `ctx` came from ibv_open_device: it is inside a boxed UContext.
+    drop(unsafe { Box::from_raw((ctx as *mut u8).sub(off) as *mut UContext) });
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_device(ctx: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
+    if ctx.is_null() || attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: our context; `attr` points to a caller's ibv_device_attr.
+    let (u, a) = unsafe { (UContext::from_ctx(ctx), &mut *attr) };
+    let d = u.ctx.query_device();
+    // SAFETY: plain old data.
+    *a = unsafe { std::mem::zeroed() };
+    copy_name(&mut a.fw_ver, &d.fw_ver);
+    a.node_guid = d.node_guid.to_be();
+    a.sys_image_guid = d.sys_image_guid.to_be();
+    a.max_mr_size = d.max_mr_size;
+    a.page_size_cap = d.page_size_cap;
+    a.vendor_id = d.vendor_id;
+    a.vendor_part_id = d.vendor_part_id;
+    a.hw_ver = d.hw_ver;
+    a.max_qp = d.max_qp as c_int;
+    a.max_qp_wr = d.max_qp_wr as c_int;
+    a.device_cap_flags = d.device_cap_flags;
+    a.max_sge = d.max_sge as c_int;
+    a.max_sge_rd = d.max_sge_rd as c_int;
+    a.max_cq = d.max_cq as c_int;
+    a.max_cqe = d.max_cqe as c_int;
+    a.max_mr = d.max_mr as c_int;
+    a.max_pd = d.max_pd as c_int;
+    a.max_qp_rd_atom = d.max_qp_rd_atom as c_int;
+    a.max_res_rd_atom = d.max_res_rd_atom as c_int;
+    a.max_qp_init_rd_atom = d.max_qp_init_rd_atom as c_int;
+    a.atomic_cap = d.atomic_cap as _;
+    a.max_mw = d.max_mw as c_int;
+    a.max_ah = d.max_ah as c_int;
+    a.max_srq = d.max_srq as c_int;
+    a.max_srq_wr = d.max_srq_wr as c_int;
+    a.max_srq_sge = d.max_srq_sge as c_int;
+    a.max_pkeys = d.max_pkeys;
+    a.local_ca_ack_delay = d.local_ca_ack_delay;
+    a.phys_port_cnt = d.phys_port_cnt;
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_port(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int {
+    if ctx.is_null() || attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: our context; a caller's port attribute struct.
+    let (u, a) = unsafe { (UContext::from_ctx(ctx), &mut *attr) };
+    let p = match u.ctx.query_port(port) {
+        Ok(p) => p,
+        Err(e) => return e.errno.0,
+    };
+    // SAFETY: plain old data.
+    *a = unsafe { std::mem::zeroed() };
+    a.state = p.state as _;
+    a.max_mtu = p.max_mtu.to_raw() as _;
+    a.active_mtu = p.active_mtu.to_raw() as _;
+    a.gid_tbl_len = p.gid_tbl_len as c_int;
+    a.port_cap_flags = p.port_cap_flags;
+    a.max_msg_sz = p.max_msg_sz;
+    a.pkey_tbl_len = p.pkey_tbl_len;
+    a.active_width = p.active_width;
+    a.active_speed = p.active_speed;
+    a.phys_state = p.phys_state;
+    a.link_layer = p.link_layer;
+    a.max_vl_num = 1;
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid(ctx: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
+    if ctx.is_null() || gid.is_null() || port != 1 || index < 0 {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: our context.
+    let u = unsafe { UContext::from_ctx(ctx) };
+    match u.ctx.query_gid(index as u32) {
+        Ok(g) => {
+            // SAFETY: a caller's ibv_gid.
+            unsafe { (*gid).raw = g.0 };
+            0
+        }
+        Err(e) => {
+            set_errno(e.errno.0);
+            -1
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_ex(
+    ctx: *mut ibv_context,
+    port: u32,
+    index: u32,
+    entry: *mut ibv_gid_entry,
+    _flags: u32,
+    entry_size: usize,
+) -> c_int {
+    if ctx.is_null() || entry.is_null() || port != 1 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
+        return libc::EINVAL;
+    }
+    // SAFETY: our context; a caller's entry of at least our size.
+    let (u, e) = unsafe { (UContext::from_ctx(ctx), &mut *entry) };
+    match u.ctx.query_gid(index) {
+        Ok(g) => {
+            e.gid.raw = g.0;
+            e.gid_index = index;
+            e.port_num = port;
+            e.gid_type = ibv_gid_type_IBV_GID_TYPE_ROCE_V2 as _;
+            e.ndev_ifindex = 0;
+            0
+        }
+        Err(_) => libc::ENODATA,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid_type(ctx: *mut ibv_context, port: u8, index: u32, ty: *mut u32) -> c_int {
+    if ctx.is_null() || ty.is_null() || port != 1 {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: a caller's out parameter. uroce's GIDs are all RoCE v2
+    // (IBV_GID_TYPE_SYSFS_ROCE_V2 = 1); an empty slot reads as v1 (0), as
+    // the real library does.
+    unsafe { *ty = if index == 0 { 1 } else { 0 } };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_pkey(_ctx: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
+    if pkey.is_null() || port != 1 || index != 0 {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: a caller's out parameter (network order).
+    unsafe { *pkey = 0xFFFFu16.to_be() };
+    0
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_get_pkey_index(_ctx: *mut ibv_context, port: u8, pkey: u16) -> c_int {
+    if port == 1 && u16::from_be(pkey) & 0x7FFF == 0x7FFF {
+        0
+    } else {
+        -1
+    }
+}
+
+/// A uroce device has no sysfs directory: every file is missing.
+#[no_mangle]
+pub extern "C" fn ibv_read_sysfs_file(
+    _dir: *const c_char,
+    _file: *const c_char,
+    _buf: *mut c_char,
+    _size: usize,
+) -> c_int {
+    set_errno(libc::ENOENT);
+    -1
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_get_sysfs_path() -> *const c_char {
+    c"/sys".as_ptr()
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_fork_init() -> c_int {
+    0
+}
+
+/// `IBV_FORK_DISABLED`: uroce needs no fork protection of registered memory
+/// beyond what mlock gives.
+#[no_mangle]
+pub extern "C" fn ibv_is_fork_initialized() -> u32 {
+    0
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_dontfork_range(_base: *mut libc::c_void, _size: usize) -> c_int {
+    0
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_dofork_range(_base: *mut libc::c_void, _size: usize) -> c_int {
+    0
+}
+
+/// Called by provider libraries' constructors (libmlx5, libefa): a no-op.
+#[no_mangle]
+pub extern "C" fn verbs_register_driver_34(_ops: *const libc::c_void) {}

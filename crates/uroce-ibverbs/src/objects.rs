@@ -1,0 +1,610 @@
+//! Verbs objects: protection domains, memory regions, completion channels,
+//! completion queues, queue pairs, and asynchronous events. Each C struct is
+//! the first field of a `#[repr(C)]` struct that also holds the uroce handle.
+
+use crate::device::UContext;
+use crate::errno::{fail, null, set_errno};
+use crate::ffi::*;
+use std::ffi::c_int;
+use uroce::ib::{Access, Gid, Mtu, QpAttrMask, QpState, QpType};
+use uroce::verbs::{
+    AddressVector, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain, QpAttr, QpCap, QpInitAttr,
+    QueuePair,
+};
+
+#[repr(C)]
+pub struct UPd {
+    pub pd: ibv_pd,
+    pub inner: Option<ProtectionDomain>,
+}
+
+#[repr(C)]
+pub struct UMr {
+    pub mr: ibv_mr,
+    pub inner: Option<MemoryRegion>,
+}
+
+#[repr(C)]
+pub struct UChannel {
+    pub ch: ibv_comp_channel,
+    pub inner: Option<CompletionChannel>,
+}
+
+#[repr(C)]
+pub struct UCq {
+    pub cq: ibv_cq,
+    pub inner: Option<CompletionQueue>,
+}
+
+#[repr(C)]
+pub struct UQp {
+    pub qp: ibv_qp_ex,
+    pub inner: Option<QueuePair>,
+}
+
+fn mutex_init(m: *mut pthread_mutex_t) {
+    // SAFETY: `m` points into a fresh allocation we own.
+    unsafe { libc::pthread_mutex_init(m as *mut libc::pthread_mutex_t, std::ptr::null()) };
+}
+
+fn cond_init(c: *mut pthread_cond_t) {
+    // SAFETY: `c` points into a fresh allocation we own.
+    unsafe { libc::pthread_cond_init(c as *mut libc::pthread_cond_t, std::ptr::null()) };
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
+    if ctx.is_null() {
+        return null(libc::EINVAL);
+    }
+    // SAFETY: our context.
+    let u = unsafe { UContext::from_ctx(ctx) };
+    match u.ctx.alloc_pd() {
+        Ok(pd) => {
+            let handle = pd.handle();
+            let b = Box::new(UPd { pd: ibv_pd { context: ctx, handle }, inner: Some(pd) });
+            Box::into_raw(b) as *mut ibv_pd
+        }
+        Err(e) => null(fail(&e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    if pd.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a PD from ibv_alloc_pd.
+    let p = unsafe { &mut *(pd as *mut UPd) };
+    let Some(inner) = p.inner.take() else { return libc::EINVAL };
+    match inner.dealloc() {
+        Ok(()) => {
+            // SAFETY: nothing refers to it any more.
+            drop(unsafe { Box::from_raw(pd as *mut UPd) });
+            0
+        }
+        Err((inner, e)) => {
+            p.inner = Some(inner);
+            e.errno.0
+        }
+    }
+}
+
+unsafe fn reg(pd: *mut ibv_pd, addr: *mut libc::c_void, len: usize, iova: u64, access: c_int) -> *mut ibv_mr {
+    if pd.is_null() || (addr.is_null() && len > 0) {
+        return null(libc::EINVAL);
+    }
+    // SAFETY: a PD from ibv_alloc_pd.
+    let p = unsafe { &*(pd as *const UPd) };
+    let access = Access::from_bits_retain(access as u32);
+    // SAFETY: the verbs contract: the memory stays valid until ibv_dereg_mr.
+    match unsafe { p.inner.as_ref().unwrap().register_raw(addr as *mut u8, len, iova, access) } {
+        Ok(mr) => {
+            let raw = ibv_mr {
+                context: p.pd.context,
+                pd,
+                addr,
+                length: len,
+                handle: mr.lkey(),
+                lkey: mr.lkey(),
+                rkey: mr.rkey(),
+            };
+            Box::into_raw(Box::new(UMr { mr: raw, inner: Some(mr) })) as *mut ibv_mr
+        }
+        Err(e) => null(fail(&e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut libc::c_void,
+    len: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded contract.
+    unsafe { reg(pd, addr, len, addr as u64, access) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut libc::c_void,
+    len: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded contract.
+    unsafe { reg(pd, addr, len, iova, access) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut libc::c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded contract.
+    unsafe { reg(pd, addr, len, iova, access as c_int) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    if mr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: an MR from ibv_reg_mr.
+    let m = unsafe { &mut *(mr as *mut UMr) };
+    let Some(inner) = m.inner.take() else { return libc::EINVAL };
+    match inner.dereg() {
+        Ok(()) => {
+            // SAFETY: deregistered; nothing refers to it any more.
+            drop(unsafe { Box::from_raw(mr as *mut UMr) });
+            0
+        }
+        Err((inner, e)) => {
+            m.inner = Some(inner);
+            e.errno.0
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
+    if ctx.is_null() {
+        return null(libc::EINVAL);
+    }
+    // SAFETY: our context.
+    let u = unsafe { UContext::from_ctx(ctx) };
+    match u.ctx.create_comp_channel() {
+        Ok(ch) => {
+            let raw = ibv_comp_channel { context: ctx, fd: ch.fd(), refcnt: 0 };
+            Box::into_raw(Box::new(UChannel { ch: raw, inner: Some(ch) })) as *mut ibv_comp_channel
+        }
+        Err(e) => null(fail(&e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
+    if ch.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a channel from ibv_create_comp_channel.
+    let c = unsafe { &*(ch as *const UChannel) };
+    if c.ch.refcnt > 0 || c.inner.as_ref().is_some_and(|i| i.is_used()) {
+        return libc::EBUSY;
+    }
+    // SAFETY: as above; no CQ uses it.
+    drop(unsafe { Box::from_raw(ch as *mut UChannel) });
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut libc::c_void,
+    channel: *mut ibv_comp_channel,
+    _comp_vector: c_int,
+) -> *mut ibv_cq {
+    if ctx.is_null() || cqe <= 0 {
+        return null(libc::EINVAL);
+    }
+    // SAFETY: our context, and a channel from ibv_create_comp_channel or NULL.
+    let (u, ch) = unsafe { (UContext::from_ctx(ctx), (channel as *mut UChannel).as_mut()) };
+    match u.ctx.create_cq(cqe as u32, ch.as_ref().and_then(|c| c.inner.as_ref())) {
+        Ok(cq) => {
+            // SAFETY: ibv_cq is plain old data.
+            let mut raw: ibv_cq = unsafe { std::mem::zeroed() };
+            raw.context = ctx;
+            raw.channel = channel;
+            raw.cq_context = cq_context;
+            raw.handle = cq.handle();
+            raw.cqe = cqe;
+            if let Some(c) = ch {
+                c.ch.refcnt += 1;
+            }
+            let p = Box::into_raw(Box::new(UCq { cq: raw, inner: Some(cq) }));
+            // SAFETY: fresh allocation.
+            unsafe {
+                mutex_init(&mut (*p).cq.mutex);
+                cond_init(&mut (*p).cq.cond);
+            }
+            u.cqs.lock().unwrap().insert(raw.handle, p as usize);
+            p as *mut ibv_cq
+        }
+        Err(e) => null(fail(&e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    if cq.is_null() || cqe <= 0 {
+        return libc::EINVAL;
+    }
+    // SAFETY: a CQ from ibv_create_cq.
+    let c = unsafe { &mut *(cq as *mut UCq) };
+    match c.inner.as_ref().unwrap().resize(cqe as u32) {
+        Ok(()) => {
+            c.cq.cqe = cqe;
+            0
+        }
+        Err(e) => e.errno.0,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    if cq.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a CQ from ibv_create_cq.
+    let c = unsafe { &mut *(cq as *mut UCq) };
+    let Some(inner) = c.inner.take() else { return libc::EINVAL };
+    match inner.destroy() {
+        Ok(()) => {
+            // SAFETY: the CQ's context and channel outlive it.
+            let u = unsafe { UContext::from_ctx(c.cq.context) };
+            u.cqs.lock().unwrap().remove(&c.cq.handle);
+            if let Some(ch) = unsafe { (c.cq.channel as *mut UChannel).as_mut() } {
+                ch.ch.refcnt -= 1;
+            }
+            // SAFETY: nothing refers to it any more.
+            drop(unsafe { Box::from_raw(cq as *mut UCq) });
+            0
+        }
+        Err((inner, e)) => {
+            c.inner = Some(inner);
+            e.errno.0
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    ch: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut libc::c_void,
+) -> c_int {
+    if ch.is_null() || cq.is_null() || cq_context.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: a channel from ibv_create_comp_channel.
+    let c = unsafe { &*(ch as *const UChannel) };
+    let handle = match c.inner.as_ref().unwrap().get_event() {
+        Ok(h) => h,
+        Err(e) => {
+            set_errno(e.errno.0);
+            return -1;
+        }
+    };
+    // SAFETY: the channel's context is ours.
+    let u = unsafe { UContext::from_ctx(c.ch.context) };
+    let Some(&p) = u.cqs.lock().unwrap().get(&handle) else {
+        set_errno(libc::EAGAIN);
+        return -1;
+    };
+    // SAFETY: out parameters, and a live CQ of this context.
+    unsafe {
+        *cq = p as *mut ibv_cq;
+        *cq_context = (*(p as *mut ibv_cq)).cq_context;
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
+    if cq.is_null() {
+        return;
+    }
+    // SAFETY: a CQ from ibv_create_cq; the counter is guarded by its mutex.
+    unsafe {
+        let m = &mut (*cq).mutex as *mut _ as *mut libc::pthread_mutex_t;
+        libc::pthread_mutex_lock(m);
+        (*cq).comp_events_completed += nevents;
+        libc::pthread_cond_signal(&mut (*cq).cond as *mut _ as *mut libc::pthread_cond_t);
+        libc::pthread_mutex_unlock(m);
+    }
+}
+
+fn qp_type_from(t: u32) -> Option<QpType> {
+    QpType::from_raw(t)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    if pd.is_null() || attr.is_null() {
+        return null(libc::EINVAL);
+    }
+    // SAFETY: a PD from ibv_alloc_pd and the caller's attributes.
+    let (p, a) = unsafe { (&*(pd as *const UPd), &mut *attr) };
+    let (Some(send), Some(recv)) =
+        (unsafe { (a.send_cq as *const UCq).as_ref() }, unsafe { (a.recv_cq as *const UCq).as_ref() })
+    else {
+        return null(libc::EINVAL);
+    };
+    if !a.srq.is_null() {
+        return null(libc::EOPNOTSUPP); // SRQs through the C ABI: not yet
+    }
+    let Some(qp_type) = qp_type_from(a.qp_type) else {
+        return null(libc::EOPNOTSUPP);
+    };
+    let c = &a.cap;
+    let init = QpInitAttr {
+        qp_type,
+        send_cq: send.inner.as_ref().unwrap(),
+        recv_cq: recv.inner.as_ref().unwrap(),
+        srq: None,
+        cap: QpCap {
+            max_send_wr: c.max_send_wr.max(1),
+            max_recv_wr: c.max_recv_wr.max(1),
+            max_send_sge: c.max_send_sge.max(1),
+            max_recv_sge: c.max_recv_sge.max(1),
+            max_inline_data: c.max_inline_data,
+        },
+        sq_sig_all: a.sq_sig_all != 0,
+    };
+    match p.inner.as_ref().unwrap().create_qp(&init) {
+        Ok(qp) => {
+            // SAFETY: ibv_qp_ex is plain old data plus function pointers (NULL).
+            let mut raw: ibv_qp_ex = unsafe { std::mem::zeroed() };
+            let q = &mut raw.qp_base;
+            q.context = p.pd.context;
+            q.qp_context = a.qp_context;
+            q.pd = pd;
+            q.send_cq = a.send_cq;
+            q.recv_cq = a.recv_cq;
+            q.handle = qp.qp_num();
+            q.qp_num = qp.qp_num();
+            q.state = ibv_qp_state_IBV_QPS_RESET as _;
+            q.qp_type = a.qp_type;
+            a.cap.max_send_wr = init.cap.max_send_wr;
+            a.cap.max_recv_wr = init.cap.max_recv_wr;
+            a.cap.max_send_sge = init.cap.max_send_sge;
+            a.cap.max_recv_sge = init.cap.max_recv_sge;
+            let b = Box::into_raw(Box::new(UQp { qp: raw, inner: Some(qp) }));
+            // SAFETY: fresh allocation.
+            unsafe {
+                mutex_init(&mut (*b).qp.qp_base.mutex);
+                cond_init(&mut (*b).qp.qp_base.cond);
+                let u = UContext::from_ctx(p.pd.context);
+                u.qps.lock().unwrap().insert((*b).qp.qp_base.qp_num, b as usize);
+            }
+            b as *mut ibv_qp
+        }
+        Err(e) => null(fail(&e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    // Every QP of this library is the start of an ibv_qp_ex.
+    qp as *mut ibv_qp_ex
+}
+
+fn gid_of(g: &ibv_gid) -> Gid {
+    // SAFETY: reading the raw bytes of the union is always valid.
+    Gid(unsafe { g.raw })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+    if qp.is_null() || attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a QP from ibv_create_qp and the caller's attributes.
+    let (q, a) = unsafe { (&mut *(qp as *mut UQp), &*attr) };
+    let Some(mask) = QpAttrMask::from_bits(mask as u32) else { return libc::EINVAL };
+    let state = |v: u32| QpState::from_raw(v);
+    let (Some(qp_state), Some(cur)) = (state(a.qp_state), state(a.cur_qp_state).or(Some(QpState::Reset))) else {
+        return libc::EINVAL;
+    };
+    let path_mtu = match Mtu::from_raw(a.path_mtu) {
+        Some(m) => m,
+        None if !mask.contains(QpAttrMask::PATH_MTU) => Mtu::Mtu256,
+        None => return libc::EINVAL,
+    };
+    let ah = &a.ah_attr;
+    let attr = QpAttr {
+        qp_state,
+        cur_qp_state: cur,
+        path_mtu,
+        qkey: a.qkey,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: Access::from_bits_retain(a.qp_access_flags),
+        cap: QpCap::default(),
+        ah_attr: AddressVector {
+            dgid: gid_of(&ah.grh.dgid),
+            sgid_index: ah.grh.sgid_index,
+            hop_limit: ah.grh.hop_limit,
+            traffic_class: ah.grh.traffic_class,
+            flow_label: ah.grh.flow_label,
+            sl: ah.sl,
+            port_num: ah.port_num,
+            is_global: ah.is_global != 0,
+        },
+        pkey_index: a.pkey_index,
+        en_sqd_async_notify: a.en_sqd_async_notify != 0,
+        sq_draining: false,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+    };
+    let inner = q.inner.as_ref().unwrap();
+    match inner.modify(&attr, mask) {
+        Ok(()) => {
+            q.qp.qp_base.state = inner.state().to_raw() as _;
+            0
+        }
+        Err(e) => e.errno.0,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ibv_qp_init_attr,
+) -> c_int {
+    if qp.is_null() || attr.is_null() || init.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a QP from ibv_create_qp and the caller's out structs.
+    let (q, a, i) = unsafe { (&*(qp as *const UQp), &mut *attr, &mut *init) };
+    let s = q.inner.as_ref().unwrap().query();
+    // SAFETY: plain old data.
+    *a = unsafe { std::mem::zeroed() };
+    a.qp_state = s.qp_state.to_raw();
+    a.cur_qp_state = s.qp_state.to_raw();
+    a.path_mtu = s.path_mtu.to_raw();
+    a.qkey = s.qkey;
+    a.rq_psn = s.rq_psn;
+    a.sq_psn = s.sq_psn;
+    a.dest_qp_num = s.dest_qp_num;
+    a.qp_access_flags = s.qp_access_flags.bits();
+    a.cap = ibv_qp_cap {
+        max_send_wr: s.cap.max_send_wr,
+        max_recv_wr: s.cap.max_recv_wr,
+        max_send_sge: s.cap.max_send_sge,
+        max_recv_sge: s.cap.max_recv_sge,
+        max_inline_data: s.cap.max_inline_data,
+    };
+    a.ah_attr.grh.dgid.raw = s.ah_attr.dgid.0;
+    a.ah_attr.grh.sgid_index = s.ah_attr.sgid_index;
+    a.ah_attr.grh.hop_limit = s.ah_attr.hop_limit;
+    a.ah_attr.grh.traffic_class = s.ah_attr.traffic_class;
+    a.ah_attr.grh.flow_label = s.ah_attr.flow_label;
+    a.ah_attr.is_global = s.ah_attr.is_global as u8;
+    a.ah_attr.port_num = s.ah_attr.port_num;
+    a.pkey_index = s.pkey_index;
+    a.max_rd_atomic = s.max_rd_atomic;
+    a.max_dest_rd_atomic = s.max_dest_rd_atomic;
+    a.min_rnr_timer = s.min_rnr_timer;
+    a.port_num = s.port_num;
+    a.timeout = s.timeout;
+    a.retry_cnt = s.retry_cnt;
+    a.rnr_retry = s.rnr_retry;
+    // SAFETY: plain old data.
+    *i = unsafe { std::mem::zeroed() };
+    let b = &q.qp.qp_base;
+    i.qp_context = b.qp_context;
+    i.send_cq = b.send_cq;
+    i.recv_cq = b.recv_cq;
+    i.srq = b.srq;
+    i.cap = a.cap;
+    i.qp_type = b.qp_type;
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    if qp.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a QP from ibv_create_qp.
+    let b = unsafe { Box::from_raw(qp as *mut UQp) };
+    // SAFETY: its context outlives it.
+    let u = unsafe { UContext::from_ctx(b.qp.qp_base.context) };
+    u.qps.lock().unwrap().remove(&b.qp.qp_base.qp_num);
+    drop(b);
+    0
+}
+
+macro_rules! unsupported_ptr {
+    ($($name:ident($($arg:ident: $t:ty),*)),* $(,)?) => {
+        $(
+            /// Not supported by uroce yet: NULL with errno EOPNOTSUPP.
+            #[no_mangle]
+            pub extern "C" fn $name($(_: $t),*) -> *mut libc::c_void {
+                null(libc::EOPNOTSUPP)
+            }
+        )*
+    };
+}
+
+macro_rules! unsupported_int {
+    ($($name:ident($($arg:ident: $t:ty),*)),* $(,)?) => {
+        $(
+            /// Not supported by uroce yet: EOPNOTSUPP.
+            #[no_mangle]
+            pub extern "C" fn $name($(_: $t),*) -> c_int {
+                libc::EOPNOTSUPP
+            }
+        )*
+    };
+}
+
+unsupported_ptr! {
+    ibv_create_srq(pd: *mut ibv_pd, a: *mut libc::c_void),
+    ibv_create_ah(pd: *mut ibv_pd, a: *mut libc::c_void),
+}
+
+unsupported_int! {
+    ibv_destroy_srq(s: *mut libc::c_void),
+    ibv_modify_srq(s: *mut libc::c_void, a: *mut libc::c_void, m: c_int),
+    ibv_query_srq(s: *mut libc::c_void, a: *mut libc::c_void),
+    ibv_destroy_ah(a: *mut libc::c_void),
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
+    if ctx.is_null() || event.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: our context.
+    let u = unsafe { UContext::from_ctx(ctx) };
+    match u.ctx.get_async_event() {
+        Ok(ev) => {
+            // SAFETY: the caller's event struct (plain old data).
+            let e = unsafe { &mut *event };
+            e.event_type = ev.kind.to_raw();
+            use uroce::verbs::EventElement as El;
+            match ev.element {
+                El::Qp(n) => e.element.qp = u.qps.lock().unwrap().get(&n).copied().unwrap_or(0) as *mut ibv_qp,
+                El::Cq(h) => e.element.cq = u.cqs.lock().unwrap().get(&h).copied().unwrap_or(0) as *mut ibv_cq,
+                El::Srq(_) => e.element.srq = std::ptr::null_mut(),
+                El::Port(p) => e.element.port_num = p as c_int,
+            }
+            0
+        }
+        Err(e) => {
+            set_errno(e.errno.0);
+            -1
+        }
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
