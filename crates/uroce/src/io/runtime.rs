@@ -33,6 +33,8 @@ const RX_BATCH: usize = 64;
 
 pub struct Runtime {
     engine: Mutex<Engine>,
+    /// Receive buffers; holding the lock makes a thread the receiver.
+    rx: Mutex<Vec<Vec<u8>>>,
     socket: RoceSocket,
     tx_lock: Mutex<()>,
     wake: OwnedFd,
@@ -67,6 +69,7 @@ impl Runtime {
         };
         let rt = Arc::new(Runtime {
             engine: Mutex::new(Engine::new(cfg.engine, mem)),
+            rx: Mutex::new((0..RX_BATCH).map(|_| vec![0u8; 65536]).collect()),
             socket,
             tx_lock: Mutex::new(()),
             wake,
@@ -192,8 +195,49 @@ impl Runtime {
         }
     }
 
+    /// Receives and handles what the socket holds, and fires due timers, in
+    /// the calling thread, unless another thread is receiving. Called by
+    /// pollers of an empty CQ: with busy-polling applications on few cores,
+    /// waiting for the progress thread to be scheduled would cost
+    /// milliseconds. Returns whether anything was received.
+    pub fn try_progress(&self) -> bool {
+        let Ok(mut bufs) = self.rx.try_lock() else { return false };
+        self.receive(&mut bufs)
+    }
+
+    fn receive(&self, bufs: &mut [Vec<u8>]) -> bool {
+        let mut got: Vec<(usize, SocketAddr)> = Vec::with_capacity(RX_BATCH);
+        for buf in bufs.iter_mut() {
+            match self.socket.recv_from(buf) {
+                Ok((n, from)) => got.push((n, from)),
+                Err(_) => break,
+            }
+        }
+        let local = self.socket.local_addr();
+        if let Some(c) = &self.capture {
+            for (i, &(n, from)) in got.iter().enumerate() {
+                let ip =
+                    IpInfo { src: from.ip(), dst: local.ip(), sport: from.port(), dport: local.port(), ipv4_id: 0 };
+                c.record(&ip, &bufs[i][..n]);
+            }
+        }
+        let due = self.engine.lock().unwrap().poll_timeout().is_some_and(|t| t <= Instant::now());
+        if got.is_empty() && !due {
+            return false;
+        }
+        self.pump(|e, now| {
+            for (i, &(n, from)) in got.iter().enumerate() {
+                e.handle_datagram(now, from, local.ip(), &bufs[i][..n], 0);
+            }
+            if e.poll_timeout().is_some_and(|t| t <= now) {
+                e.handle_timeout(now);
+            }
+        });
+        !got.is_empty()
+    }
+
     /// One round of the progress loop; returns false when shutting down.
-    fn progress_once(&self, bufs: &mut [Vec<u8>]) -> bool {
+    fn progress_once(&self) -> bool {
         if self.shutdown.load(Ordering::SeqCst) {
             return false;
         }
@@ -222,30 +266,11 @@ impl Runtime {
         if self.shutdown.load(Ordering::SeqCst) {
             return false;
         }
-        let mut got: Vec<(usize, SocketAddr)> = Vec::with_capacity(RX_BATCH);
-        for buf in bufs.iter_mut() {
-            match self.socket.recv_from(buf) {
-                Ok((n, from)) => got.push((n, from)),
-                Err(_) => break,
-            }
-        }
-        let local = self.socket.local_addr();
-        if let Some(c) = &self.capture {
-            for (i, &(n, from)) in got.iter().enumerate() {
-                let ip =
-                    IpInfo { src: from.ip(), dst: local.ip(), sport: from.port(), dport: local.port(), ipv4_id: 0 };
-                c.record(&ip, &bufs[i][..n]);
-            }
-        }
-        self.pump(|e, now| {
-            for (i, &(n, from)) in got.iter().enumerate() {
-                e.handle_datagram(now, from, local.ip(), &bufs[i][..n], 0);
-            }
-            if e.poll_timeout().is_some_and(|t| t <= now) {
-                e.handle_timeout(now);
-            }
-        });
-        if self.busy_poll && got.is_empty() {
+        let got = {
+            let mut bufs = self.rx.lock().unwrap();
+            self.receive(&mut bufs)
+        };
+        if self.busy_poll && !got {
             std::hint::spin_loop();
         }
         true
@@ -259,10 +284,9 @@ impl Drop for Runtime {
 }
 
 fn progress_loop(rt: Weak<Runtime>) {
-    let mut bufs: Vec<Vec<u8>> = (0..RX_BATCH).map(|_| vec![0u8; 65536]).collect();
     loop {
         let Some(rt) = rt.upgrade() else { return };
-        if !rt.progress_once(&mut bufs) {
+        if !rt.progress_once() {
             return;
         }
     }

@@ -39,13 +39,20 @@ impl CompletionQueue {
     }
 
     /// Polls up to `out.len()` completions (`ibv_poll_cq`).
+    /// An empty poll drives the device from the caller's thread (see
+    /// `Runtime::try_progress`), so busy-polling applications make progress
+    /// without waiting for the progress thread to be scheduled.
     pub fn poll(&self, out: &mut [Wc]) -> Result<usize> {
-        self.ring.poll(out)
+        let n = self.ring.poll(out)?;
+        if n == 0 && !out.is_empty() && self.ctx.dev.rt.try_progress() {
+            return self.ring.poll(out);
+        }
+        Ok(n)
     }
 
     /// Polls one completion.
     pub fn poll_one(&self) -> Option<Wc> {
-        self.ring.poll_one()
+        self.ring.poll_one().or_else(|| if self.ctx.dev.rt.try_progress() { self.ring.poll_one() } else { None })
     }
 
     /// Arms the CQ for one completion event on its channel

@@ -1,0 +1,150 @@
+//! The drop-in library under real, unmodified rdma-core programs (Debian
+//! package ibverbs-utils): ibv_devices, ibv_devinfo, ibv_rc_pingpong as two
+//! processes. The library is built by scripts/build-dropin.sh (the test
+//! script runs it first; this test runs it when the library is missing).
+//! Programs that are not installed are skipped with a printed reason.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn dropin_dir() -> PathBuf {
+    let dir = root().join("target/dropin");
+    if !dir.join("libibverbs.so.1").exists() {
+        let st = Command::new(root().join("scripts/build-dropin.sh")).status().expect("run build-dropin.sh");
+        assert!(st.success(), "build-dropin.sh failed");
+    }
+    dir
+}
+
+fn have(prog: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {prog}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[test]
+fn exports_carry_rdma_core_versions() {
+    let lib = dropin_dir().join("libibverbs.so.1");
+    let out = Command::new("nm").args(["-D", "--with-symbol-versions"]).arg(&lib).output();
+    let Ok(out) = out else {
+        println!("SKIP export check: nm (binutils) is not installed");
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    for sym in [
+        "ibv_get_device_list@@IBVERBS_1.1",
+        "ibv_create_comp_channel@@IBVERBS_1.0",
+        "ibv_qp_to_qp_ex@@IBVERBS_1.6",
+        "ibv_reg_mr_iova2@@IBVERBS_1.8",
+        "_ibv_query_gid_ex@@IBVERBS_1.11",
+        "ibv_query_gid_type@@IBVERBS_PRIVATE_34",
+        "verbs_register_driver_34@@IBVERBS_PRIVATE_34",
+    ] {
+        assert!(text.contains(sym), "{sym} missing:\n{text}");
+    }
+    // Nothing of Rust's leaks out as a global.
+    assert!(!text.lines().any(|l| l.contains(" T ") && l.contains("_ZN")), "{text}");
+}
+
+#[test]
+fn ibv_devices_and_devinfo_show_uroce() {
+    if !have("ibv_devinfo") {
+        println!("SKIP ibv_devices/ibv_devinfo: package ibverbs-utils is not installed");
+        return;
+    }
+    let dir = dropin_dir();
+    let out =
+        Command::new("ibv_devices").env("LD_LIBRARY_PATH", &dir).env("UROCE_ADDR", "127.0.0.61").output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("uroce0"));
+    let out = Command::new("ibv_devinfo")
+        .arg("-v")
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("UROCE_ADDR", "127.0.0.61")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for want in [
+        "hca_id:\turoce0",
+        "PORT_ACTIVE (4)",
+        "link_layer:\t\tEthernet",
+        "GID[  0]:\t\t::ffff:127.0.0.61, RoCE v2",
+        "MEM_WINDOW_TYPE_2B",
+    ] {
+        assert!(text.contains(want), "{want:?} not in:\n{text}");
+    }
+}
+
+fn pingpong(size: u32, iters: u32, tcp: u16) {
+    let dir = dropin_dir();
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "-c".to_string(),
+            "-g".into(),
+            "0".into(),
+            "-p".into(),
+            tcp.to_string(),
+            "-s".into(),
+            size.to_string(),
+            "-n".into(),
+            iters.to_string(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let server = Command::new("ibv_rc_pingpong")
+        .args(args(&[]))
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("UROCE_ADDR", "127.0.0.71")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let client = Command::new("ibv_rc_pingpong")
+        .args(args(&["127.0.0.1"]))
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("UROCE_ADDR", "127.0.0.72")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for (name, mut child) in [("client", client), ("server", server)] {
+        let t = Instant::now();
+        let st = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                let _ = child.kill();
+                panic!("ibv_rc_pingpong {name} (size {size}) did not finish");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        assert!(st.success(), "ibv_rc_pingpong {name} size {size}: {text}");
+        assert!(text.contains(&format!("{iters} iters in")), "{text}");
+    }
+}
+
+#[test]
+fn ibv_rc_pingpong_two_processes() {
+    if !have("ibv_rc_pingpong") {
+        println!("SKIP ibv_rc_pingpong: package ibverbs-utils is not installed");
+        return;
+    }
+    // Sizes around the MTU and multi-packet messages; rc_pingpong checks the
+    // data itself (its -c option validates buffers).
+    for (i, size) in [1u32, 64, 1023, 4096, 4097, 65536].into_iter().enumerate() {
+        pingpong(size, 20, 18600 + i as u16);
+    }
+}
