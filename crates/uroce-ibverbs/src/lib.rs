@@ -20,3 +20,4 @@ mod device;
 mod errno;
 mod objects;
 mod strings;
+mod stubs;
