@@ -368,3 +368,27 @@ pub extern "C" fn ibv_dofork_range(_base: *mut libc::c_void, _size: usize) -> c_
 /// Called by provider libraries' constructors (libmlx5, libefa): a no-op.
 #[no_mangle]
 pub extern "C" fn verbs_register_driver_34(_ops: *const libc::c_void) {}
+
+/// `_ibv_query_gid_table`: the one GID of the port.
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_table(
+    ctx: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    _flags: u32,
+    entry_size: usize,
+) -> isize {
+    if ctx.is_null() || entries.is_null() || entry_size < std::mem::size_of::<ibv_gid_entry>() {
+        return -(libc::EINVAL as isize);
+    }
+    if max_entries == 0 {
+        return -(libc::EINVAL as isize);
+    }
+    // SAFETY: forwarded; the caller's array has at least one entry.
+    let rc = unsafe { _ibv_query_gid_ex(ctx, 1, 0, entries, 0, entry_size) };
+    if rc != 0 {
+        -(rc as isize)
+    } else {
+        1
+    }
+}

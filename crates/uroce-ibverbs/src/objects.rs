@@ -608,3 +608,77 @@ pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut 
 
 #[no_mangle]
 pub extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
+
+/// `ibv_rereg_mr`: 0, or an `IBV_REREG_MR_ERR_*` code with errno set
+/// (-1: input error found before anything changed, -4: the device refused).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut libc::c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    const TRANSLATION: c_int = 1;
+    const PD: c_int = 2;
+    const ACCESS: c_int = 4;
+    const ERR_INPUT: c_int = -1;
+    const ERR_CMD: c_int = -4;
+    if mr.is_null() || flags & !7 != 0 {
+        set_errno(libc::EINVAL);
+        return ERR_INPUT;
+    }
+    if (flags & TRANSLATION != 0 && (length == 0 || addr.is_null())) || (flags & ACCESS == 0 && access != 0) {
+        set_errno(libc::EINVAL);
+        return ERR_INPUT;
+    }
+    if flags == 0 {
+        set_errno(libc::EINVAL);
+        return ERR_CMD;
+    }
+    // SAFETY: an MR from ibv_reg_mr.
+    let m = unsafe { &mut *(mr as *mut UMr) };
+    let Some(inner) = m.inner.as_mut() else {
+        set_errno(libc::EINVAL);
+        return ERR_INPUT;
+    };
+    if flags & PD != 0 {
+        // SAFETY: a PD from ibv_alloc_pd, or NULL.
+        let Some(p) = (unsafe { (pd as *const UPd).as_ref() }) else {
+            set_errno(libc::EINVAL);
+            return ERR_CMD;
+        };
+        if let Err(e) = inner.rereg_pd(p.inner.as_ref().unwrap()) {
+            set_errno(e.errno.0);
+            return ERR_CMD;
+        }
+        m.mr.pd = pd;
+        m.mr.context = p.pd.context;
+    }
+    if flags & ACCESS != 0 {
+        if let Err(e) = inner.rereg_access(Access::from_bits_retain(access as u32)) {
+            set_errno(e.errno.0);
+            return ERR_CMD;
+        }
+    }
+    if flags & TRANSLATION != 0 {
+        // SAFETY: the verbs contract: the new range stays valid until dereg.
+        if let Err(e) = unsafe { inner.rereg_raw(addr as *mut u8, length, addr as u64) } {
+            set_errno(e.errno.0);
+            return ERR_CMD;
+        }
+        m.mr.addr = addr;
+        m.mr.length = length;
+    }
+    m.mr.lkey = inner.lkey();
+    m.mr.rkey = inner.rkey();
+    0
+}
+
+/// `ibv_query_qp_data_in_order`: 0, "no guarantee" (uroce places data in
+/// PSN order, but makes no promise to applications yet).
+#[no_mangle]
+pub extern "C" fn ibv_query_qp_data_in_order(_qp: *mut ibv_qp, _op: u32, _flags: u32) -> c_int {
+    0
+}

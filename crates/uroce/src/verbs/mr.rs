@@ -102,6 +102,22 @@ impl MemoryRegion {
         Ok(())
     }
 
+    /// `ibv_rereg_mr(IBV_REREG_MR_CHANGE_TRANSLATION)` onto caller memory.
+    ///
+    /// # Safety
+    /// `addr..addr+len` must stay valid until the region is dropped or moved
+    /// again.
+    pub unsafe fn rereg_raw(&mut self, addr: *mut u8, len: usize, iova: u64) -> Result<()> {
+        let t = Translation { addr: addr as usize, len: len as u64, iova, owner: None };
+        // SAFETY: the caller's contract.
+        let mr = unsafe { self.pd.ctx.dev.mem.rereg(self.key, Rereg { translation: Some(t), ..Default::default() }) }?;
+        self.key = mr.key;
+        self.addr = addr as u64;
+        self.iova = iova;
+        self.len = len;
+        Ok(())
+    }
+
     pub fn lkey(&self) -> u32 {
         self.key
     }

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs Debian's rdma-core pyverbs tests (python3-pyverbs) on uroce through the
+# drop-in library and prints a table and a totals line:
+#   TOTAL tests=N passed=N skipped=N failed=N errors=N
+# Usage: scripts/pyverbs.sh [module ...]   (default: the modules of issue #3)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+src=/usr/share/doc/rdma-core/tests
+if [ ! -d "$src" ] || ! /usr/bin/python3 -c 'import pyverbs' 2>/dev/null; then
+    echo "SKIP pyverbs: python3-pyverbs is not installed"; exit 0
+fi
+lib="$(scripts/build-dropin.sh)" || exit 1
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+cp -r "$src" "$work/tests" && gunzip -f "$work"/tests/*.gz 2>/dev/null
+mods=("$@")
+[ ${#mods[@]} -eq 0 ] && mods=(test_device test_pd test_mr test_cq test_cq_events test_cqex test_qp test_qpex
+    test_atomic test_odp test_addr test_shared_pd test_relaxed_ordering test_parent_domain)
+T=0 P=0 S=0 F=0 E=0
+printf '%-24s %6s %6s %6s %6s %6s\n' module tests pass skip fail error
+for m in "${mods[@]}"; do
+    out=$(cd "$work/tests" && LD_LIBRARY_PATH="$(dirname "$lib")" UROCE_ADDR=127.0.0.97 timeout 300 /usr/bin/python3 run_tests.py "$m" 2>&1)
+    rc=$?
+    t=$(grep -oE '^Ran [0-9]+' <<<"$out" | grep -oE '[0-9]+' || echo 0)
+    s=$(grep -oE 'skipped=[0-9]+' <<<"$out" | grep -oE '[0-9]+' || echo 0)
+    f=$(grep -oE 'failures=[0-9]+' <<<"$out" | grep -oE '[0-9]+' || echo 0)
+    e=$(grep -oE 'errors=[0-9]+' <<<"$out" | grep -oE '[0-9]+' || echo 0)
+    if [ "$rc" -gt 1 ]; then echo "$m: exit status $rc (crash or timeout)"; e=$((e + 1)); fi
+    p=$((t - s - f - e)); [ $p -lt 0 ] && p=0
+    printf '%-24s %6d %6d %6d %6d %6d\n' "$m" "$t" "$p" "$s" "$f" "$e"
+    T=$((T + t)) P=$((P + p)) S=$((S + s)) F=$((F + f)) E=$((E + e))
+done
+echo "TOTAL tests=$T passed=$P skipped=$S failed=$F errors=$E"
