@@ -238,3 +238,44 @@ fn pyverbs_suite_does_not_regress() {
     assert!(num("failed") + num("errors") <= 9, "{total}");
     assert!(!text.contains("crash or timeout"), "{text}");
 }
+
+#[test]
+fn valgrind_reports_no_invalid_access_in_rc_pingpong() {
+    if !have("valgrind") || !have("ibv_rc_pingpong") {
+        println!("SKIP valgrind on ibv_rc_pingpong: valgrind or ibverbs-utils is not installed");
+        return;
+    }
+    let dir = dropin_dir();
+    let server = Command::new("ibv_rc_pingpong")
+        .args(["-c", "-g", "0", "-n", "30", "-p", "18870"])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("UROCE_ADDR", "127.0.0.75")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = Command::new("timeout")
+        .args([
+            "120",
+            "valgrind",
+            "--error-exitcode=9",
+            "ibv_rc_pingpong",
+            "-c",
+            "-g",
+            "0",
+            "-n",
+            "30",
+            "-p",
+            "18870",
+            "127.0.0.1",
+        ])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("UROCE_ADDR", "127.0.0.76")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    let _ = server.wait_with_output();
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("ERROR SUMMARY: 0 errors"), "{text}");
+}
