@@ -44,8 +44,8 @@ status=0
 if [ -x scripts/build-dropin.sh ]; then
     scripts/build-dropin.sh || status=1
 fi
-cargo test --workspace --all-targets -- --show-output 2>&1 | tee "$log" || status=1
-cargo test --workspace --doc 2>&1 | tee -a "$log" || status=1
+cargo test --workspace --all-targets --no-fail-fast -- --show-output 2>&1 | tee "$log" || status=1
+cargo test --workspace --doc --no-fail-fast 2>&1 | tee -a "$log" || status=1
 
 sum() { grep -E '^test result:' "$log" | grep -oE "[0-9]+ $1" | awk '{s+=$1} END {print s+0}'; }
 passed=$(sum passed); failed=$(sum failed); ignored=$(sum ignored)

@@ -29,6 +29,25 @@ fn dropin_dir() -> PathBuf {
     dir
 }
 
+/// Waits (at most 60 s) for a child to exit successfully; its output.
+fn finish(mut child: std::process::Child, what: &str) -> String {
+    let t = Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("{what} did not finish");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(st.success(), "{what}: {text}");
+    text
+}
+
 fn have(prog: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {prog}")])
@@ -127,21 +146,8 @@ fn pingpong(size: u32, iters: u32, tcp: u16) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    for (name, mut child) in [("client", client), ("server", server)] {
-        let t = Instant::now();
-        let st = loop {
-            if let Some(st) = child.try_wait().unwrap() {
-                break st;
-            }
-            if t.elapsed() > Duration::from_secs(60) {
-                let _ = child.kill();
-                panic!("ibv_rc_pingpong {name} (size {size}) did not finish");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let out = child.wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-        assert!(st.success(), "ibv_rc_pingpong {name} size {size}: {text}");
+    for (name, child) in [("client", client), ("server", server)] {
+        let text = finish(child, &format!("ibv_rc_pingpong {name} size {size}"));
         assert!(text.contains(&format!("{iters} iters in")), "{text}");
     }
 }
@@ -201,26 +207,8 @@ fn perftest(prog: &str, extra: &[&str], tcp: u16) -> String {
         }
     }
     let client = client.expect("perftest client never connected");
-    let mut client_out = String::new();
-    for (name, mut child) in [("client", client), ("server", server)] {
-        let t = Instant::now();
-        let st = loop {
-            if let Some(st) = child.try_wait().unwrap() {
-                break st;
-            }
-            if t.elapsed() > Duration::from_secs(60) {
-                let _ = child.kill();
-                panic!("{prog} {extra:?} {name} did not finish");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let out = child.wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-        assert!(st.success(), "{prog} {extra:?} {name}: {text}");
-        if name == "client" {
-            client_out = text;
-        }
-    }
+    let client_out = finish(client, &format!("{prog} {extra:?} client"));
+    finish(server, &format!("{prog} {extra:?} server"));
     client_out
 }
 

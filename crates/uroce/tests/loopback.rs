@@ -100,7 +100,7 @@ fn bad_rkey_gives_remote_access_error_and_flushes() {
     assert_eq!(b_mr.to_vec(), vec![0u8; 64], "no byte changed");
     assert_eq!(a.qp.state(), QpState::Err);
     assert_eq!(b.qp.state(), QpState::Err);
-    assert_eq!(b.ctx.try_async_event().map(|e| e.kind), Some(uroce::ib::AsyncEventType::QpAccessErr));
+    assert_eq!(next_async_event(&b.ctx).map(|e| e.kind), Some(uroce::ib::AsyncEventType::QpAccessErr));
 }
 
 #[test]
@@ -181,7 +181,7 @@ fn srq_feeds_two_qps_and_fires_limit() {
     let wcs = b.cq.wait(2, T).unwrap();
     assert_eq!((wcs[0].wr_id, wcs[1].wr_id), (0, 1));
     assert_eq!(srq.len(), 2);
-    let ev = b.ctx.try_async_event().expect("SRQ limit event");
+    let ev = next_async_event(&b.ctx).expect("SRQ limit event");
     assert_eq!(ev.kind, uroce::ib::AsyncEventType::SrqLimitReached);
     assert_eq!(srq.limit(), 0, "limit disarms");
     // Destroying an SRQ in use is refused.

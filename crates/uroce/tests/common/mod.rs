@@ -51,3 +51,16 @@ pub fn wr(id: u64, op: WrOpcode, sge: Sge) -> SendWr {
     w.sg_list = vec![sge];
     w
 }
+
+/// The next asynchronous event of `ctx`, waiting at most 5 s (events are
+/// delivered just after the completions that caused them).
+pub fn next_async_event(ctx: &Context) -> Option<AsyncEvent> {
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        if let Some(e) = ctx.try_async_event() {
+            return Some(e);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    None
+}
