@@ -73,35 +73,55 @@ impl Drop for Netns {
 
 #[test]
 fn rc_across_network_namespaces_over_veth() {
+    netns_pair("rc_across_network_namespaces_over_veth", "4", None);
+}
+
+/// The same over IPv6 (RoCEv2 GIDs are the IPv6 addresses; the ICRC covers
+/// the IPv6 header). The out-of-band TCP exchange stays on IPv4.
+#[test]
+fn rc_across_network_namespaces_over_veth_ipv6() {
+    netns_pair("rc_across_network_namespaces_over_veth_ipv6", "6", Some(("fd75:726f:6365::1", "fd75:726f:6365::2")));
+}
+
+fn netns_pair(test: &str, tag: &str, v6: Option<(&str, &str)>) {
     let id = std::process::id() % 100000;
-    let (a, b) = (format!("uroce-a-{id}"), format!("uroce-b-{id}"));
+    let (a, b) = (format!("uroce{tag}a-{id}"), format!("uroce{tag}b-{id}"));
     if !sh(&["ip", "netns", "add", &a]) {
-        println!("SKIP rc_across_network_namespaces_over_veth: `ip netns add` is not available here (needs root and iproute2)");
+        println!("SKIP {test}: `ip netns add` is not available here (needs root and iproute2)");
         return;
     }
     let _guard = Netns(vec![a.clone(), b.clone()]);
     assert!(sh(&["ip", "netns", "add", &b]));
-    let (va, vb) = (format!("ua{id}"), format!("ub{id}"));
+    let (va, vb) = (format!("u{tag}a{id}"), format!("u{tag}b{id}"));
     assert!(sh(&["ip", "link", "add", &va, "netns", &a, "type", "veth", "peer", "name", &vb, "netns", &b]), "veth");
-    for (ns, dev, ip) in [(&a, &va, "10.77.0.1/24"), (&b, &vb, "10.77.0.2/24")] {
-        assert!(sh(&["ip", "-n", ns, "addr", "add", ip, "dev", dev]));
+    let v4 = |n: u8| format!("10.77.{}.{n}", if tag == "6" { 6 } else { 0 });
+    for (ns, dev, n) in [(&a, &va, 1u8), (&b, &vb, 2u8)] {
+        assert!(sh(&["ip", "-n", ns, "addr", "add", &format!("{}/24", v4(n)), "dev", dev]));
+        if let Some(addrs) = v6 {
+            let ip = if n == 1 { addrs.0 } else { addrs.1 };
+            assert!(sh(&["ip", "-n", ns, "-6", "addr", "add", &format!("{ip}/64"), "dev", dev, "nodad"]));
+        }
         assert!(sh(&["ip", "-n", ns, "link", "set", dev, "up"]));
         assert!(sh(&["ip", "-n", ns, "link", "set", "lo", "up"]));
     }
+    let (ua, ub) = match v6 {
+        Some((x, y)) => (x.to_string(), y.to_string()),
+        None => (v4(1), v4(2)),
+    };
     let server = Command::new("ip")
         .args(["netns", "exec", &b, PEER, "--server", "18515"])
-        .env("UROCE_ADDR", "10.77.0.2")
+        .env("UROCE_ADDR", &ub)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let client = Command::new("ip")
-        .args(["netns", "exec", &a, PEER, "--client", "10.77.0.2:18515"])
-        .env("UROCE_ADDR", "10.77.0.1")
+        .args(["netns", "exec", &a, PEER, "--client", &format!("{}:18515", v4(2))])
+        .env("UROCE_ADDR", &ua)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_ok(client, "client in netns", Duration::from_secs(60));
-    wait_ok(server, "server in netns", Duration::from_secs(10));
+    wait_ok(client, &format!("{test}: client"), Duration::from_secs(60));
+    wait_ok(server, &format!("{test}: server"), Duration::from_secs(10));
 }
