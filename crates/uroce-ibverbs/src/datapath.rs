@@ -5,7 +5,7 @@ use crate::ffi::*;
 use crate::objects::{UCq, UQp};
 use std::ffi::c_int;
 use uroce::ib::{SendFlags, Sge, Wc};
-use uroce::verbs::{RecvWr, SendWr, WrOpcode};
+use uroce::verbs::{RecvWr, SendWr, UdDest, WrOpcode};
 
 unsafe fn sges(list: *const ibv_sge, n: c_int) -> Vec<Sge> {
     if list.is_null() || n <= 0 {
@@ -19,7 +19,7 @@ unsafe fn sges(list: *const ibv_sge, n: c_int) -> Vec<Sge> {
 }
 
 /// Converts one C send WR; None for an opcode uroce does not execute.
-unsafe fn send_wr(w: &ibv_send_wr) -> Option<SendWr> {
+unsafe fn send_wr(w: &ibv_send_wr, ud: bool) -> Option<SendWr> {
     let opcode = WrOpcode::from_raw(w.opcode)?;
     let mut wr = SendWr::new(w.wr_id, opcode);
     wr.flags = SendFlags::from_bits_retain(w.send_flags);
@@ -31,7 +31,13 @@ unsafe fn send_wr(w: &ibv_send_wr) -> Option<SendWr> {
             WrOpcode::SendInv | WrOpcode::LocalInv => w.__bindgen_anon_1.invalidate_rkey,
             _ => u32::from_be(w.__bindgen_anon_1.imm_data),
         };
-        if opcode.is_atomic() {
+        if ud {
+            // UD: the union holds the address handle and remote QP.
+            if let Some(ah) = (w.wr.ud.ah as *const crate::objects::UAh).as_ref() {
+                wr.ud =
+                    Some(UdDest { av: ah.inner.av, remote_qpn: w.wr.ud.remote_qpn, remote_qkey: w.wr.ud.remote_qkey });
+            }
+        } else if opcode.is_atomic() {
             wr.remote_addr = w.wr.atomic.remote_addr;
             wr.rkey = w.wr.atomic.rkey;
             wr.compare_add = w.wr.atomic.compare_add;
@@ -60,13 +66,14 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *
     }
     // SAFETY: a QP from ibv_create_qp.
     let q = unsafe { &*(qp as *const UQp) };
+    let ud = q.qp.qp_base.qp_type == ibv_qp_type_IBV_QPT_UD;
     let mut ptrs = Vec::new();
     let mut wrs = Vec::new();
     let mut cur = wr;
     while !cur.is_null() {
         // SAFETY: the caller's linked list.
         let w = unsafe { &*cur };
-        match unsafe { send_wr(w) } {
+        match unsafe { send_wr(w, ud) } {
             Some(x) => wrs.push(x),
             None => break,
         }

@@ -567,14 +567,57 @@ macro_rules! unsupported_int {
 
 unsupported_ptr! {
     ibv_create_srq(pd: *mut ibv_pd, a: *mut libc::c_void),
-    ibv_create_ah(pd: *mut ibv_pd, a: *mut libc::c_void),
+}
+
+/// An address handle: `ibv_ah` followed by uroce's.
+#[repr(C)]
+pub struct UAh {
+    pub ah: ibv_ah,
+    pub inner: uroce::verbs::AddressHandle,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    if pd.is_null() || attr.is_null() {
+        return null(libc::EINVAL);
+    }
+    // SAFETY: a PD from ibv_alloc_pd and the caller's attributes.
+    let (p, a) = unsafe { (&*(pd as *const UPd), &*attr) };
+    let av = AddressVector {
+        dgid: gid_of(&a.grh.dgid),
+        sgid_index: a.grh.sgid_index,
+        hop_limit: a.grh.hop_limit,
+        traffic_class: a.grh.traffic_class,
+        flow_label: a.grh.flow_label,
+        sl: a.sl,
+        port_num: a.port_num,
+        is_global: a.is_global != 0,
+    };
+    match p.inner.as_ref().unwrap().create_ah(av) {
+        Ok(ah) => {
+            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+            let raw =
+                ibv_ah { context: p.pd.context, pd, handle: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) };
+            Box::into_raw(Box::new(UAh { ah: raw, inner: ah })) as *mut ibv_ah
+        }
+        Err(e) => null(fail(&e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    if ah.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: an AH from ibv_create_ah.
+    drop(unsafe { Box::from_raw(ah as *mut UAh) });
+    0
 }
 
 unsupported_int! {
     ibv_destroy_srq(s: *mut libc::c_void),
     ibv_modify_srq(s: *mut libc::c_void, a: *mut libc::c_void, m: c_int),
     ibv_query_srq(s: *mut libc::c_void, a: *mut libc::c_void),
-    ibv_destroy_ah(a: *mut libc::c_void),
 }
 
 #[no_mangle]

@@ -112,7 +112,7 @@ fn ibv_devices_and_devinfo_show_uroce() {
     }
 }
 
-fn pingpong(size: u32, iters: u32, tcp: u16) {
+fn pingpong(prog: &str, size: u32, iters: u32, tcp: u16) {
     let dir = dropin_dir();
     let args = |extra: &[&str]| {
         let mut a = vec![
@@ -129,7 +129,7 @@ fn pingpong(size: u32, iters: u32, tcp: u16) {
         a.extend(extra.iter().map(|s| s.to_string()));
         a
     };
-    let server = Command::new("ibv_rc_pingpong")
+    let server = Command::new(prog)
         .args(args(&[]))
         .env("LD_LIBRARY_PATH", &dir)
         .env("UROCE_ADDR", "127.0.0.71")
@@ -138,7 +138,7 @@ fn pingpong(size: u32, iters: u32, tcp: u16) {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    let client = Command::new("ibv_rc_pingpong")
+    let client = Command::new(prog)
         .args(args(&["127.0.0.1"]))
         .env("LD_LIBRARY_PATH", &dir)
         .env("UROCE_ADDR", "127.0.0.72")
@@ -147,7 +147,7 @@ fn pingpong(size: u32, iters: u32, tcp: u16) {
         .spawn()
         .unwrap();
     for (name, child) in [("client", client), ("server", server)] {
-        let text = finish(child, &format!("ibv_rc_pingpong {name} size {size}"));
+        let text = finish(child, &format!("{prog} {name} size {size}"));
         assert!(text.contains(&format!("{iters} iters in")), "{text}");
     }
 }
@@ -162,7 +162,20 @@ fn ibv_rc_pingpong_two_processes() {
     // Sizes around the MTU and multi-packet messages; rc_pingpong checks the
     // data itself (its -c option validates buffers).
     for (i, size) in [1u32, 64, 1023, 4096, 4097, 65536].into_iter().enumerate() {
-        pingpong(size, 20, 18600 + i as u16);
+        pingpong("ibv_rc_pingpong", size, 20, 18600 + i as u16);
+    }
+}
+
+#[test]
+fn ibv_ud_pingpong_two_processes() {
+    let _serial = serial();
+    if !have("ibv_ud_pingpong") {
+        println!("SKIP ibv_ud_pingpong: package ibverbs-utils is not installed");
+        return;
+    }
+    // UD messages fit one packet: the port MTU (4096 on loopback).
+    for (i, size) in [1u32, 1024, 2048, 4096].into_iter().enumerate() {
+        pingpong("ibv_ud_pingpong", size, 50, 18650 + i as u16);
     }
 }
 
