@@ -47,6 +47,10 @@ unsafe fn send_wr(w: &ibv_send_wr, ud: bool) -> Option<SendWr> {
             wr.rkey = w.wr.rdma.rkey;
         }
     }
+    // SAFETY: the caller's work request, as read above.
+    if opcode == WrOpcode::BindMw && !unsafe { crate::mw::bind_wr(w, &mut wr) } {
+        return None;
+    }
     if wr.flags.contains(SendFlags::INLINE) && !opcode.is_read_or_atomic() {
         // Inline data is copied now, so the buffers may be reused at once.
         let mut data = Vec::with_capacity(wr.sg_list.iter().map(|s| s.length as usize).sum());

@@ -152,6 +152,9 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     c.ops.req_notify_cq = Some(crate::datapath::req_notify_cq);
     c.ops.post_send = Some(crate::datapath::post_send);
     c.ops.post_recv = Some(crate::datapath::post_recv);
+    c.ops.alloc_mw = Some(crate::mw::alloc_mw);
+    c.ops.bind_mw = Some(crate::mw::bind_mw);
+    c.ops.dealloc_mw = Some(crate::mw::dealloc_mw);
     let u = Box::new(UContext { vctx, ctx, cqs: Mutex::new(HashMap::new()), qps: Mutex::new(HashMap::new()) });
     let u = Box::into_raw(u);
     // SAFETY: `u` is a fresh allocation; the mutex lives inside it.

@@ -18,6 +18,7 @@ pub mod ffi;
 mod datapath;
 mod device;
 mod errno;
+mod mw;
 mod objects;
 mod strings;
 mod stubs;

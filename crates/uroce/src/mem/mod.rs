@@ -278,12 +278,19 @@ impl Memory {
         if st.key != r.mw_key {
             return Err(BindError("window key does not match"));
         }
-        let allowed = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC | Access::ZERO_BASED;
+        // As rxe: any region access bit may appear (only the remote ones
+        // grant anything through a window), plus ZERO_BASED.
+        let allowed = Access::LOCAL_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_ATOMIC
+            | Access::MW_BIND
+            | Access::ZERO_BASED;
         if !allowed.contains(r.access) {
             return Err(BindError("unsupported window access flags"));
         }
         let zero_based = r.access.contains(Access::ZERO_BASED);
-        let access = r.access - Access::ZERO_BASED;
+        let access = r.access & (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
         match mw.mw_type {
             MwType::Type1 if zero_based => return Err(BindError("type 1 windows cannot be zero based")),
             MwType::Type2 if st.binding.is_some() => return Err(BindError("type 2 window is already bound")),
