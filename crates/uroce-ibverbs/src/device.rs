@@ -24,6 +24,8 @@ pub struct UContext {
     pub cqs: Mutex<HashMap<u32, usize>>,
     /// QP number → `ibv_qp` pointer, for asynchronous events.
     pub qps: Mutex<HashMap<u32, usize>>,
+    /// SRQ handle → `ibv_srq` pointer, for asynchronous events.
+    pub srqs: Mutex<HashMap<u32, usize>>,
 }
 
 impl UContext {
@@ -152,10 +154,17 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     c.ops.req_notify_cq = Some(crate::datapath::req_notify_cq);
     c.ops.post_send = Some(crate::datapath::post_send);
     c.ops.post_recv = Some(crate::datapath::post_recv);
+    c.ops.post_srq_recv = Some(crate::srq::post_srq_recv);
     c.ops.alloc_mw = Some(crate::mw::alloc_mw);
     c.ops.bind_mw = Some(crate::mw::bind_mw);
     c.ops.dealloc_mw = Some(crate::mw::dealloc_mw);
-    let u = Box::new(UContext { vctx, ctx, cqs: Mutex::new(HashMap::new()), qps: Mutex::new(HashMap::new()) });
+    let u = Box::new(UContext {
+        vctx,
+        ctx,
+        cqs: Mutex::new(HashMap::new()),
+        qps: Mutex::new(HashMap::new()),
+        srqs: Mutex::new(HashMap::new()),
+    });
     let u = Box::into_raw(u);
     // SAFETY: `u` is a fresh allocation; the mutex lives inside it.
     unsafe {

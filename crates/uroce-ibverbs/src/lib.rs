@@ -20,5 +20,6 @@ mod device;
 mod errno;
 mod mw;
 mod objects;
+mod srq;
 mod strings;
 mod stubs;

@@ -347,9 +347,8 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
     else {
         return null(libc::EINVAL);
     };
-    if !a.srq.is_null() {
-        return null(libc::EOPNOTSUPP); // SRQs through the C ABI: not yet
-    }
+    // SAFETY: an SRQ from ibv_create_srq, or NULL.
+    let srq = unsafe { (a.srq as *const crate::srq::USrq).as_ref() }.and_then(|s| s.inner.as_ref());
     let Some(qp_type) = qp_type_from(a.qp_type) else {
         return null(libc::EOPNOTSUPP);
     };
@@ -358,7 +357,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
         qp_type,
         send_cq: send.inner.as_ref().unwrap(),
         recv_cq: recv.inner.as_ref().unwrap(),
-        srq: None,
+        srq,
         cap: QpCap {
             max_send_wr: c.max_send_wr.max(1),
             max_recv_wr: c.max_recv_wr.max(1),
@@ -541,34 +540,6 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     0
 }
 
-macro_rules! unsupported_ptr {
-    ($($name:ident($($arg:ident: $t:ty),*)),* $(,)?) => {
-        $(
-            /// Not supported by uroce yet: NULL with errno EOPNOTSUPP.
-            #[no_mangle]
-            pub extern "C" fn $name($(_: $t),*) -> *mut libc::c_void {
-                null(libc::EOPNOTSUPP)
-            }
-        )*
-    };
-}
-
-macro_rules! unsupported_int {
-    ($($name:ident($($arg:ident: $t:ty),*)),* $(,)?) => {
-        $(
-            /// Not supported by uroce yet: EOPNOTSUPP.
-            #[no_mangle]
-            pub extern "C" fn $name($(_: $t),*) -> c_int {
-                libc::EOPNOTSUPP
-            }
-        )*
-    };
-}
-
-unsupported_ptr! {
-    ibv_create_srq(pd: *mut ibv_pd, a: *mut libc::c_void),
-}
-
 /// An address handle: `ibv_ah` followed by uroce's.
 #[repr(C)]
 pub struct UAh {
@@ -614,12 +585,6 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     0
 }
 
-unsupported_int! {
-    ibv_destroy_srq(s: *mut libc::c_void),
-    ibv_modify_srq(s: *mut libc::c_void, a: *mut libc::c_void, m: c_int),
-    ibv_query_srq(s: *mut libc::c_void, a: *mut libc::c_void),
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
     if ctx.is_null() || event.is_null() {
@@ -637,7 +602,7 @@ pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut 
             match ev.element {
                 El::Qp(n) => e.element.qp = u.qps.lock().unwrap().get(&n).copied().unwrap_or(0) as *mut ibv_qp,
                 El::Cq(h) => e.element.cq = u.cqs.lock().unwrap().get(&h).copied().unwrap_or(0) as *mut ibv_cq,
-                El::Srq(_) => e.element.srq = std::ptr::null_mut(),
+                El::Srq(h) => e.element.srq = u.srqs.lock().unwrap().get(&h).copied().unwrap_or(0) as *mut ibv_srq,
                 El::Port(p) => e.element.port_num = p as c_int,
             }
             0

@@ -167,6 +167,19 @@ fn ibv_rc_pingpong_two_processes() {
 }
 
 #[test]
+fn ibv_srq_pingpong_two_processes() {
+    let _serial = serial();
+    if !have("ibv_srq_pingpong") {
+        println!("SKIP ibv_srq_pingpong: package ibverbs-utils is not installed");
+        return;
+    }
+    // 16 QPs receiving through one shared receive queue.
+    for (i, size) in [1u32, 4096, 10000].into_iter().enumerate() {
+        pingpong("ibv_srq_pingpong", size, 50, 18680 + i as u16);
+    }
+}
+
+#[test]
 fn ibv_ud_pingpong_two_processes() {
     let _serial = serial();
     if !have("ibv_ud_pingpong") {
