@@ -155,6 +155,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     c.ops.post_send = Some(crate::datapath::post_send);
     c.ops.post_recv = Some(crate::datapath::post_recv);
     c.ops.post_srq_recv = Some(crate::srq::post_srq_recv);
+    vctx.query_device_ex = Some(query_device_ex);
     c.ops.alloc_mw = Some(crate::mw::alloc_mw);
     c.ops.bind_mw = Some(crate::mw::bind_mw);
     c.ops.dealloc_mw = Some(crate::mw::dealloc_mw);
@@ -226,6 +227,36 @@ pub unsafe extern "C" fn ibv_query_device(ctx: *mut ibv_context, attr: *mut ibv_
     a.max_pkeys = d.max_pkeys;
     a.local_ca_ack_delay = d.local_ca_ack_delay;
     a.phys_port_cnt = d.phys_port_cnt;
+    0
+}
+
+/// `verbs_context.query_device_ex`, behind verbs.h's inline
+/// `ibv_query_device_ex`: the basic attributes plus the extended ones uroce
+/// has (no ODP, TSO, RSS, device memory yet: all zero).
+unsafe extern "C" fn query_device_ex(
+    ctx: *mut ibv_context,
+    _input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    if ctx.is_null() || attr.is_null() || attr_size < std::mem::size_of::<ibv_device_attr>() {
+        return libc::EINVAL;
+    }
+    let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
+    // SAFETY: the caller's struct of at least `attr_size` bytes; all-zero is valid.
+    unsafe { std::ptr::write_bytes(attr as *mut u8, 0, n) };
+    // SAFETY: as above; orig_attr is the first member.
+    let rc = unsafe { ibv_query_device(ctx, &mut (*attr).orig_attr) };
+    if rc != 0 {
+        return rc;
+    }
+    if attr_size >= std::mem::offset_of!(ibv_device_attr_ex, phys_port_cnt_ex) + 4 {
+        // SAFETY: the field lies inside the caller's `attr_size` bytes.
+        unsafe {
+            (*attr).phys_port_cnt_ex = 1;
+            (*attr).device_cap_flags_ex = (*attr).orig_attr.device_cap_flags as u64;
+        }
+    }
     0
 }
 

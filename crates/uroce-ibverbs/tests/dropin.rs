@@ -278,10 +278,10 @@ fn pyverbs_suite_does_not_regress() {
     let num = |k: &str| -> u32 {
         total.split_whitespace().find_map(|f| f.strip_prefix(&format!("{k}="))).unwrap().parse().unwrap()
     };
-    // 56-58 passed observed; a few tests skip conditionally under load.
-    assert!(num("passed") >= 53, "{total}");
+    // 61 passed observed; a few tests skip conditionally under load.
+    assert!(num("passed") >= 57, "{total}");
     assert_eq!(num("tests"), 149, "{total}");
-    assert!(num("failed") + num("errors") <= 6, "{total}");
+    assert!(num("failed") + num("errors") <= 3, "{total}");
     assert!(!text.contains("crash or timeout"), "{text}");
 }
 

@@ -59,7 +59,9 @@ impl DeviceAttr {
             sys_image_guid: guid,
             max_mr_size: u64::MAX,
             page_size_cap: 0xffff_f000,
-            vendor_id: 0,
+            // Linux rxe's vendor id: non-zero (consumers check it) and claimed by
+            // no hardware provider (mlx5dv and efadv gate on theirs).
+            vendor_id: 0xFF_FFFF,
             vendor_part_id: 0,
             hw_ver: 0,
             max_qp: 0x10000,
