@@ -160,6 +160,8 @@ c_enum! {
     pub enum WcOpcode {
         Send = 0, RdmaWrite = 1, RdmaRead = 2, CompSwap = 3, FetchAdd = 4, BindMw = 5,
         LocalInv = 6, Tso = 7, AtomicWrite = 9, Recv = 128, RecvRdmaWithImm = 129,
+        /// `IBV_WC_DRIVER1`, mlx5's `MLX5DV_WC_UMR`.
+        Umr = 135,
     }
 }
 

@@ -16,5 +16,6 @@ pub mod ib;
 pub mod io;
 pub mod mem;
 pub mod proto;
+pub mod runtime;
 pub mod verbs;
 pub mod wire;

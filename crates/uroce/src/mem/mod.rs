@@ -1,24 +1,37 @@
-//! Registered memory: the key table, memory regions, page pinning, and the one
-//! interface through which the transport copies bytes in and out of memory.
+//! Registered memory: protection of keys, the kinds of memory behind them,
+//! and the one interface through which the transport copies bytes.
 //!
 //! Every access, local (lkey) or remote (rkey), goes through
-//! [`Memory::resolve`], which applies the checks of the IBA and of rxe in one
-//! place: the key exists and its 8-bit variant matches, the region is valid,
-//! it belongs to the queue pair's protection domain, the access rights cover
-//! the operation, and the range lies inside the region. The result is a
-//! [`Span`] that copies bytes; nothing writes registered memory any other way.
+//! [`Memory::resolve`] (or [`Memory::resolve_remote`], which adds memory
+//! windows). It applies the checks of the IBA and of rxe in one place — the
+//! key exists and its 8-bit variant matches, the region is valid, it belongs
+//! to the queue pair's protection domain, the access rights cover the
+//! operation, the range lies inside the region — and returns a [`Span`]
+//! that copies bytes by the path the memory needs: pinned host memory
+//! ([`mr`]), on-demand paging ([`odp`]), a peer-memory client ([`peer`]), or
+//! the pieces of an indirect key ([`indirect`]). Nothing reaches registered
+//! memory any other way, so every operation works on every kind of key.
 
+mod indirect;
 mod keys;
 mod mr;
 mod mw;
+mod notifier;
+pub mod odp;
+pub mod peer;
 mod pin;
+mod rangeset;
+mod span;
 
+pub use indirect::{IndirectKey, InterleavedEntry, Layout, LayoutKind, MAX_DEPTH};
 pub use keys::KeyTable;
-pub use mr::{Backing, MemoryRegion, Span};
+pub use mr::{Backing, MemoryRegion};
 pub use mw::{inc_rkey, BindError, BindRequest, MemoryWindow, MwType, MW_INDEX_BASE};
+pub use odp::{Advice, OdpCounters, OdpStats};
 pub use pin::PinTable;
+pub use span::Span;
 
-use crate::ib::{Access, Errno, Error, Result};
+use crate::ib::{Access, Errno, Error, Result, Sge};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// Why an access through a key failed; the transport turns it into a
@@ -33,6 +46,8 @@ pub enum AccessError {
     Permission,
     #[error("range outside the region")]
     Range,
+    #[error("memory went away: unmapped on-demand page or invalidated peer memory")]
+    Fault,
 }
 
 /// What an access wants to do.
@@ -58,12 +73,16 @@ impl Want {
     }
 }
 
-/// The memory of one device: its keys and its pinned pages.
+/// `length` of an implicit ODP registration (`SIZE_MAX`).
+pub const IMPLICIT_ODP_LEN: u64 = u64::MAX;
+
+/// The memory of one device: its keys, pinned pages and ODP counters.
 #[derive(Debug, Default)]
 pub struct Memory {
     keys: RwLock<KeyTable>,
     pins: Mutex<PinTable>,
     windows: RwLock<Vec<Option<Arc<MemoryWindow>>>>,
+    odp: Arc<OdpCounters>,
 }
 
 impl Memory {
@@ -71,13 +90,17 @@ impl Memory {
         Arc::new(Memory::default())
     }
 
-    /// Registers `len` bytes of host memory at `addr`, pinned, addressed by
-    /// the device as `iova..iova+len`.
+    /// Registers `len` bytes at `addr`, addressed by the device as
+    /// `iova..iova+len`: `ibv_reg_mr`. The memory is, in this order,
+    /// on-demand paged (`Access::ON_DEMAND`; `addr = 0, len = SIZE_MAX,
+    /// iova = 0` is implicit ODP over the whole address space), owned by a
+    /// peer-memory client that claims it, or pinned host memory.
     ///
     /// # Safety
-    /// `addr..addr+len` must stay valid memory of this process until the
-    /// region is deregistered (the verbs contract of `ibv_reg_mr`).
-    pub unsafe fn register_host(
+    /// For pinned host memory, `addr..addr+len` must stay valid memory of
+    /// this process until the region is deregistered (the verbs contract of
+    /// `ibv_reg_mr`). ODP and peer memory need no such promise.
+    pub unsafe fn register(
         &self,
         pd: u32,
         addr: usize,
@@ -87,11 +110,20 @@ impl Memory {
         owner: Option<Box<dyn std::any::Any + Send + Sync>>,
     ) -> Result<Arc<MemoryRegion>> {
         check_access_flags(access)?;
+        if access.contains(Access::ON_DEMAND) {
+            return self.register_odp(pd, addr, len, iova, access);
+        }
         if len == 0 && addr == 0 {
             return Err(Error::inval("reg_mr: NULL address"));
         }
         if (addr as u64).checked_add(len).is_none() || iova.checked_add(len).is_none() {
             return Err(Error::inval("reg_mr: range wraps the address space"));
+        }
+        if len > 0 && peer::any_client() {
+            if let Some(mapping) = peer::acquire(addr as u64, len, access.contains(Access::LOCAL_WRITE))? {
+                let backing = Backing::Peer(mapping);
+                return Ok(self.keys.write().unwrap().insert(|key| MemoryRegion::new(pd, key, iova, len, access, backing)));
+            }
         }
         if len > 0 {
             self.pins.lock().unwrap().pin(addr as u64, len)?;
@@ -102,8 +134,108 @@ impl Memory {
         Ok(mr)
     }
 
-    /// Removes a region's key and unpins it once no transfer still uses it.
-    /// EBUSY while memory windows are bound to it.
+    /// The old name of [`Memory::register`].
+    ///
+    /// # Safety
+    /// As [`Memory::register`].
+    pub unsafe fn register_host(
+        &self,
+        pd: u32,
+        addr: usize,
+        len: u64,
+        iova: u64,
+        access: Access,
+        owner: Option<Box<dyn std::any::Any + Send + Sync>>,
+    ) -> Result<Arc<MemoryRegion>> {
+        self.register(pd, addr, len, iova, access, owner)
+    }
+
+    fn register_odp(&self, pd: u32, addr: usize, len: u64, iova: u64, access: Access) -> Result<Arc<MemoryRegion>> {
+        let implicit = addr == 0 && len == IMPLICIT_ODP_LEN;
+        if implicit {
+            if iova != 0 {
+                return Err(Error::inval("reg_mr: implicit ODP needs iova 0"));
+            }
+            if access.contains(Access::ZERO_BASED) {
+                return Err(Error::inval("reg_mr: implicit ODP cannot be zero based"));
+            }
+        } else {
+            if addr == 0 {
+                return Err(Error::inval("reg_mr: NULL address (implicit ODP needs length SIZE_MAX)"));
+            }
+            if (addr as u64).checked_add(len).is_none() || iova.checked_add(len).is_none() {
+                return Err(Error::inval("reg_mr: range wraps the address space"));
+            }
+        }
+        let odp = odp::OdpRegion::new(implicit, self.odp.clone());
+        let backing = Backing::Odp { addr, odp };
+        Ok(self.keys.write().unwrap().insert(|key| MemoryRegion::new(pd, key, iova, len, access, backing)))
+    }
+
+    /// Creates a free (invalid) indirect key of `max_entries` slots
+    /// (`mlx5dv_create_mkey`). Its key serves as lkey and rkey.
+    pub fn create_indirect(&self, pd: u32, max_entries: u32) -> Result<Arc<MemoryRegion>> {
+        if max_entries == 0 || max_entries > MAX_INDIRECT_ENTRIES {
+            return Err(Error::inval("create_mkey: max_entries must be 1..=4096"));
+        }
+        let k = IndirectKey::new(max_entries);
+        Ok(self.keys.write().unwrap().insert(|key| MemoryRegion::new(pd, key, 0, 0, Access::empty(), Backing::Indirect(k))))
+    }
+
+    /// Verbs-style (re)registration of an indirect key's layout: validates
+    /// and replaces the layout at once, whatever the key's state.
+    pub fn set_layout(&self, key: u32, pd: u32, layout: Option<Layout>) -> Result<()> {
+        let mr = self.lookup(key).ok_or_else(|| Error::inval("set_layout: unknown key"))?;
+        let Backing::Indirect(k) = &mr.backing else {
+            return Err(Error::inval("set_layout: not an indirect key"));
+        };
+        if mr.pd != pd {
+            return Err(Error::new(Errno::EPERM, "set_layout: key of another protection domain"));
+        }
+        if let Some(l) = &layout {
+            l.validate(k.max_entries)?;
+            self.check_no_cycle(key, l)?;
+        }
+        k.set(layout);
+        Ok(())
+    }
+
+    /// A UMR work request: sets the layout of a free indirect key of `pd`.
+    pub fn umr(&self, key: u32, pd: u32, layout: Layout) -> std::result::Result<(), BindError> {
+        let mr = self.lookup(key).ok_or(BindError("UMR: no such key"))?;
+        let Backing::Indirect(k) = &mr.backing else { return Err(BindError("UMR: not an indirect key")) };
+        if mr.pd != pd {
+            return Err(BindError("UMR: key of another protection domain"));
+        }
+        layout.validate(k.max_entries).map_err(|_| BindError("UMR: invalid layout"))?;
+        self.check_no_cycle(key, &layout).map_err(|_| BindError("UMR: layout names its own key"))?;
+        if !k.set_if_free(layout) {
+            return Err(BindError("UMR: key is valid; invalidate it first"));
+        }
+        Ok(())
+    }
+
+    /// Refuses layouts that reach `key` itself through nested indirect keys.
+    fn check_no_cycle(&self, key: u32, layout: &Layout) -> Result<()> {
+        let mut stack: Vec<(u32, usize)> = layout.keys().into_iter().map(|k| (k, 1)).collect();
+        while let Some((k, depth)) = stack.pop() {
+            if k == key {
+                return Err(Error::inval("indirect key: layout names the key itself"));
+            }
+            if depth > MAX_DEPTH {
+                return Err(Error::inval("indirect key: nested too deep"));
+            }
+            if let Some(Backing::Indirect(inner)) = self.lookup(k).as_ref().map(|m| &m.backing) {
+                if let Some(l) = inner.layout() {
+                    stack.extend(l.keys().into_iter().map(|k| (k, depth + 1)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a region's key and releases its memory once no transfer still
+    /// uses it. EBUSY while memory windows are bound to it.
     pub fn deregister(&self, key: u32) -> Result<()> {
         if self.lookup(key).is_some_and(|m| m.bound_windows() > 0) {
             return Err(Error::new(Errno::EBUSY, "dereg_mr: memory windows are bound to the region"));
@@ -130,11 +262,17 @@ impl Memory {
         // A packet being processed may hold a Span on the region: wait for it,
         // so that the caller may free the memory as soon as we return.
         mr.wait_unused();
-        let Backing::Host { addr, .. } = mr.backing;
-        if mr.length > 0 {
-            self.pins.lock().unwrap().unpin(addr as u64, mr.length);
-        }
+        self.release(&mr);
         Ok(())
+    }
+
+    /// Undoes what registration did to the memory behind a region.
+    fn release(&self, mr: &MemoryRegion) {
+        match &mr.backing {
+            Backing::Host { addr, .. } if mr.length > 0 => self.pins.lock().unwrap().unpin(*addr as u64, mr.length),
+            Backing::Peer(p) => p.release(),
+            _ => {}
+        }
     }
 
     /// `ibv_rereg_mr`: changes a region's protection domain, access rights
@@ -142,16 +280,31 @@ impl Memory {
     /// PD and access changes keep the key (as mlx5 does in place); a new
     /// translation issues a new key variant, so work requests that still
     /// name the old key and buffer fail instead of reaching the new memory.
+    /// ODP regions keep their ODP nature (changing it is EOPNOTSUPP); peer
+    /// regions cannot be re-registered (EOPNOTSUPP, as MLNX OFED); indirect
+    /// keys take [`Memory::set_layout`] instead (EINVAL).
     ///
     /// # Safety
-    /// With a new translation, the new range must stay valid until the region
-    /// is deregistered or re-registered again.
+    /// With a new translation of pinned memory, the new range must stay
+    /// valid until the region is deregistered or re-registered again.
     pub unsafe fn rereg(&self, key: u32, change: Rereg) -> Result<Arc<MemoryRegion>> {
         let old = self.lookup(key).ok_or_else(|| Error::inval("rereg_mr: unknown key"))?;
         let access = change.access.unwrap_or(old.access);
         check_access_flags(access)?;
-        let Backing::Host { addr: old_addr, owner: ref old_owner } = old.backing;
-        let old_owner = old_owner.clone();
+        let (old_addr, old_owner, old_odp) = match &old.backing {
+            Backing::Host { addr, owner } => (*addr, owner.clone(), None),
+            Backing::Odp { addr, odp } => (*addr, None, Some(odp.clone())),
+            Backing::Peer(_) => {
+                return Err(Error::new(Errno::EOPNOTSUPP, "rereg_mr: peer-memory regions cannot be re-registered"))
+            }
+            Backing::Indirect(_) => return Err(Error::inval("rereg_mr: indirect keys take a new layout instead")),
+        };
+        if access.contains(Access::ON_DEMAND) != old_odp.is_some() {
+            return Err(Error::new(Errno::EOPNOTSUPP, "rereg_mr: cannot change whether a region is on-demand paged"));
+        }
+        if old_odp.as_ref().is_some_and(|o| o.implicit) && change.translation.is_some() {
+            return Err(Error::new(Errno::EOPNOTSUPP, "rereg_mr: implicit ODP covers the whole address space"));
+        }
         let (addr, len, iova) = match &change.translation {
             Some(t) => {
                 if t.addr == 0 || t.len == 0 {
@@ -164,27 +317,30 @@ impl Memory {
         let pd = change.pd.unwrap_or(old.pd);
         drop(old);
         let new_translation = change.translation.is_some();
-        if new_translation {
+        let pinned = old_odp.is_none();
+        if new_translation && pinned {
             self.pins.lock().unwrap().pin(addr as u64, len)?;
         }
-        let mut keys = self.keys.write().unwrap();
-        // The buffer owner is shared with the new region unless the range changes.
-        let owner = match change.translation {
-            Some(t) => t.owner.map(Arc::from),
-            None => old_owner,
+        let backing = match (old_odp, change.translation) {
+            (Some(_), Some(_)) => Backing::Odp { addr, odp: odp::OdpRegion::new(false, self.odp.clone()) },
+            (Some(odp), None) => Backing::Odp { addr, odp },
+            // The buffer owner is shared with the new region unless the range changes.
+            (None, Some(t)) => Backing::Host { addr, owner: t.owner.map(Arc::from) },
+            (None, None) => Backing::Host { addr, owner: old_owner },
         };
-        let replaced = keys.replace(key, new_translation, |k| {
-            MemoryRegion::new(pd, k, iova, len, access, Backing::Host { addr, owner })
-        });
-        drop(keys);
+        let replaced = self
+            .keys
+            .write()
+            .unwrap()
+            .replace(key, new_translation, |k| MemoryRegion::new(pd, k, iova, len, access, backing));
         let Some((old, new)) = replaced else {
-            if new_translation {
+            if new_translation && pinned {
                 self.pins.lock().unwrap().unpin(addr as u64, len);
             }
             return Err(Error::inval("rereg_mr: region went away"));
         };
         old.wait_unused();
-        if new_translation && old.length > 0 {
+        if new_translation && pinned && old.length > 0 {
             self.pins.lock().unwrap().unpin(old_addr as u64, old.length);
         }
         Ok(new)
@@ -208,15 +364,46 @@ impl Memory {
         if len == 0 {
             return Ok(Span::empty());
         }
-        let keys = self.keys.read().unwrap();
-        let mr = keys.lookup(key).ok_or(AccessError::BadKey)?;
+        self.resolve_at_depth(key, pd, iova, len, want, 0)
+    }
+
+    fn resolve_at_depth(
+        &self,
+        key: u32,
+        pd: u32,
+        iova: u64,
+        len: u64,
+        want: Want,
+        depth: usize,
+    ) -> std::result::Result<Span, AccessError> {
+        let mr = self.keys.read().unwrap().lookup(key).cloned().ok_or(AccessError::BadKey)?;
         if mr.pd != pd {
             return Err(AccessError::WrongPd);
         }
-        if !mr.access.contains(want.required()) {
+        let Backing::Indirect(k) = &mr.backing else {
+            if !mr.access.contains(want.required()) {
+                return Err(AccessError::Permission);
+            }
+            return mr.span(iova, len).ok_or(AccessError::Range);
+        };
+        // A free indirect key is an invalid key.
+        let layout = k.layout().ok_or(AccessError::BadKey)?;
+        if !layout.access.contains(want.required()) {
             return Err(AccessError::Permission);
         }
-        mr.span(iova, len).ok_or(AccessError::Range)
+        if depth >= MAX_DEPTH {
+            return Err(AccessError::BadKey);
+        }
+        // Zero based: `iova` is the offset.
+        if iova.checked_add(len).is_none_or(|end| end > layout.len()) {
+            return Err(AccessError::Range);
+        }
+        let mut span = Span::empty();
+        layout.for_each(iova, len, |lkey, addr, n| {
+            span.append(self.resolve_at_depth(lkey, pd, addr, n, want, depth + 1)?);
+            Ok(())
+        })?;
+        Ok(span)
     }
 
     /// Checks a remote access (an rkey from the wire) for QP `qpn` of
@@ -317,6 +504,9 @@ impl Memory {
         if mr.pd != mw.pd {
             return Err(BindError("region and window are in different protection domains"));
         }
+        if matches!(mr.backing, Backing::Peer(_)) {
+            return Err(BindError("memory windows cannot be bound to peer memory"));
+        }
         if !mr.access.contains(Access::MW_BIND) {
             return Err(BindError("region was registered without IBV_ACCESS_MW_BIND"));
         }
@@ -341,10 +531,21 @@ impl Memory {
         Ok(new_key)
     }
 
-    /// Invalidates a type-2 window (LOCAL_INV from QP `qpn`, or
-    /// SEND_WITH_INV arriving on it).
+    /// LOCAL_INV from QP `qpn` (or SEND_WITH_INV arriving on it): frees an
+    /// indirect key, or invalidates a type-2 window.
     pub fn invalidate(&self, key: u32, pd: u32, qpn: u32) -> std::result::Result<(), BindError> {
-        let mw = self.window(key).ok_or(BindError("no such window (regions cannot be invalidated)"))?;
+        if key >> 8 < MW_INDEX_BASE {
+            let mr = self.lookup(key).ok_or(BindError("no such key"))?;
+            let Backing::Indirect(k) = &mr.backing else {
+                return Err(BindError("memory regions cannot be invalidated"));
+            };
+            if mr.pd != pd {
+                return Err(BindError("key of another protection domain"));
+            }
+            k.set(None);
+            return Ok(());
+        }
+        let mw = self.window(key).ok_or(BindError("no such window"))?;
         let mut st = mw.state.lock().unwrap();
         if st.key != key || mw.pd != pd {
             return Err(BindError("stale key or other protection domain"));
@@ -359,6 +560,50 @@ impl Memory {
         }
         MemoryWindow::unbind(&mut st);
         Ok(())
+    }
+
+    /// `ibv_advise_mr` over `sges` (all keys of `pd`, all ODP regions).
+    /// Errors as the spec: EINVAL for an unknown key, a range outside its
+    /// region or unknown flags; EPERM for a key of another PD or a write
+    /// prefetch on a region without local write; EOPNOTSUPP for a region
+    /// that is not on-demand paged; EFAULT (with `flush`) when pages cannot
+    /// be made present. Without `flush` faults are ignored, as the kernel
+    /// drops the errors of an asynchronous prefetch.
+    pub fn advise(&self, pd: u32, advice: Advice, flush: bool, sges: &[Sge]) -> Result<()> {
+        if sges.is_empty() {
+            return Err(Error::inval("advise_mr: no SGEs"));
+        }
+        let mut work = Vec::with_capacity(sges.len());
+        for s in sges {
+            let mr = self.lookup(s.lkey).ok_or_else(|| Error::inval("advise_mr: unknown lkey"))?;
+            if mr.pd != pd {
+                return Err(Error::new(Errno::EPERM, "advise_mr: lkey of another protection domain"));
+            }
+            let Backing::Odp { addr, odp } = &mr.backing else {
+                return Err(Error::new(Errno::EOPNOTSUPP, "advise_mr: not an on-demand-paging region"));
+            };
+            if advice == Advice::PrefetchWrite && !mr.access.contains(Access::LOCAL_WRITE) {
+                return Err(Error::new(Errno::EPERM, "advise_mr: write prefetch on a read-only region"));
+            }
+            let off = s.addr.checked_sub(mr.iova).filter(|o| o + s.length as u64 <= mr.length);
+            let off = off.ok_or_else(|| Error::inval("advise_mr: range outside the region"))?;
+            work.push((odp.clone(), *addr as u64 + off, s.length as u64));
+        }
+        for (odp, host, len) in work {
+            if let Err(e) = odp.advise(advice, host, len) {
+                if flush {
+                    return Err(Error::new(Errno(e), "advise_mr: pages could not be made present"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The device's ODP counters (sums over all its ODP regions, past ones
+    /// included).
+    pub fn odp_stats(&self) -> OdpStats {
+        notifier::drain();
+        self.odp.snapshot()
     }
 
     /// Bytes currently pinned by registrations of this device.
@@ -383,13 +628,16 @@ pub struct Translation {
     pub owner: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
+/// Largest `max_entries` of an indirect key.
+pub const MAX_INDIRECT_ENTRIES: u32 = 4096;
+
 /// The IBA rules on access flags at registration.
 pub fn check_access_flags(access: Access) -> Result<()> {
     if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) && !access.contains(Access::LOCAL_WRITE) {
         return Err(Error::inval("remote write or atomic access requires local write access"));
     }
-    if access.contains(Access::ON_DEMAND) || access.contains(Access::HUGETLB) {
-        return Err(Error::new(Errno::EOPNOTSUPP, "on-demand paging is not supported by this device yet"));
+    if access.contains(Access::HUGETLB) && !access.contains(Access::ON_DEMAND) {
+        return Err(Error::inval("IBV_ACCESS_HUGETLB applies to on-demand paging only"));
     }
     Ok(())
 }
@@ -404,7 +652,7 @@ pub fn for_each_sge_piece(
     msg_offset: u64,
     len: u64,
     want: Want,
-    mut f: impl FnMut(&Span, u64, usize),
+    mut f: impl FnMut(&Span, u64, usize) -> std::result::Result<(), AccessError>,
 ) -> std::result::Result<(), AccessError> {
     let mut skip = msg_offset;
     let mut left = len;
@@ -420,7 +668,7 @@ pub fn for_each_sge_piece(
         }
         let take = (sl - skip).min(left);
         let span = mem.resolve(sge.lkey, pd, sge.addr + skip, take, want)?;
-        f(&span, done, take as usize);
+        f(&span, done, take as usize)?;
         done += take;
         left -= take;
         skip = 0;
@@ -538,13 +786,13 @@ mod tests {
         ];
         let data: Vec<u8> = (0..15).collect();
         for_each_sge_piece(&mem, 1, &sges, 3, 15, Want::LocalWrite, |span, off, n| {
-            span.write(0, &data[off as usize..off as usize + n]);
+            span.write(0, &data[off as usize..off as usize + n])
         })
         .unwrap();
         assert_eq!(&a[3..], &data[..7]);
         assert_eq!(&b[..8], &data[7..]);
         assert_eq!(b[8], 0);
-        let e = for_each_sge_piece(&mem, 1, &sges, 10, 11, Want::LocalWrite, |_, _, _| {});
+        let e = for_each_sge_piece(&mem, 1, &sges, 10, 11, Want::LocalWrite, |_, _, _| Ok(()));
         assert_eq!(e, Err(AccessError::Range));
     }
 }

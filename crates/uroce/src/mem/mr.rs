@@ -1,8 +1,11 @@
-//! Memory regions and spans: a validated piece of a region that copies bytes
-//! in and out. The direct path for pinned host memory lives here.
+//! Memory regions: a key's protection domain, range, rights and backing.
 
+use super::indirect::IndirectKey;
+use super::odp::OdpRegion;
+use super::peer::PeerMapping;
+use super::span::{Piece, Place, Span};
 use crate::ib::Access;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Where a region's bytes live.
@@ -10,6 +13,13 @@ pub enum Backing {
     /// Pinned memory of this process at `addr` (the host address of `iova`).
     /// `owner`, when set, keeps the buffer alive as long as the region.
     Host { addr: usize, owner: Option<Arc<dyn std::any::Any + Send + Sync>> },
+    /// On-demand paging: memory of this process at `addr`, neither pinned nor
+    /// necessarily mapped (implicit ODP: `addr = iova = 0`, the whole space).
+    Odp { addr: usize, odp: Arc<OdpRegion> },
+    /// Memory owned by a peer-memory client, reached through it.
+    Peer(Arc<PeerMapping>),
+    /// An indirect key: a layout over other keys, set by UMR or re-registration.
+    Indirect(IndirectKey),
 }
 
 impl std::fmt::Debug for Backing {
@@ -20,6 +30,11 @@ impl std::fmt::Debug for Backing {
                 .field("addr", &format_args!("{addr:#x}"))
                 .field("owned", &owner.is_some())
                 .finish(),
+            Backing::Odp { addr, odp } => {
+                f.debug_struct("Odp").field("addr", &format_args!("{addr:#x}")).field("implicit", &odp.implicit).finish()
+            }
+            Backing::Peer(p) => f.debug_tuple("Peer").field(&p.client_name()).finish(),
+            Backing::Indirect(k) => k.fmt(f),
         }
     }
 }
@@ -71,95 +86,27 @@ impl MemoryRegion {
         }
     }
 
-    /// The span `iova..iova+len`, if it lies inside the region.
+    /// The span `iova..iova+len`, if it lies inside the region. Indirect
+    /// keys are resolved by `Memory::resolve`, not here.
     pub fn span(self: &Arc<Self>, iova: u64, len: u64) -> Option<Span> {
         let off = iova.checked_sub(self.iova)?;
         if off.checked_add(len)? > self.length {
             return None;
         }
-        let Backing::Host { addr, .. } = self.backing;
-        self.spans.fetch_add(1, Ordering::AcqRel);
-        Some(Span { host: addr + off as usize, len: len as usize, mr: Some(self.clone()) })
+        let place = match &self.backing {
+            Backing::Host { addr, .. } => Place::Host(addr + off as usize),
+            Backing::Odp { addr, .. } => Place::Odp(addr.checked_add(usize::try_from(off).ok()?)?),
+            Backing::Peer(_) => Place::Peer(off),
+            Backing::Indirect(_) => return None,
+        };
+        Some(Span::one(Piece::new(self.clone(), place, usize::try_from(len).ok()?)))
     }
-}
 
-/// A checked, in-bounds piece of registered memory. Holding it keeps the
-/// region registered (deregistration waits for it).
-#[derive(Debug)]
-pub struct Span {
-    host: usize,
-    len: usize,
-    mr: Option<Arc<MemoryRegion>>,
-}
-
-impl Drop for Span {
-    fn drop(&mut self) {
-        if let Some(mr) = &self.mr {
-            mr.spans.fetch_sub(1, Ordering::AcqRel);
+    /// The ODP state, for ODP regions.
+    pub fn odp(&self) -> Option<&Arc<OdpRegion>> {
+        match &self.backing {
+            Backing::Odp { odp, .. } => Some(odp),
+            _ => None,
         }
-    }
-}
-
-impl Span {
-    pub(crate) fn empty() -> Span {
-        Span { host: 0, len: 0, mr: None }
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Copies `data` to `offset` within the span.
-    ///
-    /// # Panics
-    /// If the copy would leave the span (a bug in the caller, never a
-    /// consequence of packet contents, which `Memory::resolve` checked).
-    pub fn write(&self, offset: usize, data: &[u8]) {
-        assert!(offset.checked_add(data.len()).is_some_and(|e| e <= self.len), "span overrun");
-        if data.is_empty() {
-            return;
-        }
-        // SAFETY: [host, host+len) lies inside a registered region whose memory
-        // the registrant keeps valid until deregistration, and deregistration
-        // waits while this Span (holding the region) exists. The bounds were
-        // checked above. The source is a Rust slice, so the ranges cannot
-        // overlap unless the application posts overlapping buffers, in which
-        // case the bytes are garbage but memory stays in bounds.
-        unsafe { std::ptr::copy(data.as_ptr(), (self.host + offset) as *mut u8, data.len()) }
-    }
-
-    /// Copies from `offset` within the span into `out`.
-    pub fn read(&self, offset: usize, out: &mut [u8]) {
-        assert!(offset.checked_add(out.len()).is_some_and(|e| e <= self.len), "span overrun");
-        if out.is_empty() {
-            return;
-        }
-        // SAFETY: as in `write`; the destination is an exclusive Rust slice.
-        unsafe { std::ptr::copy((self.host + offset) as *const u8, out.as_mut_ptr(), out.len()) }
-    }
-
-    fn atomic(&self) -> &AtomicU64 {
-        assert!(self.len >= 8 && self.host % 8 == 0, "atomic span must be 8 aligned bytes");
-        // SAFETY: 8 in-bounds, 8-byte-aligned bytes of registered memory (see
-        // `write`); AtomicU64 has the layout of u64, and concurrent CPU or
-        // device accesses through atomics are well defined.
-        unsafe { &*(self.host as *const AtomicU64) }
-    }
-
-    /// Atomic compare-and-swap of the 8 bytes at the span's start (host
-    /// order); returns the original value.
-    pub fn compare_swap(&self, compare: u64, swap: u64) -> u64 {
-        match self.atomic().compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
-            Ok(v) | Err(v) => v,
-        }
-    }
-
-    /// Atomic fetch-and-add; returns the original value.
-    pub fn fetch_add(&self, add: u64) -> u64 {
-        self.atomic().fetch_add(add, Ordering::SeqCst)
     }
 }

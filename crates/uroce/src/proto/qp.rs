@@ -56,6 +56,7 @@ impl SendWqe {
             WrOpcode::AtomicFetchAdd => WcOpcode::FetchAdd,
             WrOpcode::LocalInv => WcOpcode::LocalInv,
             WrOpcode::BindMw => WcOpcode::BindMw,
+            WrOpcode::Umr => WcOpcode::Umr,
         }
     }
 }
@@ -404,6 +405,13 @@ impl Qp {
         };
         if wr.opcode == WrOpcode::BindMw && wr.bind.is_none() {
             return Err(Error::inval("post_send: BIND_MW without bind information"));
+        }
+        if wr.opcode == WrOpcode::Umr {
+            let umr = wr.umr.as_ref().ok_or_else(|| Error::inval("post_send: UMR without a layout"))?;
+            if self.qp_type != QpType::Rc {
+                return Err(Error::new(crate::ib::Errno::EOPNOTSUPP, "post_send: UMR needs an RC QP"));
+            }
+            umr.layout.validate(crate::mem::MAX_INDIRECT_ENTRIES)?;
         }
         if wr.opcode.is_atomic() {
             if len != 8 || wr.inline.is_some() {

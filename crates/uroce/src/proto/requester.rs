@@ -111,7 +111,7 @@ impl Qp {
             // Local buffers are checked before the first packet.
             if wqe.wr.inline.is_none() {
                 let want = if op.is_read_or_atomic() { Want::LocalWrite } else { Want::LocalRead };
-                let ok = for_each_sge_piece(ctx.mem, self.pd, &wqe.wr.sg_list, 0, wqe.len, want, |_, _, _| {});
+                let ok = for_each_sge_piece(ctx.mem, self.pd, &wqe.wr.sg_list, 0, wqe.len, want, |_, _, _| Ok(()));
                 if ok.is_err() {
                     self.local_error(ctx, WcStatus::LocProtErr);
                     return None;
@@ -255,7 +255,7 @@ impl Qp {
         Some(t)
     }
 
-    /// Executes the BIND_MW or LOCAL_INV at the cursor, in send-queue order.
+    /// Executes the BIND_MW, UMR or LOCAL_INV at the cursor, in send-queue order.
     /// A failure completes it with MW_BIND_ERR and moves the QP to ERR.
     fn execute_local(&mut self, ctx: &mut Ctx) {
         let cursor = self.req.cursor;
@@ -264,6 +264,10 @@ impl Qp {
             WrOpcode::BindMw => {
                 let req = wr.bind.expect("checked at post");
                 ctx.mem.bind_mw(self.pd, self.qpn, &req).map(|_| ())
+            }
+            WrOpcode::Umr => {
+                let umr = wr.umr.clone().expect("checked at post");
+                ctx.mem.umr(umr.key, self.pd, umr.layout)
             }
             _ => ctx.mem.invalidate(wr.imm_data, self.pd, self.qpn),
         };
@@ -374,7 +378,7 @@ fn request_opcode(op: WrOpcode, first: bool, last: bool, ud: bool) -> Opcode {
         (RdmaRead, _, _) => Opcode::RC_READ_REQUEST,
         (AtomicCmpSwp, _, _) => Opcode::RC_COMPARE_SWAP,
         (AtomicFetchAdd, _, _) => Opcode::RC_FETCH_ADD,
-        (LocalInv | BindMw, _, _) => unreachable!("local operations send no packet"),
+        (LocalInv | BindMw | Umr, _, _) => unreachable!("local operations send no packet"),
     }
 }
 

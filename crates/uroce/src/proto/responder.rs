@@ -361,8 +361,12 @@ impl Qp {
                 }
             }
         }
-        match ctx.mem.resolve_remote(w.rkey, self.pd, self.qpn, w.va + w.off, data.len() as u64, Want::RemoteWrite) {
-            Ok(span) => span.write(0, data),
+        let written = ctx
+            .mem
+            .resolve_remote(w.rkey, self.pd, self.qpn, w.va + w.off, data.len() as u64, Want::RemoteWrite)
+            .and_then(|span| span.write(0, data));
+        match written {
+            Ok(()) => {}
             Err(_) => {
                 self.resp.write = None;
                 return Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::RemoteAccess) });
@@ -414,7 +418,8 @@ impl Qp {
             span.compare_swap(a.compare, a.swap_add)
         } else {
             span.fetch_add(a.swap_add)
-        };
+        }
+        .map_err(|_| Refuse::Nak(NakCode::RemoteAccess))?;
         let p = pkt.headers.bth.psn;
         self.add_resource(RdResource { first_psn: p, last_psn: p, kind: RdKind::Atomic { orig } });
         self.resp.msn = psn::add(self.resp.msn, 1);
@@ -569,12 +574,11 @@ impl Qp {
             };
             let mtu = self.mtu() as u64;
             let chunk = (j.len - j.off).min(mtu);
-            let pd = self.pd;
+            let (pd, qpn) = (self.pd, self.qpn);
             let mem = ctx.mem;
             let built = ctx.build(dst, &h, chunk as usize, |buf| {
-                let span = mem.resolve(j.rkey, pd, j.va + j.off, chunk, Want::RemoteRead)?;
-                span.read(0, buf);
-                Ok(())
+                // Re-validated per packet, as rxe's rxe_recheck_mr.
+                mem.resolve_remote(j.rkey, pd, qpn, j.va + j.off, chunk, Want::RemoteRead)?.read(0, buf)
             });
             match built {
                 Ok(t) => {

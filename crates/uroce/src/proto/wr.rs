@@ -18,6 +18,9 @@ pub enum WrOpcode {
     LocalInv = 7,
     BindMw = 8,
     SendInv = 9,
+    /// `IBV_WR_DRIVER1`: a UMR that sets an indirect key's layout
+    /// (`mlx5dv_wr_mr_list` / `mlx5dv_wr_mr_interleaved`).
+    Umr = 11,
 }
 
 impl WrOpcode {
@@ -34,6 +37,7 @@ impl WrOpcode {
             7 => LocalInv,
             8 => BindMw,
             9 => SendInv,
+            11 => Umr,
             _ => return None,
         })
     }
@@ -52,7 +56,7 @@ impl WrOpcode {
     }
     /// Operations executed locally, without packets.
     pub fn is_local(self) -> bool {
-        matches!(self, WrOpcode::LocalInv | WrOpcode::BindMw)
+        matches!(self, WrOpcode::LocalInv | WrOpcode::BindMw | WrOpcode::Umr)
     }
 }
 
@@ -96,6 +100,15 @@ pub struct SendWr {
     pub inline: Option<Vec<u8>>,
     /// BIND_MW: the window, its new key, the region and the range.
     pub bind: Option<crate::mem::BindRequest>,
+    /// UMR: the indirect key and the layout to give it.
+    pub umr: Option<Umr>,
+}
+
+/// A UMR work request's payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Umr {
+    pub key: u32,
+    pub layout: crate::mem::Layout,
 }
 
 impl SendWr {
@@ -113,6 +126,7 @@ impl SendWr {
             ud: None,
             inline: None,
             bind: None,
+            umr: None,
         }
     }
 }

@@ -243,6 +243,11 @@ impl Context {
     }
 
     /// Bytes pinned by memory registrations.
+    /// The device's ODP counters (all its ODP regions, past ones included).
+    pub fn odp_stats(&self) -> crate::mem::OdpStats {
+        self.dev.mem.odp_stats()
+    }
+
     pub fn pinned_bytes(&self) -> u64 {
         self.dev.mem.pinned_bytes()
     }

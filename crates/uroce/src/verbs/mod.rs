@@ -26,7 +26,8 @@ mod qp;
 mod srq;
 
 pub use crate::ib::{Access, Gid, Mtu, QpAttrMask, QpState, QpType, SendFlags, Sge, Wc, WcFlags, WcOpcode, WcStatus};
-pub use crate::mem::MwType;
+pub use crate::mem::odp::{Advice, OdpStats};
+pub use crate::mem::{InterleavedEntry, Layout, MwType};
 pub use crate::proto::wr::{AddressVector, QpAttr, QpCap, RecvWr, SendWr, UdDest, WrOpcode};
 pub use crate::proto::{AsyncEvent, EventElement, Stats};
 pub use attr::{DeviceAttr, PortAttr};
@@ -35,6 +36,6 @@ pub use context::{CompletionChannel, Context};
 pub use cq::CompletionQueue;
 pub use mr::MemoryRegion;
 pub use mw::MemoryWindow;
-pub use pd::{AddressHandle, ProtectionDomain};
+pub use pd::{AddressHandle, IndirectKey, ProtectionDomain};
 pub use qp::{QpInitAttr, QueuePair};
 pub use srq::SharedReceiveQueue;

@@ -2,7 +2,7 @@
 
 use super::pd::{PdInner, ProtectionDomain};
 use crate::ib::{Access, Error, Result, Sge, ACCESS_OPTIONAL_RANGE};
-use crate::mem::{Rereg, Translation, Want};
+use crate::mem::{AccessError, OdpStats, Rereg, Translation, Want};
 use std::sync::Arc;
 
 /// A registered memory region. Dropping it deregisters; an owned buffer is
@@ -62,6 +62,34 @@ impl MemoryRegion {
         // SAFETY: the caller's contract.
         let mr = unsafe { mem.register_host(pd.inner.handle, addr as usize, len as u64, iova, access, None) }?;
         Ok(MemoryRegion { pd: pd.inner.clone(), key: mr.key, addr: addr as u64, len, iova, access, registered: true })
+    }
+
+    /// On-demand paging over `addr..addr+len` (explicit ODP), or over the
+    /// whole address space when `addr = 0, len = u64::MAX` (implicit ODP).
+    /// Safe: ODP memory need not stay mapped; unmapped pages make accesses
+    /// fail with an access error, never a crash.
+    pub(crate) fn register_odp(pd: &ProtectionDomain, addr: u64, len: u64, access: Access) -> Result<MemoryRegion> {
+        let access = known(access)? | Access::ON_DEMAND;
+        let mem = &pd.inner.ctx.dev.mem;
+        let iova = addr;
+        // SAFETY: ODP regions never dereference their memory directly (see
+        // mem::odp); no validity promise is needed.
+        let mr = unsafe { mem.register(pd.inner.handle, addr as usize, len, iova, access, None) }?;
+        Ok(MemoryRegion {
+            pd: pd.inner.clone(),
+            key: mr.key,
+            addr,
+            len: usize::try_from(len).unwrap_or(usize::MAX),
+            iova,
+            access,
+            registered: true,
+        })
+    }
+
+    /// The ODP counters of this region (`None` unless on-demand paged),
+    /// with mlx5's names and meanings.
+    pub fn odp_stats(&self) -> Option<OdpStats> {
+        Some(self.pd.ctx.dev.mem.lookup(self.key)?.odp()?.stats())
     }
 
     /// `ibv_rereg_mr(IBV_REREG_MR_CHANGE_ACCESS)`: the key stays.
@@ -161,9 +189,8 @@ impl MemoryRegion {
             .dev
             .mem
             .resolve(self.key, self.pd.handle, self.iova + offset as u64, out.len() as u64, Want::LocalRead)
-            .map_err(|e| Error::inval(format!("read_at: {e}")))?;
-        span.read(0, out);
-        Ok(())
+            .map_err(|e| access_error("read_at", e))?;
+        span.read(0, out).map_err(|e| access_error("read_at", e))
     }
 
     /// Copies bytes into the region.
@@ -174,9 +201,8 @@ impl MemoryRegion {
             .dev
             .mem
             .resolve(self.key, self.pd.handle, self.iova + offset as u64, data.len() as u64, Want::LocalRead)
-            .map_err(|e| Error::inval(format!("write_at: {e}")))?;
-        span.write(0, data);
-        Ok(())
+            .map_err(|e| access_error("write_at", e))?;
+        span.write(0, data).map_err(|e| access_error("write_at", e))
     }
 
     /// The whole region's bytes (a copy).
@@ -185,6 +211,12 @@ impl MemoryRegion {
         self.read_at(0, &mut v).expect("in range");
         v
     }
+}
+
+/// EFAULT for memory that went away, EINVAL for the rest.
+fn access_error(op: &str, e: AccessError) -> Error {
+    let errno = if e == AccessError::Fault { crate::ib::Errno::EFAULT } else { crate::ib::Errno::EINVAL };
+    Error::new(errno, format!("{op}: {e}"))
 }
 
 impl MemoryRegion {

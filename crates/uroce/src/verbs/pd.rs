@@ -46,6 +46,38 @@ impl ProtectionDomain {
         unsafe { MemoryRegion::register_raw(self, addr, len, iova, access) }
     }
 
+    /// Explicit on-demand paging over `addr..addr+len`: nothing is pinned
+    /// and the pages need not be mapped (see [`crate::mem::odp`]).
+    pub fn register_odp(&self, addr: u64, len: u64, access: Access) -> Result<MemoryRegion> {
+        if addr == 0 {
+            return Err(Error::inval("reg_mr: NULL address (use register_implicit_odp)"));
+        }
+        MemoryRegion::register_odp(self, addr, len, access)
+    }
+
+    /// Implicit on-demand paging: one key over the whole address space
+    /// (`ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND | …)`).
+    pub fn register_implicit_odp(&self, access: Access) -> Result<MemoryRegion> {
+        MemoryRegion::register_odp(self, 0, crate::mem::IMPLICIT_ODP_LEN, access)
+    }
+
+    /// `ibv_advise_mr`: prefetches ODP pages named by `sges` (see
+    /// [`crate::mem::Memory::advise`] for the errors). `flush` makes it
+    /// synchronous and reports faults.
+    pub fn advise_mr(&self, advice: crate::mem::Advice, flush: bool, sges: &[crate::ib::Sge]) -> Result<()> {
+        self.inner.ctx.dev.mem.advise(self.inner.handle, advice, flush, sges)
+    }
+
+    /// A free indirect key of `max_entries` slots (`mlx5dv_create_mkey`).
+    pub fn create_indirect_key(&self, max_entries: u32) -> Result<IndirectKey> {
+        let mr = self.inner.ctx.dev.mem.create_indirect(self.inner.handle, max_entries)?;
+        let max = match &mr.backing {
+            crate::mem::Backing::Indirect(k) => k.max_entries,
+            _ => unreachable!(),
+        };
+        Ok(IndirectKey { pd: self.inner.clone(), key: mr.key, max_entries: max })
+    }
+
     pub fn create_ah(&self, av: AddressVector) -> Result<AddressHandle> {
         if !av.is_global || av.dgid.is_zero() {
             return Err(Error::inval("create_ah: RoCE needs a GRH with a destination GID"));
@@ -84,5 +116,67 @@ pub struct AddressHandle {
 impl std::fmt::Debug for AddressHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AddressHandle").field("av", &self.av).finish()
+    }
+}
+
+/// An indirect key: one lkey/rkey over a layout of other keys (see
+/// [`crate::mem::indirect`](crate::mem::Layout)). Dropping it destroys it.
+pub struct IndirectKey {
+    pd: Arc<PdInner>,
+    key: u32,
+    max_entries: u32,
+}
+
+impl IndirectKey {
+    pub fn lkey(&self) -> u32 {
+        self.key
+    }
+
+    pub fn rkey(&self) -> u32 {
+        self.key
+    }
+
+    /// Slots, rounded up to a multiple of 4.
+    pub fn max_entries(&self) -> u32 {
+        self.max_entries
+    }
+
+    /// Verbs-style re-registration: sets (or replaces) the layout now.
+    pub fn set_layout(&self, layout: crate::mem::Layout) -> Result<()> {
+        self.pd.ctx.dev.mem.set_layout(self.key, self.pd.handle, Some(layout))
+    }
+
+    /// Makes the key free (invalid) again.
+    pub fn clear_layout(&self) -> Result<()> {
+        self.pd.ctx.dev.mem.set_layout(self.key, self.pd.handle, None)
+    }
+
+    /// Length of the current layout's address space (0 while free).
+    pub fn len(&self) -> u64 {
+        self.layout().map_or(0, |l| l.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The current layout, `None` while free.
+    pub fn layout(&self) -> Option<Arc<crate::mem::Layout>> {
+        match &self.pd.ctx.dev.mem.lookup(self.key)?.backing {
+            crate::mem::Backing::Indirect(k) => k.layout(),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for IndirectKey {
+    fn drop(&mut self) {
+        let _ = self.pd.ctx.dev.mem.deregister(self.key);
+    }
+}
+
+impl std::fmt::Debug for IndirectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IndirectKey").field("key", &format_args!("{:#x}", self.key)).finish()
     }
 }

@@ -1,0 +1,250 @@
+//! The ODP invalidation notifier: a user-space MMU notifier built on
+//! userfaultfd.
+//!
+//! One userfaultfd per process, opened with the UNMAP, REMOVE and REMAP event
+//! features, watches the address ranges ODP regions have touched. Ranges are
+//! registered in write-protect mode only and nothing is ever write-protected,
+//! so the application's own page faults cost nothing (no fault messages);
+//! what arrives are the events: `munmap` and `mmap(MAP_FIXED)` over a range
+//! (UNMAP), `MADV_DONTNEED`/`MADV_FREE` (REMOVE), `mremap` (REMAP, then UNMAP
+//! of the old range). See `../shared/spec/platform.md` for the measurements.
+//!
+//! The kernel makes the unmapping thread wait until the event is read — the
+//! same synchronous contract as a kernel MMU notifier — so a dedicated
+//! reader thread does nothing but read events into a fixed ring (it never
+//! allocates or frees, and so can never unmap memory and wait on itself).
+//! Threads that need current state (an ODP access, a statistics read) drain
+//! the ring and apply the events to the subscribed regions.
+//!
+//! The userfaultfd ABI is declared here (a few constants and two structs from
+//! `<linux/userfaultfd.h>`): the `userfaultfd` crate would need libclang at
+//! build time for its bindings.
+
+use super::odp::OdpRegion;
+use super::rangeset::RangeSet;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+const UFFD_API: u64 = 0xAA;
+const UFFD_USER_MODE_ONLY: libc::c_int = 1;
+const UFFD_FEATURE_EVENT_REMAP: u64 = 1 << 2;
+const UFFD_FEATURE_EVENT_REMOVE: u64 = 1 << 3;
+const UFFD_FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+const UFFD_EVENT_REMAP: u8 = 0x14;
+const UFFD_EVENT_REMOVE: u8 = 0x15;
+const UFFD_EVENT_UNMAP: u8 = 0x16;
+const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
+/// `_IOWR(0xAA, 0x3F, struct uffdio_api)`.
+const UFFDIO_API: libc::c_ulong = 0xC018_AA3F;
+/// `_IOWR(0xAA, 0x00, struct uffdio_register)`.
+const UFFDIO_REGISTER: libc::c_ulong = 0xC020_AA00;
+
+#[repr(C)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+struct UffdioRegister {
+    start: u64,
+    len: u64,
+    mode: u64,
+    ioctls: u64,
+}
+
+/// `struct uffd_msg` (32 bytes): the event byte, padding, and the union as
+/// three u64 (remove/unmap: start, end; remap: from, to, len).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct UffdMsg {
+    event: u8,
+    _r1: u8,
+    _r2: u16,
+    _r3: u32,
+    a: u64,
+    b: u64,
+    c: u64,
+}
+
+const RING: usize = 512;
+
+/// An invalidated range `start..end`; `unmapped` when the mapping itself is
+/// gone (its watch registration went with it).
+#[derive(Clone, Copy, Default)]
+struct Event {
+    start: u64,
+    end: u64,
+    unmapped: bool,
+}
+
+struct Ring {
+    events: [Event; RING],
+    len: usize,
+    /// Events were lost: everything must be treated as invalidated.
+    overflow: bool,
+}
+
+struct Notifier {
+    fd: OwnedFd,
+    ring: Mutex<Ring>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    watched: RangeSet,
+    subscribers: Vec<Weak<OdpRegion>>,
+}
+
+fn notifier() -> Option<&'static Notifier> {
+    static N: OnceLock<Option<Notifier>> = OnceLock::new();
+    N.get_or_init(|| match open() {
+        Ok(n) => Some(n),
+        Err(e) => {
+            tracing::warn!("ODP: no userfaultfd ({e}); page invalidations will not be counted");
+            None
+        }
+    })
+    .as_ref()
+}
+
+fn open() -> std::io::Result<Notifier> {
+    let flags = libc::O_CLOEXEC;
+    // SAFETY: the userfaultfd syscall takes flags only and returns a new fd.
+    let mut fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags | UFFD_USER_MODE_ONLY) };
+    if fd < 0 {
+        // Kernels before 5.11 do not know UFFD_USER_MODE_ONLY; root may omit it.
+        // SAFETY: as above.
+        fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
+    }
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let mut api = UffdioApi {
+        api: UFFD_API,
+        features: UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_REMAP,
+        ioctls: 0,
+    };
+    // SAFETY: UFFDIO_API reads and writes one `struct uffdio_api`.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let reader = fd.try_clone()?;
+    std::thread::Builder::new().name("uroce-odp-notifier".into()).spawn(move || read_events(reader))?;
+    Ok(Notifier {
+        fd,
+        ring: Mutex::new(Ring { events: [Event::default(); RING], len: 0, overflow: false }),
+        state: Mutex::new(State::default()),
+    })
+}
+
+/// The reader thread: blocks in read(2) and queues events. It must stay
+/// allocation-free (see the module docs).
+fn read_events(fd: OwnedFd) {
+    let mut msgs = [UffdMsg::default(); 16];
+    loop {
+        // SAFETY: reads whole `uffd_msg`s into an array of exactly that size.
+        let n = unsafe {
+            libc::read(fd.as_raw_fd(), msgs.as_mut_ptr() as *mut libc::c_void, std::mem::size_of_val(&msgs))
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        let count = n as usize / std::mem::size_of::<UffdMsg>();
+        let Some(notifier) = notifier() else { return };
+        let mut ring = notifier.ring.lock().unwrap();
+        for m in &msgs[..count] {
+            let ev = match m.event {
+                UFFD_EVENT_UNMAP => Event { start: m.a, end: m.b, unmapped: true },
+                UFFD_EVENT_REMOVE => Event { start: m.a, end: m.b, unmapped: false },
+                UFFD_EVENT_REMAP => Event { start: m.a, end: m.a.saturating_add(m.c), unmapped: true },
+                _ => continue,
+            };
+            if ring.len == RING {
+                ring.overflow = true;
+            } else {
+                let i = ring.len;
+                ring.events[i] = ev;
+                ring.len += 1;
+            }
+        }
+    }
+}
+
+/// Whether invalidations are being observed.
+pub fn available() -> bool {
+    notifier().is_some()
+}
+
+/// Adds a region to those that receive invalidations.
+pub(crate) fn subscribe(r: &Arc<OdpRegion>) {
+    if let Some(n) = notifier() {
+        let mut st = n.state.lock().unwrap();
+        st.subscribers.retain(|w| w.strong_count() > 0);
+        st.subscribers.push(Arc::downgrade(r));
+    }
+}
+
+/// Applies queued events to the subscribed regions.
+pub(crate) fn drain() {
+    let Some(n) = notifier() else { return };
+    let (events, overflow) = {
+        let mut ring = n.ring.lock().unwrap();
+        if ring.len == 0 && !ring.overflow {
+            return;
+        }
+        let out: Vec<Event> = ring.events[..ring.len].to_vec();
+        let o = ring.overflow;
+        ring.len = 0;
+        ring.overflow = false;
+        (out, o)
+    };
+    let mut st = n.state.lock().unwrap();
+    let subs: Vec<Arc<OdpRegion>> = st.subscribers.iter().filter_map(Weak::upgrade).collect();
+    if overflow {
+        st.watched.clear();
+        for s in &subs {
+            s.invalidate_all();
+        }
+    }
+    for e in events {
+        if e.unmapped {
+            st.watched.remove(e.start, e.end);
+        }
+        for s in &subs {
+            s.invalidate(e.start, e.end);
+        }
+    }
+}
+
+/// Makes sure unmaps of `start..end` (page aligned) are reported.
+pub(crate) fn watch(start: u64, end: u64) {
+    let Some(n) = notifier() else { return };
+    let mut st = n.state.lock().unwrap();
+    if st.watched.contains(start, end) {
+        return;
+    }
+    let mut reg = UffdioRegister { start, len: end - start, mode: UFFDIO_REGISTER_MODE_WP, ioctls: 0 };
+    // SAFETY: UFFDIO_REGISTER reads and writes one `struct uffdio_register`;
+    // registering in write-protect mode changes no memory and no protection.
+    let r = unsafe { libc::ioctl(n.fd.as_raw_fd(), UFFDIO_REGISTER, &mut reg) };
+    if r == 0 {
+        st.watched.insert(start, end);
+    } else {
+        // File-backed mappings without WP_ASYNC, or a range another
+        // userfaultfd owns: accesses stay correct, only the counters miss
+        // invalidations of this range.
+        tracing::debug!(
+            "ODP: cannot watch {start:#x}..{end:#x} for invalidations: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}

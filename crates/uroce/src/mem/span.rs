@@ -1,0 +1,221 @@
+//! Spans: the one way bytes move in and out of registered memory.
+//!
+//! A [`Span`] is a checked, in-bounds piece of a message's memory, made of one
+//! or more pieces (more than one when an indirect key gathers several
+//! regions). Each piece copies by the path its region's backing needs:
+//!
+//! * pinned host memory: a plain memory copy;
+//! * on-demand-paging memory: a fault-tolerant copy through the kernel
+//!   (`process_vm_readv`/`writev` on this process), which faults pages in and
+//!   reports an unmapped page as an error instead of a crash;
+//! * peer memory: the peer-memory client's own read and write functions.
+//!
+//! Holding a span keeps every region it touches registered: deregistration
+//! waits for live spans, so the caller may free memory as soon as
+//! `ibv_dereg_mr` returns.
+
+use super::mr::{Backing, MemoryRegion};
+use super::AccessError;
+use smallvec::SmallVec;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Where a piece's bytes are.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Place {
+    /// Pinned memory of this process.
+    Host(usize),
+    /// Memory of this process that may be unmapped at any time (ODP).
+    Odp(usize),
+    /// Byte offset inside a peer-memory region.
+    Peer(u64),
+}
+
+/// One contiguous piece of a span, inside one region.
+#[derive(Debug)]
+pub(crate) struct Piece {
+    pub(crate) len: usize,
+    pub(crate) place: Place,
+    pub(crate) mr: Arc<MemoryRegion>,
+}
+
+impl Piece {
+    /// Counts the region as in use until the piece is dropped.
+    pub(crate) fn new(mr: Arc<MemoryRegion>, place: Place, len: usize) -> Piece {
+        mr.spans.fetch_add(1, Ordering::AcqRel);
+        Piece { len, place, mr }
+    }
+
+    fn write(&self, off: usize, data: &[u8]) -> Result<(), AccessError> {
+        match self.place {
+            Place::Host(host) => {
+                // SAFETY: [host, host+len) lies inside a registered, pinned
+                // region whose memory the registrant keeps valid until
+                // deregistration, and deregistration waits while this piece
+                // (holding the region) exists. `Span::write` checked that
+                // off+data.len() <= len. The source is a Rust slice, so the
+                // ranges cannot overlap unless the application posts
+                // overlapping buffers, in which case the bytes are garbage but
+                // memory stays in bounds.
+                unsafe { std::ptr::copy(data.as_ptr(), (host + off) as *mut u8, data.len()) };
+                Ok(())
+            }
+            Place::Odp(addr) => self.odp().write(addr + off, data),
+            Place::Peer(at) => self.peer().write(at + off as u64, data),
+        }
+    }
+
+    fn read(&self, off: usize, out: &mut [u8]) -> Result<(), AccessError> {
+        match self.place {
+            Place::Host(host) => {
+                // SAFETY: as in `write`; the destination is an exclusive Rust slice.
+                unsafe { std::ptr::copy((host + off) as *const u8, out.as_mut_ptr(), out.len()) };
+                Ok(())
+            }
+            Place::Odp(addr) => self.odp().read(addr + off, out),
+            Place::Peer(at) => self.peer().read(at + off as u64, out),
+        }
+    }
+
+    fn odp(&self) -> &super::odp::OdpRegion {
+        match &self.mr.backing {
+            Backing::Odp { odp, .. } => odp,
+            _ => unreachable!("ODP piece of a non-ODP region"),
+        }
+    }
+
+    fn peer(&self) -> &super::peer::PeerMapping {
+        match &self.mr.backing {
+            Backing::Peer(p) => p,
+            _ => unreachable!("peer piece of a non-peer region"),
+        }
+    }
+}
+
+impl Drop for Piece {
+    fn drop(&mut self) {
+        self.mr.spans.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A checked, in-bounds piece of registered memory (see the module docs).
+#[derive(Debug, Default)]
+pub struct Span {
+    len: usize,
+    pieces: SmallVec<[Piece; 1]>,
+}
+
+impl Span {
+    pub(crate) fn empty() -> Span {
+        Span::default()
+    }
+
+    pub(crate) fn one(piece: Piece) -> Span {
+        let mut pieces = SmallVec::new();
+        let len = piece.len;
+        pieces.push(piece);
+        Span { len, pieces }
+    }
+
+    /// Appends another span's pieces after this span's bytes.
+    pub(crate) fn append(&mut self, other: Span) {
+        self.len += other.len;
+        self.pieces.extend(other.pieces);
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Number of contiguous pieces (regions, or runs within them).
+    pub fn pieces(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// Visits the pieces overlapping `offset..offset+len` as
+    /// (piece, offset in piece, offset in the request, length).
+    fn each(
+        &self,
+        offset: usize,
+        len: usize,
+        mut f: impl FnMut(&Piece, usize, usize, usize) -> Result<(), AccessError>,
+    ) -> Result<(), AccessError> {
+        assert!(offset.checked_add(len).is_some_and(|e| e <= self.len), "span overrun");
+        let (mut at, mut done) = (0usize, 0usize);
+        for p in &self.pieces {
+            if done == len {
+                break;
+            }
+            let pos = offset + done;
+            if pos < at + p.len {
+                let in_piece = pos - at;
+                let n = (p.len - in_piece).min(len - done);
+                f(p, in_piece, done, n)?;
+                done += n;
+            }
+            at += p.len;
+        }
+        Ok(())
+    }
+
+    /// Copies `data` to `offset` within the span. Fails only for memory that
+    /// went away underneath (an unmapped ODP page, invalidated peer memory).
+    ///
+    /// # Panics
+    /// If the copy would leave the span (a bug in the caller, never a
+    /// consequence of packet contents, which `Memory::resolve` checked).
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), AccessError> {
+        self.each(offset, data.len(), |p, off, at, n| p.write(off, &data[at..at + n]))
+    }
+
+    /// Copies from `offset` within the span into `out`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), AccessError> {
+        self.each(offset, out.len(), |p, off, at, n| p.read(off, &mut out[at..at + n]))
+    }
+
+    /// Atomic compare-and-swap of the 8 bytes at the span's start (host
+    /// order); returns the original value.
+    pub fn compare_swap(&self, compare: u64, swap: u64) -> Result<u64, AccessError> {
+        self.atomic(|a| match a.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(v) | Err(v) => v,
+        }, |v| if v == compare { swap } else { v })
+    }
+
+    /// Atomic fetch-and-add; returns the original value.
+    pub fn fetch_add(&self, add: u64) -> Result<u64, AccessError> {
+        self.atomic(|a| a.fetch_add(add, Ordering::SeqCst), |v| v.wrapping_add(add))
+    }
+
+    /// Runs an atomic on the 8 bytes at the span's start: `op` on host
+    /// memory, the read-modify-write `next` through a peer client.
+    fn atomic(&self, op: impl FnOnce(&AtomicU64) -> u64, next: impl FnOnce(u64) -> u64) -> Result<u64, AccessError> {
+        let p = match self.pieces.first() {
+            Some(p) if p.len >= 8 => p,
+            // The 8 bytes straddle two regions of an indirect key.
+            _ => return Err(AccessError::Range),
+        };
+        let host = match p.place {
+            Place::Host(h) => h,
+            Place::Odp(addr) => {
+                p.odp().prepare_atomic(addr)?;
+                addr
+            }
+            Place::Peer(at) => return p.peer().read_modify_write(at, next),
+        };
+        if host % 8 != 0 {
+            return Err(AccessError::Range);
+        }
+        // SAFETY: 8 in-bounds, 8-byte-aligned bytes of registered memory that
+        // stays valid while this span holds its region (pinned), or that the
+        // ODP path has just populated writable (see `OdpRegion::prepare_atomic`
+        // for the documented race with a concurrent munmap). AtomicU64 has
+        // the layout of u64, and concurrent CPU and device accesses through
+        // atomics are well defined.
+        let a = unsafe { &*(host as *const AtomicU64) };
+        Ok(op(a))
+    }
+}
