@@ -131,6 +131,12 @@ pub struct ClientEntry {
     next_context: AtomicU64,
 }
 
+impl std::fmt::Debug for ClientEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientEntry").field("name", &self.client.name()).finish()
+    }
+}
+
 impl ClientEntry {
     pub fn stats(&self) -> PeerStats {
         let c = &self.counters;
