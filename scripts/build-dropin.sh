@@ -14,4 +14,6 @@ cc -shared -o "$out/libibverbs.so.1" \
    -Wl,-soname,libibverbs.so.1 -Wl,-z,now -Wl,--gc-sections \
    -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
 ln -sf libibverbs.so.1 "$out/libibverbs.so"
+mkdir -p "$out/include"
+cp crates/uroce-ibverbs/include/uroce.h "$out/include/"
 echo "$PWD/$out/libibverbs.so.1"

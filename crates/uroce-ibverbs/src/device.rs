@@ -156,6 +156,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     c.ops.post_recv = Some(crate::datapath::post_recv);
     c.ops.post_srq_recv = Some(crate::srq::post_srq_recv);
     vctx.query_device_ex = Some(query_device_ex);
+    vctx.advise_mr = Some(crate::ext::advise_mr);
     c.ops.alloc_mw = Some(crate::mw::alloc_mw);
     c.ops.bind_mw = Some(crate::mw::bind_mw);
     c.ops.dealloc_mw = Some(crate::mw::dealloc_mw);
@@ -232,7 +233,7 @@ pub unsafe extern "C" fn ibv_query_device(ctx: *mut ibv_context, attr: *mut ibv_
 
 /// `verbs_context.query_device_ex`, behind verbs.h's inline
 /// `ibv_query_device_ex`: the basic attributes plus the extended ones uroce
-/// has (no ODP, TSO, RSS, device memory yet: all zero).
+/// has (ODP capabilities; no TSO, RSS or device memory: zero).
 unsafe extern "C" fn query_device_ex(
     ctx: *mut ibv_context,
     _input: *const ibv_query_device_ex_input,
@@ -255,6 +256,7 @@ unsafe extern "C" fn query_device_ex(
         unsafe {
             (*attr).phys_port_cnt_ex = 1;
             (*attr).device_cap_flags_ex = (*attr).orig_attr.device_cap_flags as u64;
+            (*attr).odp_caps = crate::ext::odp_caps();
         }
     }
     0

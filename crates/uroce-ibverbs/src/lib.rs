@@ -18,6 +18,7 @@ pub mod ffi;
 mod datapath;
 mod device;
 mod errno;
+mod ext;
 mod mw;
 mod objects;
 mod srq;

@@ -91,7 +91,9 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
 }
 
 unsafe fn reg(pd: *mut ibv_pd, addr: *mut libc::c_void, len: usize, iova: u64, access: c_int) -> *mut ibv_mr {
-    if pd.is_null() || (addr.is_null() && len > 0) {
+    // NULL is an address only for implicit ODP (length SIZE_MAX).
+    let on_demand = access as u32 & Access::ON_DEMAND.bits() != 0;
+    if pd.is_null() || (addr.is_null() && len > 0 && !on_demand) {
         return null(libc::EINVAL);
     }
     // SAFETY: a PD from ibv_alloc_pd.

@@ -68,7 +68,7 @@ pub extern "C" fn verbs_allow_disassociate_destroy(_cmd: c_int, _ret: c_int) -> 
 }
 
 fail_ptr! {
-    ibv_import_device, ibv_import_pd, ibv_import_mr, ibv_import_dm, ibv_reg_dmabuf_mr,
+    ibv_import_device, ibv_import_pd, ibv_import_mr, ibv_import_dm,
 }
 
 nothing! {

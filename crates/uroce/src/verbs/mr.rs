@@ -86,6 +86,39 @@ impl MemoryRegion {
         })
     }
 
+    /// `ibv_reg_dmabuf_mr`: registers `offset..offset+len` of the memory
+    /// behind file descriptor `fd` (a dma-buf, a memfd, any mmap-able file).
+    /// uroce maps that range shared into the process and registers the
+    /// mapping as pinned memory owned by the region: writes through RDMA
+    /// reach the file's pages, and the mapping lives until deregistration
+    /// (the caller may close `fd` at once). `iova` must have `offset`'s page
+    /// offset (EINVAL); a bad descriptor is EBADF.
+    pub(crate) fn register_dmabuf(
+        pd: &ProtectionDomain,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        fd: i32,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        let access = known(access)?;
+        let allowed = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+        if !allowed.contains(access) {
+            return Err(Error::inval("reg_dmabuf_mr: access beyond LOCAL_WRITE|REMOTE_*"));
+        }
+        let page = crate::mem::odp::page_size();
+        if len == 0 || offset % page != iova % page {
+            return Err(Error::inval("reg_dmabuf_mr: empty, or iova and offset differ in page offset"));
+        }
+        let map = DmabufMapping::new(fd, offset, len)?;
+        let addr = map.addr;
+        let mem = &pd.inner.ctx.dev.mem;
+        // SAFETY: the mapping moves into the region as its owner and is
+        // unmapped only when the region is gone.
+        let mr = unsafe { mem.register(pd.inner.handle, addr, len as u64, iova, access, Some(Box::new(map))) }?;
+        Ok(MemoryRegion { pd: pd.inner.clone(), key: mr.key, addr: offset, len, iova, access, registered: true })
+    }
+
     /// The ODP counters of this region (`None` unless on-demand paged),
     /// with mlx5's names and meanings.
     pub fn odp_stats(&self) -> Option<OdpStats> {
@@ -210,6 +243,52 @@ impl MemoryRegion {
         let mut v = vec![0u8; self.len];
         self.read_at(0, &mut v).expect("in range");
         v
+    }
+}
+
+/// A shared mapping of part of a file, unmapped on drop.
+struct DmabufMapping {
+    base: usize,
+    map_len: usize,
+    addr: usize,
+}
+
+impl DmabufMapping {
+    fn new(fd: i32, offset: u64, len: usize) -> Result<DmabufMapping> {
+        let page = crate::mem::odp::page_size();
+        let start = offset / page * page;
+        let delta = (offset - start) as usize;
+        let map_len = delta.checked_add(len).ok_or_else(|| Error::inval("reg_dmabuf_mr: length overflows"))?;
+        let off = libc::off_t::try_from(start).map_err(|_| Error::inval("reg_dmabuf_mr: offset too large"))?;
+        // SAFETY: a new shared mapping chosen by the kernel; checked below.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), map_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, off)
+        };
+        if p == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+            let errno = if e == libc::EACCES || e == libc::ENODEV { libc::EINVAL } else { e };
+            return Err(Error::new(crate::ib::Errno(errno), "reg_dmabuf_mr: cannot map the descriptor"));
+        }
+        // Past the end of the file is SIGBUS on access: refuse it now.
+        // SAFETY: `stat` is plain old data; all-zero is a valid value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat fills `st`.
+        if unsafe { libc::fstat(fd, &mut st) } == 0
+            && (st.st_mode & libc::S_IFMT) == libc::S_IFREG
+            && (st.st_size as u64) < offset + len as u64
+        {
+            // SAFETY: the mapping made above.
+            unsafe { libc::munmap(p, map_len) };
+            return Err(Error::inval("reg_dmabuf_mr: range beyond the end of the file"));
+        }
+        Ok(DmabufMapping { base: p as usize, map_len, addr: p as usize + delta })
+    }
+}
+
+impl Drop for DmabufMapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping; the region that used it is deregistered.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.map_len) };
     }
 }
 

@@ -46,6 +46,12 @@ impl ProtectionDomain {
         unsafe { MemoryRegion::register_raw(self, addr, len, iova, access) }
     }
 
+    /// `ibv_reg_dmabuf_mr`: registers `offset..offset+len` of the file
+    /// behind `fd` (see [`MemoryRegion`]'s notes on dma-buf regions).
+    pub fn register_dmabuf(&self, offset: u64, len: usize, iova: u64, fd: i32, access: Access) -> Result<MemoryRegion> {
+        MemoryRegion::register_dmabuf(self, offset, len, iova, fd, access)
+    }
+
     /// Explicit on-demand paging over `addr..addr+len`: nothing is pinned
     /// and the pages need not be mapped (see [`crate::mem::odp`]).
     pub fn register_odp(&self, addr: u64, len: u64, access: Access) -> Result<MemoryRegion> {
