@@ -15,6 +15,12 @@ cp -r "$src" "$work/tests" && gunzip -f "$work"/tests/*.gz 2>/dev/null
 mods=("$@")
 [ ${#mods[@]} -eq 0 ] && mods=(test_device test_pd test_mr test_cq test_cq_events test_cqex test_qp test_qpex
     test_atomic test_odp test_addr test_shared_pd test_relaxed_ordering test_parent_domain)
+# test_odp's huge-page tests need 2 MiB pages: reserve a few for the run
+# when we may (root), and give them back afterwards.
+hp=/proc/sys/vm/nr_hugepages
+if [ "$(id -u)" = 0 ] && [ -w $hp ] && [ "$(cat $hp)" = 0 ]; then
+    echo 32 > $hp 2>/dev/null && trap 'echo 0 > '$hp'; rm -rf "$work"' EXIT
+fi
 T=0 P=0 S=0 F=0 E=0
 printf '%-24s %6s %6s %6s %6s %6s\n' module tests pass skip fail error
 for m in "${mods[@]}"; do

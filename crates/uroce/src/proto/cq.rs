@@ -86,6 +86,15 @@ impl CompletionQueue {
     }
 
     /// Pops one completion, if any.
+    /// Drops the unpolled completions of QP `qpn` (a QP entering RESET, as
+    /// mlx5's `__mlx5_ib_cq_clean`): returns how many.
+    pub fn purge_qp(&self, qpn: u32) -> usize {
+        let mut g = self.inner.lock().unwrap();
+        let before = g.ring.len();
+        g.ring.retain(|wc| wc.qp_num != qpn);
+        before - g.ring.len()
+    }
+
     pub fn poll_one(&self) -> Option<Wc> {
         self.inner.lock().unwrap().ring.pop_front()
     }

@@ -255,14 +255,9 @@ impl Qp {
                 return Err(Error::inval("modify_qp: ah_attr.port_num must be 1"));
             }
         }
-        if mask.contains(M::ACCESS_FLAGS)
-            && !(Access::LOCAL_WRITE
-                | Access::REMOTE_WRITE
-                | Access::REMOTE_READ
-                | Access::REMOTE_ATOMIC
-                | Access::MW_BIND)
-                .contains(a.qp_access_flags)
-        {
+        // Region-only bits (ON_DEMAND, ZERO_BASED, …) are accepted and
+        // ignored, as rxe and mlx5 do (pyverbs' ODP tests pass them).
+        if mask.contains(M::ACCESS_FLAGS) && !Access::all().contains(a.qp_access_flags) {
             return Err(Error::inval("modify_qp: unknown qp_access_flags"));
         }
         if mask.contains(M::QKEY) && self.qp_type == QpType::Rc {
@@ -285,6 +280,10 @@ impl Qp {
                 self.req = Default::default();
                 self.resp = Default::default();
                 self.attr = QpAttr { port_num: 1, ..QpAttr::default() };
+                // Completions not yet polled (flushes of the ERR state) go
+                // away with the QP's state, as on mlx5 and rxe.
+                self.send_cq.purge_qp(self.qpn);
+                self.recv_cq.purge_qp(self.qpn);
             }
             QpState::Init => {}
             QpState::Rtr => {
