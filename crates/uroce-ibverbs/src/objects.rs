@@ -368,6 +368,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
             max_inline_data: c.max_inline_data,
         },
         sq_sig_all: a.sq_sig_all != 0,
+        scatter_to_cqe: None,
     };
     match p.inner.as_ref().unwrap().create_qp(&init) {
         Ok(qp) => {

@@ -26,13 +26,19 @@ struct Fixture {
 impl Fixture {
     fn new(seed: u8) -> Fixture {
         let mem = Memory::new();
-        let mut bufs: Vec<Vec<u8>> =
-            (0..4u8).map(|r| (0..REGION).map(|i| (i as u8).wrapping_mul(31).wrapping_add(r.wrapping_mul(64).wrapping_add(seed))).collect()).collect();
+        let mut bufs: Vec<Vec<u8>> = (0..4u8)
+            .map(|r| {
+                (0..REGION)
+                    .map(|i| (i as u8).wrapping_mul(31).wrapping_add(r.wrapping_mul(64).wrapping_add(seed)))
+                    .collect()
+            })
+            .collect();
         let keys = bufs
             .iter_mut()
             .map(|b| {
                 let a = b.as_mut_ptr() as usize;
-                let access = uroce::ib::Access::LOCAL_WRITE | uroce::ib::Access::REMOTE_READ | uroce::ib::Access::REMOTE_WRITE;
+                let access =
+                    uroce::ib::Access::LOCAL_WRITE | uroce::ib::Access::REMOTE_READ | uroce::ib::Access::REMOTE_WRITE;
                 // SAFETY: the buffers live as long as the fixture, whose
                 // memory is dropped with it.
                 unsafe { mem.register(PD, a, REGION as u64, a as u64, access, None) }.unwrap().key
@@ -79,7 +85,9 @@ impl Shape {
         match self {
             Shape::List(es) => Layout::list(
                 access,
-                &es.iter().map(|&(r, off, len)| Sge { addr: f.addr(r, off), length: len as u32, lkey: f.keys[r] }).collect::<Vec<_>>(),
+                &es.iter()
+                    .map(|&(r, off, len)| Sge { addr: f.addr(r, off), length: len as u32, lkey: f.keys[r] })
+                    .collect::<Vec<_>>(),
             ),
             Shape::Interleaved { repeat, entries } => Layout::interleaved(
                 access,
@@ -100,7 +108,11 @@ impl Shape {
 
 fn shape() -> impl Strategy<Value = Shape> {
     let list = proptest::collection::vec((0usize..4, 0usize..REGION, 1usize..600), 1..6).prop_map(|es| {
-        Shape::List(es.into_iter().map(|(r, off, len)| (r, off.min(REGION - 1), len.min(REGION - off.min(REGION - 1)))).collect())
+        Shape::List(
+            es.into_iter()
+                .map(|(r, off, len)| (r, off.min(REGION - 1), len.min(REGION - off.min(REGION - 1))))
+                .collect(),
+        )
     });
     let inter = (1usize..24, proptest::collection::vec((0usize..4, 0usize..512, 1usize..40, 0usize..40), 1..4))
         .prop_filter("fits in the regions", |(rep, es)| es.iter().all(|&(_, off, c, s)| off + rep * (c + s) <= REGION))
@@ -256,7 +268,8 @@ fn a_matrix_column_travels_in_one_send_through_an_indirect_lkey() {
     let m = a.pd.register(matrix(rows, cols), Access::LOCAL_WRITE).unwrap();
     let key = a.pd.create_indirect_key(2).unwrap();
     // Column 5: 4 bytes every row, O(1) description for 64 rows.
-    let col = InterleavedEntry { addr: m.iova() + 5 * 4, bytes_count: 4, bytes_skip: (cols * 4 - 4) as u32, lkey: m.lkey() };
+    let col =
+        InterleavedEntry { addr: m.iova() + 5 * 4, bytes_count: 4, bytes_skip: (cols * 4 - 4) as u32, lkey: m.lkey() };
     key.set_layout(Layout::interleaved(Access::LOCAL_WRITE, rows as u32, &[col])).unwrap();
     let rbuf = b.pd.register(vec![0u8; rows * 4], Access::LOCAL_WRITE).unwrap();
     b.qp.post_recv(&RecvWr { wr_id: 1, sg_list: vec![rbuf.sge(0, (rows * 4) as u32)] }).unwrap();

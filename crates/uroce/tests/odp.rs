@@ -22,7 +22,14 @@ impl Map {
     fn new(len: usize, prot: i32) -> Map {
         // SAFETY: a fresh anonymous mapping, checked below.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
         };
         assert_ne!(p, libc::MAP_FAILED);
         Map { addr: p as usize, len }
@@ -53,10 +60,16 @@ impl Map {
         assert_eq!(unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) }, 0);
     }
 
-    fn bytes(&self) -> &mut [u8] {
-        // SAFETY: the mapping is readable and writable while `self` lives
-        // (tests only call this on mapped, RW mappings).
-        unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len) }
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping is readable while `self` lives (tests only call
+        // this on mapped mappings); the device writes it only while the test
+        // waits for a completion, not while this borrow is used.
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
+    }
+
+    fn fill(&self, v: u8) {
+        // SAFETY: a mapped, writable mapping of `len` bytes.
+        unsafe { std::ptr::write_bytes(self.addr as *mut u8, v, self.len) }
     }
 }
 
@@ -148,9 +161,15 @@ fn prefetch_maps_pages_ahead_of_access() {
     b.pd.advise_mr(Advice::PrefetchNoFault, true, &[mr.sge(0, (16 * PAGE) as u32)]).unwrap();
     assert_eq!(mr.odp_stats().unwrap().page_prefetch, 8);
     let src = a.pd.register(vec![3u8; 8 * PAGE], Access::empty()).unwrap();
-    assert_eq!(rdma(&a, WrOpcode::RdmaWrite, src.sge(0, (8 * PAGE) as u32), target.addr as u64, mr.rkey()), WcStatus::Success);
+    assert_eq!(
+        rdma(&a, WrOpcode::RdmaWrite, src.sge(0, (8 * PAGE) as u32), target.addr as u64, mr.rkey()),
+        WcStatus::Success
+    );
     assert_eq!(mr.odp_stats().unwrap().page_faults, 0, "prefetched pages need no fault");
-    assert_eq!(rdma(&a, WrOpcode::RdmaWrite, src.sge(0, PAGE as u32), (target.addr + 8 * PAGE) as u64, mr.rkey()), WcStatus::Success);
+    assert_eq!(
+        rdma(&a, WrOpcode::RdmaWrite, src.sge(0, PAGE as u32), (target.addr + 8 * PAGE) as u64, mr.rkey()),
+        WcStatus::Success
+    );
     assert_eq!(mr.odp_stats().unwrap().page_faults, 1);
 }
 
@@ -184,16 +203,22 @@ fn munmap_and_mmap_at_the_same_address_shows_the_new_memory() {
     let _serial = serial();
     let (a, b) = connected(None);
     let m = Map::rw(4 * PAGE);
-    m.bytes().fill(0xAA);
+    m.fill(0xAA);
     let mr = b.pd.register_odp(m.addr as u64, (4 * PAGE) as u64, RW).unwrap();
     let dst = a.pd.register(vec![0u8; 4 * PAGE], Access::LOCAL_WRITE).unwrap();
-    assert_eq!(rdma(&a, WrOpcode::RdmaRead, dst.sge(0, (4 * PAGE) as u32), m.addr as u64, mr.rkey()), WcStatus::Success);
+    assert_eq!(
+        rdma(&a, WrOpcode::RdmaRead, dst.sge(0, (4 * PAGE) as u32), m.addr as u64, mr.rkey()),
+        WcStatus::Success
+    );
     assert!(dst.to_vec().iter().all(|&x| x == 0xAA));
     let before = mr.odp_stats().unwrap();
     assert_eq!(before.page_faults, 4);
     m.remap();
-    m.bytes().fill(0xBB);
-    assert_eq!(rdma(&a, WrOpcode::RdmaRead, dst.sge(0, (4 * PAGE) as u32), m.addr as u64, mr.rkey()), WcStatus::Success);
+    m.fill(0xBB);
+    assert_eq!(
+        rdma(&a, WrOpcode::RdmaRead, dst.sge(0, (4 * PAGE) as u32), m.addr as u64, mr.rkey()),
+        WcStatus::Success
+    );
     assert!(dst.to_vec().iter().all(|&x| x == 0xBB), "RDMA sees the new mapping, not the old pages");
     let after = mr.odp_stats().unwrap();
     if uroce::mem::odp::notifier_available() {
@@ -217,7 +242,10 @@ fn unmapped_odp_memory_fails_cleanly() {
     let mr = b.pd.register_odp(m.addr as u64, (4 * PAGE) as u64, RW).unwrap();
     let src = a.pd.register(vec![9u8; PAGE], Access::LOCAL_WRITE).unwrap();
     m.unmap();
-    assert_eq!(rdma(&a, WrOpcode::RdmaWrite, src.sge(0, PAGE as u32), m.addr as u64, mr.rkey()), WcStatus::RemAccessErr);
+    assert_eq!(
+        rdma(&a, WrOpcode::RdmaWrite, src.sge(0, PAGE as u32), m.addr as u64, mr.rkey()),
+        WcStatus::RemAccessErr
+    );
     // Local side: a SEND gathering from an unmapped ODP range.
     let (c, d) = connected(None);
     let lm = Map::rw(PAGE);
@@ -246,9 +274,12 @@ fn implicit_odp_reaches_any_mapped_buffer() {
     // Allocated after registration.
     let late = Map::rw(2 * PAGE);
     let src = a.pd.register(vec![0x5Au8; 2 * PAGE], Access::empty()).unwrap();
-    assert_eq!(rdma(&a, WrOpcode::RdmaWrite, src.sge(0, (2 * PAGE) as u32), late.addr as u64, whole.rkey()), WcStatus::Success);
+    assert_eq!(
+        rdma(&a, WrOpcode::RdmaWrite, src.sge(0, (2 * PAGE) as u32), late.addr as u64, whole.rkey()),
+        WcStatus::Success
+    );
     assert!(late.bytes().iter().all(|&x| x == 0x5A));
-    let heap = vec![7u64; 16];
+    let heap: Vec<u64> = std::iter::repeat_n(7, 16).collect();
     let res = a.pd.register(vec![0u8; 8], Access::LOCAL_WRITE).unwrap();
     let mut cmp = wr(2, WrOpcode::AtomicFetchAdd, res.sge(0, 8));
     cmp.remote_addr = heap.as_ptr() as u64 + 8;
@@ -293,7 +324,9 @@ fn odp_regions_serve_atomics_windows_and_receives() {
     assert_eq!(u64::from_ne_bytes(m.bytes()[PAGE..PAGE + 8].try_into().unwrap()), 0xfeed);
     // A type-1 window over the ODP region.
     let mw = b.pd.alloc_mw(MwType::Type1).unwrap();
-    let k = b.qp.bind_mw(&mw, 2, SendFlags::SIGNALED, Some(&mr), m.addr as u64, 2 * PAGE as u64, Access::REMOTE_WRITE).unwrap();
+    let k =
+        b.qp.bind_mw(&mw, 2, SendFlags::SIGNALED, Some(&mr), m.addr as u64, 2 * PAGE as u64, Access::REMOTE_WRITE)
+            .unwrap();
     assert_eq!(b.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);
     let src = a.pd.register(vec![0x33u8; 16], Access::empty()).unwrap();
     assert_eq!(rdma(&a, WrOpcode::RdmaWrite, src.sge(0, 16), m.addr as u64 + 100, k), WcStatus::Success);

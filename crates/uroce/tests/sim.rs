@@ -64,7 +64,8 @@ struct Node {
 fn node(addr: IpAddr, mtu: Mtu) -> Node {
     let mem = Memory::new();
     let mut engine = Engine::new(EngineConfig::new(addr, 4791, mtu), mem.clone());
-    let cq = Arc::new(CompletionQueue::new(1, 100_000));
+    // Inline receive on: small SENDs travel in their completions.
+    let cq = Arc::new(CompletionQueue::with_inline(1, 100_000, Some(mem.clone()), 32));
     let qpn = engine
         .create_qp(QpInit {
             qp_type: QpType::Rc,
@@ -74,6 +75,7 @@ fn node(addr: IpAddr, mtu: Mtu) -> Node {
             srq: None,
             cap: QpCap { max_send_wr: 4096, max_recv_wr: 4096, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 64 },
             sq_sig_all: false,
+            scatter_to_cqe: true,
         })
         .unwrap();
     Node { engine, mem, cq, qpn }

@@ -132,7 +132,12 @@ impl Layout {
     }
 
     /// Calls `f(lkey, addr, len)` for each run of `off..off+len` in order.
-    pub fn for_each<E>(&self, off: u64, len: u64, mut f: impl FnMut(u32, u64, u64) -> std::result::Result<(), E>) -> std::result::Result<(), E> {
+    pub fn for_each<E>(
+        &self,
+        off: u64,
+        len: u64,
+        mut f: impl FnMut(u32, u64, u64) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
         let mut pos = off;
         let end = off + len;
         match &self.kind {

@@ -122,7 +122,11 @@ impl Memory {
         if len > 0 && peer::any_client() {
             if let Some(mapping) = peer::acquire(addr as u64, len, access.contains(Access::LOCAL_WRITE))? {
                 let backing = Backing::Peer(mapping);
-                return Ok(self.keys.write().unwrap().insert(|key| MemoryRegion::new(pd, key, iova, len, access, backing)));
+                return Ok(self
+                    .keys
+                    .write()
+                    .unwrap()
+                    .insert(|key| MemoryRegion::new(pd, key, iova, len, access, backing)));
             }
         }
         if len > 0 {
@@ -179,7 +183,11 @@ impl Memory {
             return Err(Error::inval("create_mkey: max_entries must be 1..=4096"));
         }
         let k = IndirectKey::new(max_entries);
-        Ok(self.keys.write().unwrap().insert(|key| MemoryRegion::new(pd, key, 0, 0, Access::empty(), Backing::Indirect(k))))
+        Ok(self
+            .keys
+            .write()
+            .unwrap()
+            .insert(|key| MemoryRegion::new(pd, key, 0, 0, Access::empty(), Backing::Indirect(k))))
     }
 
     /// Verbs-style (re)registration of an indirect key's layout: validates

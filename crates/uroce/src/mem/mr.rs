@@ -30,9 +30,11 @@ impl std::fmt::Debug for Backing {
                 .field("addr", &format_args!("{addr:#x}"))
                 .field("owned", &owner.is_some())
                 .finish(),
-            Backing::Odp { addr, odp } => {
-                f.debug_struct("Odp").field("addr", &format_args!("{addr:#x}")).field("implicit", &odp.implicit).finish()
-            }
+            Backing::Odp { addr, odp } => f
+                .debug_struct("Odp")
+                .field("addr", &format_args!("{addr:#x}"))
+                .field("implicit", &odp.implicit)
+                .finish(),
             Backing::Peer(p) => f.debug_tuple("Peer").field(&p.client_name()).finish(),
             Backing::Indirect(k) => k.fmt(f),
         }

@@ -148,9 +148,8 @@ fn read_events(fd: OwnedFd) {
     let mut msgs = [UffdMsg::default(); 16];
     loop {
         // SAFETY: reads whole `uffd_msg`s into an array of exactly that size.
-        let n = unsafe {
-            libc::read(fd.as_raw_fd(), msgs.as_mut_ptr() as *mut libc::c_void, std::mem::size_of_val(&msgs))
-        };
+        let n =
+            unsafe { libc::read(fd.as_raw_fd(), msgs.as_mut_ptr() as *mut libc::c_void, std::mem::size_of_val(&msgs)) };
         if n < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() == std::io::ErrorKind::Interrupted {

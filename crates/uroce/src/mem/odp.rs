@@ -134,7 +134,12 @@ pub struct OdpRegion {
 
 impl OdpRegion {
     pub(crate) fn new(implicit: bool, device: Arc<OdpCounters>) -> Arc<OdpRegion> {
-        let r = Arc::new(OdpRegion { implicit, mapped: Mutex::new(RangeSet::new()), counters: OdpCounters::default(), device });
+        let r = Arc::new(OdpRegion {
+            implicit,
+            mapped: Mutex::new(RangeSet::new()),
+            counters: OdpCounters::default(),
+            device,
+        });
         notifier::subscribe(&r);
         r
     }

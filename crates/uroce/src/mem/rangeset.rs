@@ -42,7 +42,8 @@ impl RangeSet {
         if start >= end {
             return 0;
         }
-        let from = self.map.range(..start).next_back().filter(|(_, &pe)| pe > start).map(|(&ps, _)| ps).unwrap_or(start);
+        let from =
+            self.map.range(..start).next_back().filter(|(_, &pe)| pe > start).map(|(&ps, _)| ps).unwrap_or(start);
         let hit: Vec<(u64, u64)> = self.map.range(from..end).map(|(&a, &b)| (a, b)).collect();
         let mut removed = 0;
         for (a, b) in hit {

@@ -180,9 +180,12 @@ impl Span {
     /// Atomic compare-and-swap of the 8 bytes at the span's start (host
     /// order); returns the original value.
     pub fn compare_swap(&self, compare: u64, swap: u64) -> Result<u64, AccessError> {
-        self.atomic(|a| match a.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
-            Ok(v) | Err(v) => v,
-        }, |v| if v == compare { swap } else { v })
+        self.atomic(
+            |a| match a.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(v) | Err(v) => v,
+            },
+            |v| if v == compare { swap } else { v },
+        )
     }
 
     /// Atomic fetch-and-add; returns the original value.

@@ -2,10 +2,38 @@
 //! transport (producer) and the application (consumer), with the arm state of
 //! `ibv_req_notify_cq`. Overrunning a queue puts it in error, as on real
 //! devices: the completion is lost and an IBV_EVENT_CQ_ERR is raised.
+//!
+//! **Inline receive** (mlx5's scatter-to-CQE): a small received message
+//! (≤ 32 bytes with 64-byte CQEs, ≤ 64 with 128-byte ones) travels inside
+//! its completion and is copied to the receive WQE's buffers when the
+//! application polls, in the application's thread; the transport skips the
+//! buffers' key translation and copy. A buffer that is no longer valid at
+//! poll time completes with LOC_PROT_ERR.
 
-use crate::ib::{Errno, Error, Result, Wc, WcStatus};
+use crate::ib::{Errno, Error, Result, Sge, Wc, WcStatus};
+use crate::mem::{for_each_sge_piece, Memory, Want};
+use smallvec::SmallVec;
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+/// Largest inline-received payload (128-byte CQEs).
+pub const MAX_INLINE_RECV: usize = 64;
+
+/// A received message carried in its completion.
+#[derive(Debug, Clone)]
+pub struct InlineRecv {
+    pub len: u8,
+    pub data: [u8; MAX_INLINE_RECV],
+    /// The receive WQE's buffers and the PD their keys belong to.
+    pub pd: u32,
+    pub sges: SmallVec<[Sge; 2]>,
+}
+
+#[derive(Debug)]
+struct Cqe {
+    wc: Wc,
+    inline: Option<InlineRecv>,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Arm {
@@ -16,7 +44,7 @@ enum Arm {
 
 #[derive(Debug)]
 struct Inner {
-    ring: VecDeque<Wc>,
+    ring: VecDeque<Cqe>,
     capacity: usize,
     arm: Arm,
     overrun: bool,
@@ -36,11 +64,23 @@ pub enum Pushed {
 pub struct CompletionQueue {
     pub handle: u32,
     inner: Mutex<Inner>,
+    /// Inline-receive size (0: off) and the memory to scatter into at poll.
+    inline_limit: usize,
+    mem: Option<Arc<Memory>>,
 }
 
 impl CompletionQueue {
     pub fn new(handle: u32, capacity: usize) -> CompletionQueue {
+        Self::with_inline(handle, capacity, None, 0)
+    }
+
+    /// A queue whose completions may carry up to `inline_limit` bytes of
+    /// received data (32 or 64), scattered through `mem` at poll time.
+    pub fn with_inline(handle: u32, capacity: usize, mem: Option<Arc<Memory>>, inline_limit: usize) -> CompletionQueue {
+        let inline_limit = if mem.is_some() { inline_limit.min(MAX_INLINE_RECV) } else { 0 };
         CompletionQueue {
+            inline_limit,
+            mem,
             handle,
             inner: Mutex::new(Inner {
                 ring: VecDeque::with_capacity(capacity.min(4096)),
@@ -54,12 +94,27 @@ impl CompletionQueue {
     /// Adds a completion; `solicited` marks a receive of a solicited message
     /// (errors also wake a solicited-only arm).
     pub fn push(&self, wc: Wc, solicited: bool) -> Pushed {
+        self.push_entry(Cqe { wc, inline: None }, solicited)
+    }
+
+    /// Largest payload a completion of this queue may carry (0: none).
+    pub fn inline_limit(&self) -> usize {
+        self.inline_limit
+    }
+
+    /// Adds a receive completion that carries its message.
+    pub fn push_inline(&self, wc: Wc, solicited: bool, inline: InlineRecv) -> Pushed {
+        self.push_entry(Cqe { wc, inline: Some(inline) }, solicited)
+    }
+
+    fn push_entry(&self, e: Cqe, solicited: bool) -> Pushed {
+        let wc = e.wc;
         let mut g = self.inner.lock().unwrap();
         if g.overrun || g.ring.len() >= g.capacity {
             g.overrun = true;
             return Pushed::Overrun;
         }
-        g.ring.push_back(wc);
+        g.ring.push_back(e);
         let notify = match g.arm {
             Arm::None => false,
             Arm::Next => true,
@@ -79,24 +134,40 @@ impl CompletionQueue {
             return Err(Error::new(Errno::EIO, "completion queue overrun"));
         }
         let n = out.len().min(g.ring.len());
-        for (slot, wc) in out.iter_mut().zip(g.ring.drain(..n)) {
-            *slot = wc;
+        for (slot, e) in out.iter_mut().zip(g.ring.drain(..n)) {
+            *slot = self.deliver(e);
         }
         Ok(n)
     }
 
     /// Pops one completion, if any.
+    pub fn poll_one(&self) -> Option<Wc> {
+        let e = self.inner.lock().unwrap().ring.pop_front()?;
+        Some(self.deliver(e))
+    }
+
+    /// Scatters an inline-received message into its buffers.
+    fn deliver(&self, e: Cqe) -> Wc {
+        let mut wc = e.wc;
+        if let (Some(i), Some(mem)) = (e.inline, &self.mem) {
+            let data = &i.data[..i.len as usize];
+            let r = for_each_sge_piece(mem, i.pd, &i.sges, 0, data.len() as u64, Want::LocalWrite, |s, at, n| {
+                s.write(0, &data[at as usize..at as usize + n])
+            });
+            if r.is_err() {
+                wc.status = WcStatus::LocProtErr;
+            }
+        }
+        wc
+    }
+
     /// Drops the unpolled completions of QP `qpn` (a QP entering RESET, as
     /// mlx5's `__mlx5_ib_cq_clean`): returns how many.
     pub fn purge_qp(&self, qpn: u32) -> usize {
         let mut g = self.inner.lock().unwrap();
         let before = g.ring.len();
-        g.ring.retain(|wc| wc.qp_num != qpn);
+        g.ring.retain(|e| e.wc.qp_num != qpn);
         before - g.ring.len()
-    }
-
-    pub fn poll_one(&self) -> Option<Wc> {
-        self.inner.lock().unwrap().ring.pop_front()
     }
 
     /// Arms the queue: the next completion (or the next solicited or error

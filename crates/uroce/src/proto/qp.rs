@@ -4,7 +4,7 @@
 //! requester, completer and responder (sibling modules, each an `impl Qp`
 //! block) share: completions, flushing, and moving to the error state.
 
-use super::cq::{CompletionQueue, Pushed};
+use super::cq::{CompletionQueue, InlineRecv, Pushed};
 use super::srq::{RecvWqe, SharedRecvQueue};
 use super::wr::{QpAttr, QpCap, RecvWr, SendWr, WrOpcode};
 use super::{AsyncEvent, Ctx, Event};
@@ -25,6 +25,8 @@ pub struct QpInit {
     pub srq: Option<Arc<SharedRecvQueue>>,
     pub cap: QpCap,
     pub sq_sig_all: bool,
+    /// Small received messages travel in their completions (see `cq`).
+    pub scatter_to_cqe: bool,
 }
 
 /// Device limits a QP is created against.
@@ -70,6 +72,7 @@ pub struct Qp {
     pub srq: Option<Arc<SharedRecvQueue>>,
     pub cap: QpCap,
     pub sq_sig_all: bool,
+    pub scatter_to_cqe: bool,
     pub attr: QpAttr,
     pub(crate) sq: VecDeque<SendWqe>,
     pub(crate) rq: VecDeque<RecvWqe>,
@@ -118,6 +121,7 @@ impl Qp {
             srq: init.srq,
             cap: init.cap,
             sq_sig_all: init.sq_sig_all,
+            scatter_to_cqe: init.scatter_to_cqe,
             attr: QpAttr::default(),
             sq: VecDeque::new(),
             rq: VecDeque::new(),
@@ -354,8 +358,20 @@ impl Qp {
         self.deliver(ctx, &cq, wc, solicited);
     }
 
+    /// A receive completion carrying its (small) message.
+    pub(crate) fn deliver_recv_inline(&mut self, ctx: &mut Ctx, wc: Wc, solicited: bool, inline: InlineRecv) {
+        let cq = self.recv_cq.clone();
+        let pushed = cq.push_inline(wc, solicited, inline);
+        self.pushed(ctx, &cq, pushed);
+    }
+
     fn deliver(&mut self, ctx: &mut Ctx, cq: &CompletionQueue, wc: Wc, solicited: bool) {
-        match cq.push(wc, solicited) {
+        let pushed = cq.push(wc, solicited);
+        self.pushed(ctx, cq, pushed);
+    }
+
+    fn pushed(&mut self, ctx: &mut Ctx, cq: &CompletionQueue, pushed: Pushed) {
+        match pushed {
             Pushed::Stored { notify } => {
                 if notify {
                     ctx.events.push_back(Event::CompletionNotify(cq.handle));

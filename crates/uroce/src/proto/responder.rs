@@ -6,6 +6,7 @@
 //! result, never execute twice. UD receives and UC's silent drops live here
 //! too.
 
+use super::cq::{InlineRecv, MAX_INLINE_RECV};
 use super::qp::Qp;
 use super::srq::RecvWqe;
 use super::{psn, Ctx, Transmit};
@@ -272,11 +273,16 @@ impl Qp {
             }
         }
         let pd = self.recv_pd();
+        let inline_limit = if self.scatter_to_cqe { self.recv_cq.inline_limit() } else { 0 };
         let recv = self.resp.recv.as_mut().expect("a receive WQE is open");
         let off = recv.off;
         let data = pkt.payload;
+        // A whole small message can travel in its completion (inline receive).
+        let inline = flags.contains(F::FIRST | F::LAST) && !data.is_empty() && data.len() <= inline_limit;
         let status = if off + data.len() as u64 > sge_total(&recv.wqe.sges) {
             Some((WcStatus::LocLenErr, NakCode::InvalidRequest))
+        } else if inline {
+            None
         } else {
             let r = for_each_sge_piece(
                 ctx.mem,
@@ -318,6 +324,14 @@ impl Qp {
                 }
                 wc.imm_data = rkey;
                 wc.wc_flags |= WcFlags::WITH_INV;
+            }
+            if inline {
+                let mut i =
+                    InlineRecv { len: data.len() as u8, data: [0; MAX_INLINE_RECV], pd, sges: Default::default() };
+                i.data[..data.len()].copy_from_slice(data);
+                i.sges.extend_from_slice(&recv.wqe.sges);
+                self.deliver_recv_inline(ctx, wc, pkt.headers.bth.solicited, i);
+                return Ok(());
             }
             self.deliver_recv(ctx, wc, pkt.headers.bth.solicited);
         }

@@ -10,6 +10,8 @@
 //! | `UROCE_CAPTURE` | write a pcap of every packet to this file (`%p` = pid) | off |
 //! | `UROCE_BUSY_POLL` | `1`: spin instead of sleeping | 0 |
 //! | `UROCE_IPV4_ANY_ID` | `1`: accept IPv4 ICRCs with any IP ID (Linux rxe peers) | 0 |
+//! | `UROCE_SCATTER_TO_CQE` (or `MLX5_SCATTER_TO_CQE`) | `0`: no inline receive | 1 |
+//! | `UROCE_CQE_SIZE` (or `MLX5_CQE_SIZE`) | 64 (inline receive ≤ 32 B) or 128 (≤ 64 B) | 64 |
 //!
 //! On one host every process needs its own address, because RoCE peers know
 //! each other by GID (an IP address) and all use port 4791. With no
@@ -31,6 +33,10 @@ pub struct DeviceConfig {
     pub capture: Option<PathBuf>,
     pub busy_poll: bool,
     pub ipv4_any_id: bool,
+    /// Inline receive (scatter-to-CQE) for QPs that do not choose.
+    pub scatter_to_cqe: bool,
+    /// CQE size: 64 (messages ≤ 32 bytes travel inline) or 128 (≤ 64).
+    pub cqe_size: u32,
 }
 
 impl Default for DeviceConfig {
@@ -43,6 +49,8 @@ impl Default for DeviceConfig {
             capture: None,
             busy_poll: false,
             ipv4_any_id: false,
+            scatter_to_cqe: true,
+            cqe_size: 64,
         }
     }
 }
@@ -83,6 +91,16 @@ impl DeviceConfig {
         }
         c.busy_poll = var("UROCE_BUSY_POLL").is_some_and(|v| v == "1");
         c.ipv4_any_id = var("UROCE_IPV4_ANY_ID").is_some_and(|v| v == "1");
+        if let Some(v) = var("UROCE_SCATTER_TO_CQE").or_else(|| var("MLX5_SCATTER_TO_CQE")) {
+            c.scatter_to_cqe = v != "0";
+        }
+        if let Some(v) = var("UROCE_CQE_SIZE").or_else(|| var("MLX5_CQE_SIZE")) {
+            c.cqe_size = match v.as_str() {
+                "64" => 64,
+                "128" => 128,
+                _ => return Err(Error::inval(format!("UROCE_CQE_SIZE: {v} is not 64 or 128"))),
+            };
+        }
         Ok(c)
     }
 }

@@ -21,6 +21,9 @@ pub(crate) struct DeviceShared {
     pub mem: Arc<Memory>,
     pub addr: SocketAddr,
     pub mtu: Mtu,
+    /// Inline receive by default, and the payload a completion carries.
+    pub scatter_to_cqe: bool,
+    pub inline_recv: usize,
     next_handle: AtomicU32,
     channels: Mutex<HashMap<u32, Weak<ChannelInner>>>,
     async_events: Mutex<VecDeque<AsyncEvent>>,
@@ -144,6 +147,8 @@ impl Context {
             mem,
             addr,
             mtu: rt.engine().config().mtu,
+            scatter_to_cqe: cfg.scatter_to_cqe,
+            inline_recv: if cfg.cqe_size == 128 { 64 } else { 32 },
             next_handle: AtomicU32::new(1),
             channels: Mutex::new(HashMap::new()),
             async_events: Mutex::new(VecDeque::new()),

@@ -20,7 +20,7 @@ impl CompletionQueue {
             return Err(Error::inval(format!("create_cq: cqe must be 1..={MAX_CQE}")));
         }
         let handle = ctx.dev.next_handle();
-        let ring = Arc::new(Ring::new(handle, cqe as usize));
+        let ring = Arc::new(Ring::with_inline(handle, cqe as usize, Some(ctx.dev.mem.clone()), ctx.dev.inline_recv));
         let channel = channel.map(|c| c.inner.clone());
         if let Some(ch) = &channel {
             ctx.dev.bind_channel(handle, ch);

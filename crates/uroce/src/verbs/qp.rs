@@ -18,6 +18,9 @@ pub struct QpInitAttr<'a> {
     pub srq: Option<&'a SharedReceiveQueue>,
     pub cap: QpCap,
     pub sq_sig_all: bool,
+    /// Inline receive for this QP (None: the device's default, on unless
+    /// `UROCE_SCATTER_TO_CQE=0`), like mlx5dv's DISABLE/ALLOW_SCATTER_TO_CQE.
+    pub scatter_to_cqe: Option<bool>,
 }
 
 impl<'a> QpInitAttr<'a> {
@@ -30,6 +33,7 @@ impl<'a> QpInitAttr<'a> {
             srq: None,
             cap: QpCap { max_send_wr: 256, max_recv_wr: 256, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 64 },
             sq_sig_all: false,
+            scatter_to_cqe: None,
         }
     }
 
@@ -71,6 +75,8 @@ impl QueuePair {
             srq: a.srq.map(|s| s.queue.clone()),
             cap: a.cap,
             sq_sig_all: a.sq_sig_all,
+            scatter_to_cqe: matches!(a.qp_type, QpType::Rc | QpType::Uc)
+                && a.scatter_to_cqe.unwrap_or(pd.inner.ctx.dev.scatter_to_cqe),
         };
         let qpn = pd.inner.ctx.dev.rt.engine().create_qp(init)?;
         Ok(QueuePair {

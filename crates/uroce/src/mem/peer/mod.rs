@@ -343,7 +343,10 @@ pub fn register_client(client: Arc<dyn PeerMemoryClient>) -> crate::ib::Result<C
     }
     let mut cs = clients().lock().unwrap();
     if cs.iter().any(|c| c.client.name() == name) {
-        return Err(crate::ib::Error::new(crate::ib::Errno::EEXIST, "peer client: a client of that name is registered"));
+        return Err(crate::ib::Error::new(
+            crate::ib::Errno::EEXIST,
+            "peer client: a client of that name is registered",
+        ));
     }
     let entry = Arc::new(ClientEntry {
         client,
