@@ -190,7 +190,12 @@ unsafe fn interleaved_layout(access: u32, repeat: u32, n: u16, data: *const Uroc
         // SAFETY: the caller's array of `n` entries.
         unsafe { std::slice::from_raw_parts(data, n as usize) }
             .iter()
-            .map(|e| InterleavedEntry { addr: e.addr, bytes_count: e.bytes_count, bytes_skip: e.bytes_skip, lkey: e.lkey })
+            .map(|e| InterleavedEntry {
+                addr: e.addr,
+                bytes_count: e.bytes_count,
+                bytes_skip: e.bytes_skip,
+                lkey: e.lkey,
+            })
             .collect()
     };
     Layout::interleaved(Access::from_bits_retain(access), repeat, &entries)
@@ -210,7 +215,12 @@ fn set(mkey: *mut UMkey, layout: Option<Layout>) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn uroce_mkey_set_list(mkey: *mut UMkey, access: u32, num_sges: u16, sge: *const ibv_sge) -> c_int {
+pub unsafe extern "C" fn uroce_mkey_set_list(
+    mkey: *mut UMkey,
+    access: u32,
+    num_sges: u16,
+    sge: *const ibv_sge,
+) -> c_int {
     if mkey.is_null() || (sge.is_null() && num_sges > 0) {
         return libc::EINVAL;
     }
