@@ -7,7 +7,7 @@ use std::ffi::c_int;
 use uroce::ib::{SendFlags, Sge, Wc};
 use uroce::verbs::{RecvWr, SendWr, UdDest, WrOpcode};
 
-unsafe fn sges(list: *const ibv_sge, n: c_int) -> Vec<Sge> {
+pub(crate) unsafe fn sges(list: *const ibv_sge, n: c_int) -> Vec<Sge> {
     if list.is_null() || n <= 0 {
         return Vec::new();
     }
@@ -20,11 +20,27 @@ unsafe fn sges(list: *const ibv_sge, n: c_int) -> Vec<Sge> {
 
 /// Converts one C send WR; None for an opcode uroce does not execute.
 unsafe fn send_wr(w: &ibv_send_wr, ud: bool) -> Option<SendWr> {
+    // SAFETY: the caller's work request.
+    let mut wr = unsafe { send_wr_head(w, ud) }?;
+    // SAFETY: the caller's SGE array.
+    wr.sg_list = unsafe { sges(w.sg_list, w.num_sge) };
+    if wr.flags.contains(SendFlags::INLINE) && !wr.opcode.is_read_or_atomic() {
+        // Inline data is copied now, so the buffers may be reused at once.
+        // SAFETY: verbs' inline contract: the SGE addresses are readable
+        // memory of the caller for the duration of the call.
+        wr.inline = Some(unsafe { gather(&wr.sg_list) });
+    }
+    Some(wr)
+}
+
+/// Everything of a C send WR but its SGEs and inline data: the one
+/// conversion behind `ibv_post_send` and the `ibv_wr_*` builders
+/// (`qp_ex.rs`, which passes a WR without SGEs). None for an opcode uroce
+/// does not execute or a BIND_MW without a window.
+pub(crate) unsafe fn send_wr_head(w: &ibv_send_wr, ud: bool) -> Option<SendWr> {
     let opcode = WrOpcode::from_raw(w.opcode)?;
     let mut wr = SendWr::new(w.wr_id, opcode);
     wr.flags = SendFlags::from_bits_retain(w.send_flags);
-    // SAFETY: the caller's SGE array.
-    wr.sg_list = unsafe { sges(w.sg_list, w.num_sge) };
     // SAFETY: reading plain integers out of the unions is always defined.
     unsafe {
         wr.imm_data = match opcode {
@@ -33,10 +49,7 @@ unsafe fn send_wr(w: &ibv_send_wr, ud: bool) -> Option<SendWr> {
         };
         if ud {
             // UD: the union holds the address handle and remote QP.
-            if let Some(ah) = (w.wr.ud.ah as *const crate::objects::UAh).as_ref() {
-                wr.ud =
-                    Some(UdDest { av: ah.inner.av, remote_qpn: w.wr.ud.remote_qpn, remote_qkey: w.wr.ud.remote_qkey });
-            }
+            wr.ud = ud_dest(w.wr.ud.ah, w.wr.ud.remote_qpn, w.wr.ud.remote_qkey);
         } else if opcode.is_atomic() {
             wr.remote_addr = w.wr.atomic.remote_addr;
             wr.rkey = w.wr.atomic.rkey;
@@ -51,17 +64,26 @@ unsafe fn send_wr(w: &ibv_send_wr, ud: bool) -> Option<SendWr> {
     if opcode == WrOpcode::BindMw && !unsafe { crate::mw::bind_wr(w, &mut wr) } {
         return None;
     }
-    if wr.flags.contains(SendFlags::INLINE) && !opcode.is_read_or_atomic() {
-        // Inline data is copied now, so the buffers may be reused at once.
-        let mut data = Vec::with_capacity(wr.sg_list.iter().map(|s| s.length as usize).sum());
-        for s in &wr.sg_list {
-            // SAFETY: verbs' inline contract: the SGE addresses are readable
-            // memory of the caller for the duration of the call.
+    Some(wr)
+}
+
+/// A UD destination from an address handle of `ibv_create_ah` (None for NULL).
+pub(crate) unsafe fn ud_dest(ah: *mut ibv_ah, remote_qpn: u32, remote_qkey: u32) -> Option<UdDest> {
+    // SAFETY: an AH from ibv_create_ah, or NULL.
+    let ah = unsafe { (ah as *const crate::objects::UAh).as_ref() }?;
+    Some(UdDest { av: ah.inner.av, remote_qpn, remote_qkey })
+}
+
+/// The bytes the SGEs address, concatenated (inline data).
+pub(crate) unsafe fn gather(list: &[Sge]) -> Vec<u8> {
+    let mut data = Vec::with_capacity(list.iter().map(|s| s.length as usize).sum());
+    for s in list {
+        if s.length > 0 {
+            // SAFETY: the caller's contract: readable memory of the application.
             data.extend_from_slice(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) });
         }
-        wr.inline = Some(data);
     }
-    Some(wr)
+    data
 }
 
 pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
@@ -128,7 +150,7 @@ pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *
     }
 }
 
-fn to_c(wc: &Wc, out: &mut ibv_wc) {
+pub(crate) fn to_c(wc: &Wc, out: &mut ibv_wc) {
     out.wr_id = wc.wr_id;
     out.status = wc.status.to_raw();
     out.opcode = wc.opcode.to_raw();

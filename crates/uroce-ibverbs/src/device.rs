@@ -45,21 +45,27 @@ fn copy_name(dst: &mut [c_char], s: &str) {
     }
 }
 
-/// The devices of this process: one, from the environment (`UROCE_*`).
+/// The devices of this process: those of the configuration file, the
+/// default one first, with the environment's overrides (`UROCE_*`); or the
+/// one default device. An invalid configuration gives no device (and a
+/// message on stderr): uroce does not guess.
 fn devices() -> &'static [usize] {
     static DEVS: OnceLock<Vec<usize>> = OnceLock::new();
-    DEVS.get_or_init(|| match DeviceConfig::from_env() {
-        Ok(cfg) => {
-            // SAFETY: ibv_device is plain old data; all-zero is valid.
-            let mut dev: ibv_device = unsafe { std::mem::zeroed() };
-            dev.node_type = ibv_node_type_IBV_NODE_CA as _;
-            dev.transport_type = ibv_transport_type_IBV_TRANSPORT_IB as _;
-            copy_name(&mut dev.name, &cfg.name);
-            copy_name(&mut dev.dev_name, &format!("uverbs-{}", cfg.name));
-            copy_name(&mut dev.dev_path, "/dev/null");
-            copy_name(&mut dev.ibdev_path, &format!("/nonexistent/uroce/{}", cfg.name));
-            vec![Box::into_raw(Box::new(UDevice { dev, cfg })) as usize]
-        }
+    DEVS.get_or_init(|| match DeviceConfig::list_from_env() {
+        Ok(list) => list
+            .into_iter()
+            .map(|cfg| {
+                // SAFETY: ibv_device is plain old data; all-zero is valid.
+                let mut dev: ibv_device = unsafe { std::mem::zeroed() };
+                dev.node_type = ibv_node_type_IBV_NODE_CA as _;
+                dev.transport_type = ibv_transport_type_IBV_TRANSPORT_IB as _;
+                copy_name(&mut dev.name, &cfg.name);
+                copy_name(&mut dev.dev_name, &format!("uverbs-{}", cfg.name));
+                copy_name(&mut dev.dev_path, "/dev/null");
+                copy_name(&mut dev.ibdev_path, &format!("/nonexistent/uroce/{}", cfg.name));
+                Box::into_raw(Box::new(UDevice { dev, cfg })) as usize
+            })
+            .collect(),
         Err(e) => {
             eprintln!("uroce: no device: {e}");
             Vec::new()

@@ -32,14 +32,20 @@ pub struct UChannel {
 
 #[repr(C)]
 pub struct UCq {
-    pub cq: ibv_cq,
+    /// An `ibv_cq_ex`, whose first part is the `ibv_cq` (`ibv_cq_ex_to_cq`
+    /// is a cast); its polling functions are set by `ibv_create_cq_ex`.
+    pub cq: ibv_cq_ex,
     pub inner: Option<CompletionQueue>,
+    /// The completion `start_poll`/`next_poll` took (`cq_ex.rs`).
+    pub cur: crate::cq_ex::Current,
 }
 
 #[repr(C)]
 pub struct UQp {
     pub qp: ibv_qp_ex,
     pub inner: Option<QueuePair>,
+    /// The work requests of the `ibv_wr_*` builders since `wr_start` (`qp_ex.rs`).
+    pub batch: crate::qp_ex::Batch,
 }
 
 fn mutex_init(m: *mut pthread_mutex_t) {
@@ -219,8 +225,8 @@ pub unsafe extern "C" fn ibv_create_cq(
     let (u, ch) = unsafe { (UContext::from_ctx(ctx), (channel as *mut UChannel).as_mut()) };
     match u.ctx.create_cq(cqe as u32, ch.as_ref().and_then(|c| c.inner.as_ref())) {
         Ok(cq) => {
-            // SAFETY: ibv_cq is plain old data.
-            let mut raw: ibv_cq = unsafe { std::mem::zeroed() };
+            // SAFETY: ibv_cq_ex is plain old data plus function pointers (NULL).
+            let mut raw: ibv_cq_ex = unsafe { std::mem::zeroed() };
             raw.context = ctx;
             raw.channel = channel;
             raw.cq_context = cq_context;
@@ -229,7 +235,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             if let Some(c) = ch {
                 c.ch.refcnt += 1;
             }
-            let p = Box::into_raw(Box::new(UCq { cq: raw, inner: Some(cq) }));
+            let p = Box::into_raw(Box::new(UCq { cq: raw, inner: Some(cq), cur: Default::default() }));
             // SAFETY: fresh allocation.
             unsafe {
                 mutex_init(&mut (*p).cq.mutex);
@@ -388,7 +394,8 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
             a.cap.max_recv_wr = init.cap.max_recv_wr;
             a.cap.max_send_sge = init.cap.max_send_sge;
             a.cap.max_recv_sge = init.cap.max_recv_sge;
-            let b = Box::into_raw(Box::new(UQp { qp: raw, inner: Some(qp) }));
+            crate::qp_ex::set_ops(&mut raw, qp_type, crate::qp_ex::all_ops(qp_type));
+            let b = Box::into_raw(Box::new(UQp { qp: raw, inner: Some(qp), batch: Default::default() }));
             // SAFETY: fresh allocation.
             unsafe {
                 mutex_init(&mut (*b).qp.qp_base.mutex);

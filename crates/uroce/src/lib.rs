@@ -12,6 +12,7 @@
 //!
 //! [`ib`] holds the verbs vocabulary (enums, flags, errno) shared by all.
 
+pub mod config;
 pub mod ib;
 pub mod io;
 pub mod mem;

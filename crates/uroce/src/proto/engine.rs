@@ -93,6 +93,7 @@ impl Engine {
     /// Runs `f` on a QP with a context over the engine's other parts.
     fn with_qp<R>(&mut self, now: Instant, qpn: u32, f: impl FnOnce(&mut Qp, &mut Ctx) -> R) -> Option<R> {
         let qp = self.qps.get_mut(&qpn)?;
+        let before = self.stats;
         let mut ctx = Ctx {
             now,
             mem: &self.mem,
@@ -102,6 +103,8 @@ impl Engine {
             ready: &mut self.ready,
         };
         let r = f(qp, &mut ctx);
+        // The QP's share of what the device counted.
+        qp.stats.add_delta(&before, &self.stats);
         self.schedule();
         Some(r)
     }
@@ -210,10 +213,14 @@ impl Engine {
             return;
         }
         let qp_type = qp.qp_type;
-        self.with_qp(now, bth.dest_qp, |qp, ctx| match qp_type {
-            QpType::Ud => qp.on_ud(ctx, &pkt, ip.src, dst),
-            _ if is_response => qp.on_response(ctx, &pkt),
-            _ => qp.on_request(ctx, &pkt),
+        self.with_qp(now, bth.dest_qp, |qp, ctx| {
+            qp.stats.rx_packets += 1;
+            qp.stats.rx_bytes += data.len() as u64;
+            match qp_type {
+                QpType::Ud => qp.on_ud(ctx, &pkt, ip.src, dst),
+                _ if is_response => qp.on_response(ctx, &pkt),
+                _ => qp.on_request(ctx, &pkt),
+            }
         });
     }
 

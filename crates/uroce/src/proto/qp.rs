@@ -73,6 +73,8 @@ pub struct Qp {
     pub cap: QpCap,
     pub sq_sig_all: bool,
     pub scatter_to_cqe: bool,
+    /// This QP's counters.
+    pub stats: super::Stats,
     pub attr: QpAttr,
     pub(crate) sq: VecDeque<SendWqe>,
     pub(crate) rq: VecDeque<RecvWqe>,
@@ -122,6 +124,7 @@ impl Qp {
             cap: init.cap,
             sq_sig_all: init.sq_sig_all,
             scatter_to_cqe: init.scatter_to_cqe,
+            stats: Default::default(),
             attr: QpAttr::default(),
             sq: VecDeque::new(),
             rq: VecDeque::new(),

@@ -1,57 +1,82 @@
 //! Device counters kept by the transport: packets, bytes, drops by reason,
-//! retransmissions and NAKs.
+//! retransmissions and NAKs. The engine keeps one set per device and one per
+//! queue pair (each QP's share of the device's counts).
 
-/// Counters of one engine. Monotonic.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
-    pub tx_packets: u64,
-    pub tx_bytes: u64,
-    pub rx_packets: u64,
-    pub rx_bytes: u64,
-    pub rx_drop_malformed: u64,
-    pub rx_drop_icrc: u64,
-    pub rx_drop_no_qp: u64,
-    pub rx_drop_state: u64,
-    pub rx_drop_pkey: u64,
-    pub rx_drop_qkey: u64,
-    pub rx_drop_addr: u64,
-    pub rx_drop_no_recv: u64,
-    pub rx_duplicates: u64,
-    pub rx_out_of_sequence: u64,
-    pub retransmits: u64,
-    pub timeouts: u64,
-    pub rnr_naks_sent: u64,
-    pub rnr_naks_received: u64,
-    pub naks_sent: u64,
-    pub naks_received: u64,
-    pub qp_errors: u64,
+macro_rules! counters {
+    ($(#[$doc:meta])* $name:ident { $($(#[$fdoc:meta])* $field:ident),* $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct $name {
+            $($(#[$fdoc])* pub $field: u64,)*
+        }
+
+        impl $name {
+            /// Number of counters.
+            pub const LEN: usize = [$(stringify!($field)),*].len();
+
+            /// Every counter with its name, for tables and exporters.
+            pub fn fields(&self) -> [(&'static str, u64); Self::LEN] {
+                [$((stringify!($field), self.$field)),*]
+            }
+
+            /// Adds `after - before` (the counts of one operation).
+            pub fn add_delta(&mut self, before: &Self, after: &Self) {
+                $(self.$field += after.$field.wrapping_sub(before.$field);)*
+            }
+
+            /// Adds another set (aggregation over devices or processes).
+            pub fn add(&mut self, other: &Self) {
+                $(self.$field += other.$field;)*
+            }
+        }
+    };
 }
 
-impl Stats {
-    /// Every counter with its name, for tables and exporters.
-    pub fn fields(&self) -> [(&'static str, u64); 21] {
-        [
-            ("tx_packets", self.tx_packets),
-            ("tx_bytes", self.tx_bytes),
-            ("rx_packets", self.rx_packets),
-            ("rx_bytes", self.rx_bytes),
-            ("rx_drop_malformed", self.rx_drop_malformed),
-            ("rx_drop_icrc", self.rx_drop_icrc),
-            ("rx_drop_no_qp", self.rx_drop_no_qp),
-            ("rx_drop_state", self.rx_drop_state),
-            ("rx_drop_pkey", self.rx_drop_pkey),
-            ("rx_drop_qkey", self.rx_drop_qkey),
-            ("rx_drop_addr", self.rx_drop_addr),
-            ("rx_drop_no_recv", self.rx_drop_no_recv),
-            ("rx_duplicates", self.rx_duplicates),
-            ("rx_out_of_sequence", self.rx_out_of_sequence),
-            ("retransmits", self.retransmits),
-            ("timeouts", self.timeouts),
-            ("rnr_naks_sent", self.rnr_naks_sent),
-            ("rnr_naks_received", self.rnr_naks_received),
-            ("naks_sent", self.naks_sent),
-            ("naks_received", self.naks_received),
-            ("qp_errors", self.qp_errors),
-        ]
+counters! {
+    /// Counters of one engine or one QP. Monotonic.
+    Stats {
+        tx_packets,
+        tx_bytes,
+        rx_packets,
+        rx_bytes,
+        /// Not a valid RoCE packet.
+        rx_drop_malformed,
+        /// Bad ICRC.
+        rx_drop_icrc,
+        /// No such destination QP.
+        rx_drop_no_qp,
+        /// Wrong transport for the QP, or the QP's state does not accept it.
+        rx_drop_state,
+        rx_drop_pkey,
+        rx_drop_qkey,
+        /// Source address does not match the QP's address vector.
+        rx_drop_addr,
+        /// No receive WQE (UC/UD drop; RC answers RNR NAK).
+        rx_drop_no_recv,
+        rx_duplicates,
+        rx_out_of_sequence,
+        retransmits,
+        timeouts,
+        rnr_naks_sent,
+        rnr_naks_received,
+        naks_sent,
+        naks_received,
+        qp_errors,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delta_and_names() {
+        let before = Stats { tx_packets: 3, ..Default::default() };
+        let after = Stats { tx_packets: 5, naks_sent: 1, ..Default::default() };
+        let mut q = Stats::default();
+        q.add_delta(&before, &after);
+        assert_eq!((q.tx_packets, q.naks_sent), (2, 1));
+        assert_eq!(Stats::LEN, 21);
+        assert_eq!(q.fields()[0], ("tx_packets", 2));
     }
 }

@@ -1,5 +1,6 @@
 //! Device configuration: name, address, port, MTU, capture. Read from the
-//! environment by [`DeviceConfig::from_env`]:
+//! configuration file ([`crate::config`]) and then the environment by
+//! [`DeviceConfig::from_env`]; the environment wins:
 //!
 //! | variable | meaning | default |
 //! |---|---|---|
@@ -66,13 +67,57 @@ impl DeviceConfig {
         DeviceConfig { name: name.into(), addr: Some(addr), port, ..Default::default() }
     }
 
-    /// The configuration the environment describes (see the module docs).
+    /// The device this process opens by default: `UROCE_DEVICE`, else the
+    /// first device of the configuration file, else `uroce0` on loopback;
+    /// the environment overrides the file (see the module docs).
     pub fn from_env() -> Result<DeviceConfig> {
-        let mut c = DeviceConfig::default();
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        if let Some(v) = var("UROCE_DEVICE") {
-            c.name = v;
+        Ok(Self::list_from_env()?.remove(0))
+    }
+
+    /// Every device of the configuration file (the default one first, with
+    /// the environment's overrides), or the one default device.
+    pub fn list_from_env() -> Result<Vec<DeviceConfig>> {
+        let file = crate::config::ConfigFile::load().map_err(|e| Error::inval(format!("configuration: {e}")))?;
+        let file = file.map(|(f, _)| f).unwrap_or_default();
+        let mut list: Vec<DeviceConfig> = file.devices.iter().map(|d| Self::from_entry(d, &file)).collect();
+        if list.is_empty() {
+            list.push(DeviceConfig { capture: file.capture.file.as_deref().map(expand_pid), ..Default::default() });
         }
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let chosen = match var("UROCE_DEVICE") {
+            Some(name) => match list.iter().position(|c| c.name == name) {
+                Some(i) => i,
+                None => {
+                    list.insert(0, DeviceConfig { name, ..list[0].clone() });
+                    0
+                }
+            },
+            None => 0,
+        };
+        let c = list.remove(chosen);
+        list.insert(0, c.with_env()?);
+        Ok(list)
+    }
+
+    fn from_entry(d: &crate::config::DeviceEntry, file: &crate::config::ConfigFile) -> DeviceConfig {
+        let base = DeviceConfig::default();
+        DeviceConfig {
+            name: d.name.clone(),
+            addr: d.address,
+            port: d.port.unwrap_or(base.port),
+            mtu: d.mtu.map(Mtu::from_bytes_floor),
+            capture: file.capture.file.as_deref().map(expand_pid),
+            busy_poll: d.busy_poll.unwrap_or(base.busy_poll),
+            ipv4_any_id: d.ipv4_any_id.unwrap_or(base.ipv4_any_id),
+            scatter_to_cqe: d.scatter_to_cqe.unwrap_or(base.scatter_to_cqe),
+            cqe_size: d.cqe_size.unwrap_or(base.cqe_size),
+        }
+    }
+
+    /// Applies the environment's overrides.
+    fn with_env(mut self) -> Result<DeviceConfig> {
+        let c = &mut self;
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         if let Some(v) = var("UROCE_ADDR") {
             c.addr = Some(v.parse().map_err(|_| Error::inval(format!("UROCE_ADDR: not an IP address: {v}")))?);
         }
@@ -87,10 +132,14 @@ impl DeviceConfig {
             c.mtu = Some(Mtu::from_bytes_floor(b));
         }
         if let Some(v) = var("UROCE_CAPTURE") {
-            c.capture = Some(PathBuf::from(v.replace("%p", &std::process::id().to_string())));
+            c.capture = Some(expand_pid(&v));
         }
-        c.busy_poll = var("UROCE_BUSY_POLL").is_some_and(|v| v == "1");
-        c.ipv4_any_id = var("UROCE_IPV4_ANY_ID").is_some_and(|v| v == "1");
+        if let Some(v) = var("UROCE_BUSY_POLL") {
+            c.busy_poll = v == "1";
+        }
+        if let Some(v) = var("UROCE_IPV4_ANY_ID") {
+            c.ipv4_any_id = v == "1";
+        }
         if let Some(v) = var("UROCE_SCATTER_TO_CQE").or_else(|| var("MLX5_SCATTER_TO_CQE")) {
             c.scatter_to_cqe = v != "0";
         }
@@ -101,6 +150,11 @@ impl DeviceConfig {
                 _ => return Err(Error::inval(format!("UROCE_CQE_SIZE: {v} is not 64 or 128"))),
             };
         }
-        Ok(c)
+        Ok(self)
     }
+}
+
+/// `%p` in a path becomes the process id.
+fn expand_pid(p: &str) -> PathBuf {
+    PathBuf::from(p.replace("%p", &std::process::id().to_string()))
 }

@@ -29,6 +29,8 @@
 //! supported (as in MLNX OFED): `rereg` fails with EOPNOTSUPP, a bind with
 //! `MW_BIND_ERR`.
 
+pub mod loader;
+pub mod nv_mem;
 pub mod storage;
 
 use super::AccessError;
@@ -175,6 +177,9 @@ impl ClientEntry {
 pub struct Invalidator {
     entry: Weak<ClientEntry>,
     core_context: u64,
+    /// Unit tests of clients count calls here.
+    #[cfg(test)]
+    calls: Option<Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 impl std::fmt::Debug for Invalidator {
@@ -187,6 +192,10 @@ impl Invalidator {
     /// Revokes the region: accesses fail from now on; waits for accesses in
     /// progress. Counts a free callback even when the region is already gone.
     pub fn invalidate(&self) {
+        #[cfg(test)]
+        if let Some(c) = &self.calls {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
         let Some(entry) = self.entry.upgrade() else { return };
         entry.counters.num_free_callbacks.fetch_add(1, Ordering::Relaxed);
         let mapping = entry.mappings.lock().unwrap().get(&self.core_context).and_then(Weak::upgrade);
@@ -198,6 +207,19 @@ impl Invalidator {
 
     pub fn core_context(&self) -> u64 {
         self.core_context
+    }
+
+    /// An invalidator attached to no registration (client unit tests).
+    #[cfg(test)]
+    pub(crate) fn detached(core_context: u64) -> Invalidator {
+        Invalidator { entry: Weak::new(), core_context, calls: None }
+    }
+
+    /// A detached invalidator that counts its calls.
+    #[cfg(test)]
+    pub(crate) fn counting(core_context: u64) -> (Invalidator, Arc<std::sync::atomic::AtomicUsize>) {
+        let c = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        (Invalidator { entry: Weak::new(), core_context, calls: Some(c.clone()) }, c)
     }
 }
 
@@ -379,7 +401,12 @@ pub(crate) fn acquire(addr: u64, len: u64, write: bool) -> crate::ib::Result<Opt
     for entry in cs {
         let Some(mut mem) = entry.client.acquire(addr, len) else { continue };
         let core_context = entry.next_context.fetch_add(1, Ordering::Relaxed) % u32::MAX as u64;
-        let inv = Invalidator { entry: Arc::downgrade(&entry), core_context };
+        let inv = Invalidator {
+            entry: Arc::downgrade(&entry),
+            core_context,
+            #[cfg(test)]
+            calls: None,
+        };
         let errno = |e: i32, what| crate::ib::Error::new(crate::ib::Errno(e.abs()), what);
         mem.get_pages(addr, len, write, inv).map_err(|e| errno(e, "peer memory: get_pages failed"))?;
         let pages = match mem.dma_map() {
