@@ -20,6 +20,14 @@ enum Cmd {
     Demo(cmd::demo::Args),
     /// Show the device this process would open (like ibv_devinfo).
     Devices(cmd::devices::Args),
+    /// Counters of every process using uroce: table, JSON or Prometheus.
+    Stat(cmd::stat::Args),
+    /// Peer-memory clients: per-client counters, or `status`.
+    Peers(cmd::peers::Args),
+    /// Packet capture of a running process or of a command.
+    Capture(cmd::capture::Args),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
 }
 
 fn main() -> ExitCode {
@@ -32,5 +40,13 @@ fn main() -> ExitCode {
         Cmd::Decode(a) => cmd::decode::run(a),
         Cmd::Demo(a) => cmd::demo::run(a),
         Cmd::Devices(a) => cmd::devices::run(a),
+        Cmd::Stat(a) => cmd::stat::run(a),
+        Cmd::Peers(a) => cmd::peers::run(a),
+        Cmd::Capture(a) => cmd::capture::run(a),
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "uroce", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
     }
 }

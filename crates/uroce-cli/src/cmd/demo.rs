@@ -17,6 +17,10 @@ pub struct Args {
     /// Write device A's packets (both directions) to this pcap file.
     #[arg(long)]
     capture: Option<std::path::PathBuf>,
+    /// Then keep doing RDMA WRITE and READ for this many seconds (traffic
+    /// for `uroce stat` and `uroce capture` to watch).
+    #[arg(long, default_value_t = 0)]
+    duration: u64,
 }
 
 pub fn run(a: Args) -> std::process::ExitCode {
@@ -30,9 +34,11 @@ pub fn run(a: Args) -> std::process::ExitCode {
 }
 
 fn demo(a: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let duration = Duration::from_secs(a.duration);
     let port = if a.port != 0 { a.port } else { 10000 + (std::process::id() % 20000) as u16 };
     let mut ca = DeviceConfig::at("demo-a", IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), port);
-    ca.capture = a.capture.clone();
+    // `uroce capture -- uroce demo` sets UROCE_CAPTURE.
+    ca.capture = a.capture.clone().or_else(|| std::env::var_os("UROCE_CAPTURE").map(Into::into));
     let a = Context::open(&ca)?;
     let b = Context::open(&DeviceConfig::at("demo-b", IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), port))?;
     println!("device A: {} at {}  GID {}", a.name(), a.local_addr(), a.query_gid(0)?.to_ip());
@@ -113,6 +119,31 @@ fn demo(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut c = [0u8; 8];
     counter.read_at(0, &mut c)?;
     println!("FETCH_ADD   3 x +5 on B's counter: now {}", u64::from_ne_bytes(c));
+
+    if !duration.is_zero() {
+        println!("\nRDMA WRITE + READ of 64 KiB for {duration:?} (watch with `uroce stat`) ...");
+        let t = Instant::now();
+        let mut n = 0u64;
+        while t.elapsed() < duration {
+            let mut w = SendWr::new(100, WrOpcode::RdmaWrite);
+            w.sg_list = vec![src.sge(0, 65536)];
+            w.remote_addr = dst.iova();
+            w.rkey = dst.rkey();
+            qa.post_send(&w)?;
+            let mut r = SendWr::new(101, WrOpcode::RdmaRead);
+            r.sg_list = vec![back.sge(0, 65536)];
+            r.remote_addr = dst.iova();
+            r.rkey = dst.rkey();
+            qa.post_send(&r)?;
+            let mut got = 0;
+            while got < 2 {
+                got += cqa.wait(2 - got, Duration::from_secs(10))?.len();
+            }
+            n += 2;
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        println!("{n} operations");
+    }
 
     let s = a.stats();
     a.flush_capture();

@@ -1,4 +1,7 @@
 //! Subcommands.
+pub mod capture;
 pub mod decode;
 pub mod demo;
 pub mod devices;
+pub mod peers;
+pub mod stat;

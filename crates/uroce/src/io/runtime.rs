@@ -39,7 +39,9 @@ pub struct Runtime {
     tx_lock: Mutex<()>,
     wake: OwnedFd,
     sink: RwLock<Option<Weak<dyn EventSink>>>,
-    capture: Option<Capture>,
+    /// Packet capture, switchable while running (`uroce capture`).
+    capture: RwLock<Option<Capture>>,
+    capturing: AtomicBool,
     busy_poll: bool,
     shutdown: AtomicBool,
     sleeping_until: Mutex<Option<Instant>>,
@@ -74,7 +76,8 @@ impl Runtime {
             tx_lock: Mutex::new(()),
             wake,
             sink: RwLock::new(None),
-            capture,
+            capturing: AtomicBool::new(capture.is_some()),
+            capture: RwLock::new(capture),
             busy_poll: cfg.busy_poll,
             shutdown: AtomicBool::new(false),
             sleeping_until: Mutex::new(None),
@@ -130,8 +133,29 @@ impl Runtime {
         r
     }
 
+    /// Starts capturing every packet into a new pcap file at `path`
+    /// (replacing a capture in progress), or stops with `None`.
+    pub fn set_capture(&self, path: Option<&std::path::Path>) -> io::Result<()> {
+        let c = path.map(Capture::create).transpose()?;
+        let mut g = self.capture.write().unwrap();
+        self.capturing.store(c.is_some(), Ordering::Release);
+        *g = c;
+        Ok(())
+    }
+
+    /// Whether packets are being captured.
+    pub fn is_capturing(&self) -> bool {
+        self.capturing.load(Ordering::Acquire)
+    }
+
     fn send(&self, t: &Transmit) {
-        if let Some(c) = &self.capture {
+        if let Some(c) = self
+            .capturing
+            .load(Ordering::Acquire)
+            .then(|| self.capture.read().unwrap())
+            .as_deref()
+            .and_then(|c| c.as_ref())
+        {
             let local = self.socket.local_addr();
             let ip = IpInfo { src: local.ip(), dst: t.dst.ip(), sport: local.port(), dport: t.dst.port(), ipv4_id: 0 };
             c.record(&ip, &t.data);
@@ -184,13 +208,13 @@ impl Runtime {
                 let _ = h.join();
             }
         }
-        if let Some(c) = &self.capture {
+        if let Some(c) = self.capture.read().unwrap().as_ref() {
             c.flush();
         }
     }
 
     pub fn capture_flush(&self) {
-        if let Some(c) = &self.capture {
+        if let Some(c) = self.capture.read().unwrap().as_ref() {
             c.flush();
         }
     }
@@ -214,13 +238,15 @@ impl Runtime {
             }
         }
         let local = self.socket.local_addr();
-        if let Some(c) = &self.capture {
+        let guard = self.capturing.load(Ordering::Acquire).then(|| self.capture.read().unwrap());
+        if let Some(c) = guard.as_deref().and_then(|c| c.as_ref()) {
             for (i, &(n, from)) in got.iter().enumerate() {
                 let ip =
                     IpInfo { src: from.ip(), dst: local.ip(), sport: from.port(), dport: local.port(), ipv4_id: 0 };
                 c.record(&ip, &bufs[i][..n]);
             }
         }
+        drop(guard);
         let due = self.engine.lock().unwrap().poll_timeout().is_some_and(|t| t <= Instant::now());
         if got.is_empty() && !due {
             return false;

@@ -85,6 +85,11 @@ impl KeyTable {
         slot.region.as_ref()
     }
 
+    /// Every registered region.
+    pub fn regions(&self) -> impl Iterator<Item = &Arc<MemoryRegion>> {
+        self.slots.iter().filter_map(|s| s.region.as_ref())
+    }
+
     pub fn len(&self) -> usize {
         self.slots.iter().filter(|s| s.region.is_some()).count()
     }

@@ -607,6 +607,12 @@ impl Memory {
         Ok(())
     }
 
+    /// The ODP regions' keys and counters.
+    pub fn odp_regions(&self) -> Vec<(u32, OdpStats)> {
+        let regions: Vec<Arc<MemoryRegion>> = self.keys.read().unwrap().regions().cloned().collect();
+        regions.iter().filter_map(|r| Some((r.key, r.odp()?.stats()))).collect()
+    }
+
     /// The device's ODP counters (sums over all its ODP regions, past ones
     /// included).
     pub fn odp_stats(&self) -> OdpStats {

@@ -39,6 +39,17 @@ impl EngineConfig {
 /// First QPN handed out (0 and 1 are the special QPs; rxe starts at 0x11).
 const FIRST_QPN: u32 = 0x11;
 
+/// What `uroce stat` shows of a QP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QpSummary {
+    pub qpn: u32,
+    pub qp_type: QpType,
+    pub state: QpState,
+    pub dest_qpn: u32,
+    pub peer: Option<IpAddr>,
+    pub stats: Stats,
+}
+
 pub struct Engine {
     cfg: EngineConfig,
     mem: Arc<Memory>,
@@ -84,6 +95,24 @@ impl Engine {
 
     pub fn qp(&self, qpn: u32) -> Option<&Qp> {
         self.qps.get(&qpn)
+    }
+
+    /// Every QP with its state and counters, by QP number.
+    pub fn qp_summaries(&self) -> Vec<QpSummary> {
+        let mut v: Vec<QpSummary> = self
+            .qps
+            .values()
+            .map(|q| QpSummary {
+                qpn: q.qpn,
+                qp_type: q.qp_type,
+                state: q.state(),
+                dest_qpn: q.attr.dest_qp_num,
+                peer: (q.qp_type != QpType::Ud).then(|| q.attr.ah_attr.dgid.to_ip()),
+                stats: q.stats,
+            })
+            .collect();
+        v.sort_by_key(|q| q.qpn);
+        v
     }
 
     pub fn qp_count(&self) -> usize {

@@ -23,7 +23,7 @@ pub mod srq;
 mod stats;
 pub mod wr;
 
-pub use engine::{Engine, EngineConfig};
+pub use engine::{Engine, EngineConfig, QpSummary};
 pub use stats::Stats;
 
 use crate::ib::AsyncEventType;

@@ -157,6 +157,7 @@ impl Context {
         let sink: Arc<dyn EventSink> = dev.clone();
         rt.set_sink(Arc::downgrade(&sink));
         reg.insert(cfg.name.clone(), Arc::downgrade(&dev));
+        super::publish::device_started(&dev);
         tracing::info!(name = %cfg.name, %addr, "device started");
         Ok(Context { dev })
     }

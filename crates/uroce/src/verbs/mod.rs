@@ -22,6 +22,7 @@ mod cq;
 mod mr;
 mod mw;
 mod pd;
+pub mod publish;
 mod qp;
 mod srq;
 

@@ -52,7 +52,8 @@ pub fn load_configured(file: &ConfigFile) -> Vec<ClientStatus> {
 }
 
 /// Decides, and with `register` loads, each client of `file`. Without
-/// `register` only tells what would load (for `uroce peers status`).
+/// `register` only tells what would load (for `uroce peers status`);
+/// `loaded` then means "would load".
 pub fn evaluate(file: &ConfigFile, register: bool) -> Vec<ClientStatus> {
     let wanted = |kind: &str| file.peers.load.as_ref().is_none_or(|l| l.iter().any(|k| k == kind));
     let mut out = Vec::new();
@@ -72,18 +73,23 @@ pub fn evaluate(file: &ConfigFile, register: bool) -> Vec<ClientStatus> {
             ClientStatus { name: s.name.clone(), kind: "storage".into(), loaded: false, version: None, reason: None };
         if !wanted("storage") {
             st.reason = Some("not in [peers] load".into());
+        } else if !register {
+            // Tell what would happen without creating the backing file.
+            let parent_ok = s.path.parent().is_none_or(|p| p.as_os_str().is_empty() || p.is_dir());
+            if s.path.exists() || parent_ok {
+                st.loaded = true;
+                st.version = Some(super::storage::VERSION.into());
+            } else {
+                st.reason = Some(format!("{}: directory does not exist", s.path.display()));
+            }
         } else {
             match StoragePeer::open(&s.name, &s.path, s.capacity) {
                 Err(e) => st.reason = Some(format!("{}: {e}", s.path.display())),
                 Ok(peer) => {
-                    st.version = Some(super::PeerMemoryClient::version(&peer).to_string());
-                    if register {
-                        match super::register_client(Arc::new(peer)) {
-                            Ok(_) => st.loaded = true,
-                            Err(e) => st.reason = Some(e.to_string()),
-                        }
-                    } else {
-                        st.loaded = true;
+                    st.version = Some(super::storage::VERSION.into());
+                    match super::register_client(Arc::new(peer)) {
+                        Ok(_) => st.loaded = true,
+                        Err(e) => st.reason = Some(e.to_string()),
                     }
                 }
             }

@@ -17,6 +17,9 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+/// The client version the storage peer reports.
+pub const VERSION: &str = "1.0";
+
 /// The page size the storage peer maps in.
 pub const STORAGE_PAGE: u64 = 4096;
 
@@ -149,7 +152,7 @@ impl PeerMemoryClient for StoragePeer {
     }
 
     fn version(&self) -> &str {
-        "1.0"
+        VERSION
     }
 
     fn acquire(&self, addr: u64, size: u64) -> Option<Box<dyn PeerMemory>> {

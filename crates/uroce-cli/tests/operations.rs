@@ -1,0 +1,210 @@
+//! Operations across processes: `uroce stat` (table, JSON, Prometheus)
+//! watching another process's traffic, `uroce capture` switching capture in
+//! a running process and around a command, `uroce peers`, configuration
+//! errors, shell completions.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const UROCE: &str = env!("CARGO_BIN_EXE_uroce");
+
+fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("uroce-ops-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn uroce(rt: &Path, args: &[&str]) -> Output {
+    Command::new(UROCE).args(args).env("UROCE_RUNTIME_DIR", rt).env_remove("UROCE_CONFIG").output().unwrap()
+}
+
+/// A `uroce demo` doing traffic for `secs` seconds, publishing into `rt`.
+fn traffic(rt: &Path, secs: u32, port: u16, config: Option<&Path>) -> Child {
+    let mut c = Command::new(UROCE);
+    c.args(["demo", "--duration", &secs.to_string(), "--port", &port.to_string()])
+        .env("UROCE_RUNTIME_DIR", rt)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    match config {
+        Some(p) => c.env("UROCE_CONFIG", p),
+        None => c.env_remove("UROCE_CONFIG"),
+    };
+    c.spawn().unwrap()
+}
+
+struct Reap(Child);
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn stat_json(rt: &Path) -> Value {
+    let out = uroce(rt, &["stat", "--json"]);
+    assert!(out.status.success());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn tx_of(v: &Value, device: &str) -> u64 {
+    v["totals"][device]["tx_packets"].as_u64().unwrap_or(0)
+}
+
+/// Waits (≤ 15 s) until `f` holds.
+fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(15), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn stat_and_capture_watch_another_process() {
+    let rt = tmpdir("stat");
+    let port = 31000 + (std::process::id() % 1000) as u16;
+    let child = Reap(traffic(&rt, 6, port, None));
+    let pid = child.0.id();
+    until("the demo's counters", || tx_of(&stat_json(&rt), "demo-a") > 0);
+    let first = tx_of(&stat_json(&rt), "demo-a");
+    until("counters to move", || tx_of(&stat_json(&rt), "demo-a") > first);
+    let v = stat_json(&rt);
+    let proc_ =
+        &v["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid).expect("the demo process")["devices"];
+    let qps = proc_[0]["qps"].as_array().unwrap();
+    assert_eq!(qps.len(), 1);
+    assert_eq!(qps[0]["state"], "Rts");
+    assert!(qps[0]["stats"]["tx_packets"].as_u64().unwrap() > 0, "per-QP counters");
+
+    // Table and Prometheus.
+    let table = String::from_utf8(uroce(&rt, &["stat", "--qps"]).stdout).unwrap();
+    assert!(table.contains("demo-a") && table.contains("demo-b") && table.contains(" qp 0x"), "{table}");
+    let prom = String::from_utf8(uroce(&rt, &["stat", "--prometheus"]).stdout).unwrap();
+    let lines = prom.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("valid Prometheus text");
+    let tx = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == "uroce_tx_packets_total" && s.labels.get("device") == Some("demo-a"))
+        .expect("tx sample");
+    match tx.value {
+        prometheus_parse::Value::Counter(c) => assert!(c > 0.0),
+        ref other => panic!("not a counter: {other:?}"),
+    }
+    assert!(scrape.docs.contains_key("uroce_tx_packets_total"), "HELP text");
+
+    // Capture in the running process, then stop; the file decodes clean.
+    let pcap = rt.join("live.pcap");
+    let out = uroce(&rt, &["capture", "--pid", &pid.to_string(), "--file", pcap.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::thread::sleep(Duration::from_millis(500));
+    let out = uroce(&rt, &["capture", "--pid", &pid.to_string(), "--stop"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dec = uroce(&rt, &["decode", pcap.to_str().unwrap(), "--port", &port.to_string()]);
+    let text = String::from_utf8_lossy(&dec.stdout);
+    assert!(dec.status.success(), "{text}");
+    assert!(text.contains("RC_RDMA_WRITE"), "{text}");
+    assert!(text.contains("0 ICRC bad"), "{text}");
+
+    // Not a uroce process.
+    assert!(!uroce(&rt, &["capture", "--pid", "1", "--file", "/tmp/x.pcap"]).status.success());
+    drop(child);
+    until("the process's entry to go", || stat_json(&rt)["processes"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn capture_around_a_command() {
+    let rt = tmpdir("capcmd");
+    let pcap = rt.join("cmd.pcap");
+    let port = 33000 + (std::process::id() % 1000) as u16;
+    let out = Command::new(UROCE)
+        .args(["capture", "--file", pcap.to_str().unwrap(), "--", UROCE, "demo", "--port", &port.to_string()])
+        .env("UROCE_RUNTIME_DIR", &rt)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dec = uroce(&rt, &["decode", pcap.to_str().unwrap(), "--port", &port.to_string()]);
+    assert!(dec.status.success());
+    assert!(String::from_utf8_lossy(&dec.stdout).contains("RC_RDMA_READ_REQUEST"));
+}
+
+#[test]
+fn peers_lists_configured_clients_of_running_processes() {
+    let rt = tmpdir("peers");
+    let cfg = rt.join("uroce.toml");
+    let img = rt.join("ssd.img");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[peers]\nload = [\"storage\"]\n[[peers.storage]]\nname = \"ssd-test\"\npath = \"{}\"\ncapacity = 65536\n",
+            img.display()
+        ),
+    )
+    .unwrap();
+    let port = 35000 + (std::process::id() % 1000) as u16;
+    let _child = Reap(traffic(&rt, 4, port, Some(&cfg)));
+    let mut peers = Value::Null;
+    until("the peer client's counters", || {
+        let out = uroce(&rt, &["peers", "--json"]);
+        peers = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        peers.as_array().is_some_and(|a| !a.is_empty())
+    });
+    let p = &peers[0];
+    assert_eq!(p["name"], "ssd-test");
+    assert_eq!(p["version"], "1.0");
+    for c in [
+        "num_alloc_mrs",
+        "num_dealloc_mrs",
+        "num_reg_pages",
+        "num_dereg_pages",
+        "num_reg_bytes",
+        "num_dereg_bytes",
+        "num_free_callbacks",
+    ] {
+        assert_eq!(p["counters"][c], 0, "{c}");
+    }
+    assert!(img.exists(), "the storage device's file");
+    // Status, as `service nv_peer_mem status`.
+    let out = Command::new(UROCE).args(["peers", "status"]).env("UROCE_CONFIG", &cfg).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("ssd-test") && text.contains("loads, version 1.0"), "{text}");
+    assert!(text.contains("nv_mem") && text.contains("not loaded: not in [peers] load"), "{text}");
+    let out = Command::new(UROCE).args(["peers", "status"]).env("UROCE_CONFIG", rt.join("none.toml")).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "a missing UROCE_CONFIG is an error");
+}
+
+#[test]
+fn bad_configuration_is_refused_with_line_and_field() {
+    let rt = tmpdir("badcfg");
+    let cfg = rt.join("bad.toml");
+    std::fs::write(&cfg, "[[device]]\nname = \"x\"\nadress = \"127.0.0.9\"\n").unwrap();
+    let out = Command::new(UROCE).args(["devices"]).env("UROCE_CONFIG", &cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("line 3") && err.contains("adress") && err.contains("bad.toml"), "{err}");
+    // A good file: its device is the one opened, the environment overrides.
+    std::fs::write(&cfg, "[[device]]\nname = \"cfgdev\"\naddress = \"127.0.0.93\"\nmtu = 1024\n").unwrap();
+    let out = Command::new(UROCE).args(["devices"]).env("UROCE_CONFIG", &cfg).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("cfgdev") && text.contains("1024"), "{text}");
+    let out =
+        Command::new(UROCE).args(["devices"]).env("UROCE_CONFIG", &cfg).env("UROCE_MTU", "2048").output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("2048"));
+}
+
+#[test]
+fn completions_and_help() {
+    let out = Command::new(UROCE).args(["completions", "bash"]).output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("complete -F"));
+    for sub in ["stat", "peers", "capture", "decode", "demo", "devices"] {
+        let out = Command::new(UROCE).args([sub, "--help"]).output().unwrap();
+        assert!(out.status.success(), "{sub} --help");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("Usage:"));
+    }
+}
