@@ -163,6 +163,8 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     c.ops.post_srq_recv = Some(crate::srq::post_srq_recv);
     vctx.query_device_ex = Some(query_device_ex);
     vctx.advise_mr = Some(crate::ext::advise_mr);
+    vctx.create_qp_ex = Some(crate::qp_ex::create_qp_ex);
+    vctx.create_cq_ex = Some(crate::cq_ex::create_cq_ex);
     c.ops.alloc_mw = Some(crate::mw::alloc_mw);
     c.ops.bind_mw = Some(crate::mw::bind_mw);
     c.ops.dealloc_mw = Some(crate::mw::dealloc_mw);

@@ -15,12 +15,14 @@
 
 pub mod ffi;
 
+mod cq_ex;
 mod datapath;
 mod device;
 mod errno;
 mod ext;
 mod mw;
 mod objects;
+mod qp_ex;
 mod srq;
 mod strings;
 mod stubs;

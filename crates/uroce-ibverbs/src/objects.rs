@@ -216,9 +216,13 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut libc::c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     if ctx.is_null() || cqe <= 0 {
+        return null(libc::EINVAL);
+    }
+    // SAFETY: our context.
+    if comp_vector < 0 || comp_vector >= unsafe { (*ctx).num_comp_vectors } {
         return null(libc::EINVAL);
     }
     // SAFETY: our context, and a channel from ibv_create_comp_channel or NULL.
@@ -411,7 +415,9 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
-    // Every QP of this library is the start of an ibv_qp_ex.
+    // Every QP of this library is the start of an ibv_qp_ex, with the
+    // ibv_wr_* builders of its type (ibv_create_qp) or those asked for
+    // (ibv_create_qp_ex's send_ops_flags): qp_ex.rs.
     qp as *mut ibv_qp_ex
 }
 
