@@ -171,7 +171,8 @@ impl Memory {
                 return Err(Error::inval("reg_mr: range wraps the address space"));
             }
         }
-        let odp = odp::OdpRegion::new(implicit, self.odp.clone());
+        let range = (!implicit).then_some((addr as u64, addr as u64 + len));
+        let odp = odp::OdpRegion::new(range, self.odp.clone());
         let backing = Backing::Odp { addr, odp };
         Ok(self.keys.write().unwrap().insert(|key| MemoryRegion::new(pd, key, iova, len, access, backing)))
     }
@@ -330,7 +331,9 @@ impl Memory {
             self.pins.lock().unwrap().pin(addr as u64, len)?;
         }
         let backing = match (old_odp, change.translation) {
-            (Some(_), Some(_)) => Backing::Odp { addr, odp: odp::OdpRegion::new(false, self.odp.clone()) },
+            (Some(_), Some(_)) => {
+                Backing::Odp { addr, odp: odp::OdpRegion::new(Some((addr as u64, addr as u64 + len)), self.odp.clone()) }
+            }
             (Some(odp), None) => Backing::Odp { addr, odp },
             // The buffer owner is shared with the new region unless the range changes.
             (None, Some(t)) => Backing::Host { addr, owner: t.owner.map(Arc::from) },
@@ -407,11 +410,66 @@ impl Memory {
             return Err(AccessError::Range);
         }
         let mut span = Span::empty();
+        if let LayoutKind::Interleaved { entries, .. } = &layout.kind {
+            if let [e] = entries.as_slice() {
+                self.resolve_column(e, iova, len, pd, want, depth, &mut span)?;
+                return Ok(span);
+            }
+        }
         layout.for_each(iova, len, |lkey, addr, n| {
             span.append(self.resolve_at_depth(lkey, pd, addr, n, want, depth + 1)?);
             Ok(())
         })?;
         Ok(span)
+    }
+
+    /// A single-entry interleaved layout (a matrix column): partial cells at
+    /// the ends resolve one by one; the full cells between become one
+    /// strided piece over the bounding range, checked once, when the entry
+    /// names a plain region (nested keys take the cell-by-cell path).
+    #[allow(clippy::too_many_arguments)]
+    fn resolve_column(
+        &self,
+        e: &InterleavedEntry,
+        off: u64,
+        len: u64,
+        pd: u32,
+        want: Want,
+        depth: usize,
+        span: &mut Span,
+    ) -> std::result::Result<(), AccessError> {
+        let (bc, stride) = (e.bytes_count as u64, e.bytes_count as u64 + e.bytes_skip as u64);
+        let (mut pos, end) = (off, off + len);
+        let cell_at = |pos: u64| e.addr + pos / bc * stride + pos % bc;
+        let one = |span: &mut Span, pos: u64, n: u64| -> std::result::Result<(), AccessError> {
+            span.append(self.resolve_at_depth(e.lkey, pd, cell_at(pos), n, want, depth + 1)?);
+            Ok(())
+        };
+        if pos % bc != 0 {
+            let n = (bc - pos % bc).min(end - pos);
+            one(span, pos, n)?;
+            pos += n;
+        }
+        let full = (end - pos) / bc;
+        if full > 1 {
+            let bounding = (full - 1) * stride + bc;
+            let run = self.resolve_at_depth(e.lkey, pd, cell_at(pos), bounding, want, depth + 1)?;
+            match run.into_single() {
+                Ok(piece) => span.push(piece.into_cells(bc as usize, stride as usize, full as usize)),
+                Err(_) => {
+                    for c in 0..full {
+                        one(span, pos + c * bc, bc)?;
+                    }
+                }
+            }
+            pos += full * bc;
+        }
+        while pos < end {
+            let n = bc.min(end - pos);
+            one(span, pos, n)?;
+            pos += n;
+        }
+        Ok(())
     }
 
     /// Checks a remote access (an rkey from the wire) for QP `qpn` of

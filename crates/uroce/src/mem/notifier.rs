@@ -219,17 +219,18 @@ pub(crate) fn drain() {
             st.watched.remove(e.start, e.end);
         }
         for s in &subs {
-            s.invalidate(e.start, e.end);
+            s.invalidate(e.start, e.end, e.unmapped);
         }
     }
 }
 
-/// Makes sure unmaps of `start..end` (page aligned) are reported.
-pub(crate) fn watch(start: u64, end: u64) {
-    let Some(n) = notifier() else { return };
+/// Makes sure unmaps of `start..end` (page aligned) are reported; false
+/// when the range cannot be registered.
+pub(crate) fn watch(start: u64, end: u64) -> bool {
+    let Some(n) = notifier() else { return false };
     let mut st = n.state.lock().unwrap();
     if st.watched.contains(start, end) {
-        return;
+        return true;
     }
     let mut reg = UffdioRegister { start, len: end - start, mode: UFFDIO_REGISTER_MODE_WP, ioctls: 0 };
     // SAFETY: UFFDIO_REGISTER reads and writes one `struct uffdio_register`;
@@ -237,6 +238,7 @@ pub(crate) fn watch(start: u64, end: u64) {
     let r = unsafe { libc::ioctl(n.fd.as_raw_fd(), UFFDIO_REGISTER, &mut reg) };
     if r == 0 {
         st.watched.insert(start, end);
+        true
     } else {
         // File-backed mappings without WP_ASYNC, or a range another
         // userfaultfd owns: accesses stay correct, only the counters miss
@@ -245,5 +247,6 @@ pub(crate) fn watch(start: u64, end: u64) {
             "ODP: cannot watch {start:#x}..{end:#x} for invalidations: {}",
             std::io::Error::last_os_error()
         );
+        false
     }
 }

@@ -125,6 +125,10 @@ pub enum Advice {
 #[derive(Debug)]
 pub struct OdpRegion {
     pub implicit: bool,
+    /// Host range of an explicit region.
+    range: Option<(u64, u64)>,
+    /// The whole explicit range is watched for invalidations.
+    watched_all: std::sync::atomic::AtomicBool,
     /// Pages the device has translated (page numbers).
     mapped: Mutex<RangeSet>,
     counters: OdpCounters,
@@ -133,9 +137,12 @@ pub struct OdpRegion {
 }
 
 impl OdpRegion {
-    pub(crate) fn new(implicit: bool, device: Arc<OdpCounters>) -> Arc<OdpRegion> {
+    /// `range`: the host range of an explicit region; `None` for implicit ODP.
+    pub(crate) fn new(range: Option<(u64, u64)>, device: Arc<OdpCounters>) -> Arc<OdpRegion> {
         let r = Arc::new(OdpRegion {
-            implicit,
+            implicit: range.is_none(),
+            range,
+            watched_all: Default::default(),
             mapped: Mutex::new(RangeSet::new()),
             counters: OdpCounters::default(),
             device,
@@ -174,13 +181,33 @@ impl OdpRegion {
                 self.add(|c| &c.page_faults, added);
                 self.add(|c| &c.page_faults_handled, 1);
             }
-            let p = page_size();
-            notifier::watch(first * p, end * p);
+            self.watch(first, end);
         }
     }
 
+    /// Watches pages `first..end` for invalidations: the whole explicit
+    /// range with one registration when it is all mapped, else the pages
+    /// just faulted (registrations must cover mapped memory only).
+    fn watch(&self, first: u64, end: u64) {
+        let p = page_size();
+        if self.watched_all.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some((s, e)) = self.range {
+            if notifier::watch(s / p * p, e.div_ceil(p) * p) {
+                self.watched_all.store(true, Ordering::Relaxed);
+                return;
+            }
+        }
+        notifier::watch(first * p, end * p);
+    }
+
     /// Drops `start..end` (addresses) from the translation: an invalidation.
-    pub(crate) fn invalidate(&self, start: u64, end: u64) {
+    /// `unmapped`: the mapping itself went away (its watch with it).
+    pub(crate) fn invalidate(&self, start: u64, end: u64, unmapped: bool) {
+        if unmapped && self.range.is_some_and(|(s, e)| start < e && s < end) {
+            self.watched_all.store(false, Ordering::Relaxed);
+        }
         let (first, last) = (start / page_size(), end.div_ceil(page_size()));
         let removed = self.mapped.lock().unwrap().remove(first, last);
         if removed > 0 {
@@ -191,6 +218,7 @@ impl OdpRegion {
 
     /// Drops everything (the notifier lost events).
     pub(crate) fn invalidate_all(&self) {
+        self.watched_all.store(false, Ordering::Relaxed);
         let removed = self.mapped.lock().unwrap().clear();
         if removed > 0 {
             self.add(|c| &c.page_invalidations, removed);

@@ -31,49 +31,103 @@ pub(crate) enum Place {
     Peer(u64),
 }
 
-/// One contiguous piece of a span, inside one region.
+/// One piece of a span, inside one region: `len` contiguous bytes at
+/// `place`, or, with `cells = Some((cell, stride))`, `len / cell` cells of
+/// `cell` bytes every `stride` bytes from `place` (a run of an interleaved
+/// key, described in O(1)).
 #[derive(Debug)]
 pub(crate) struct Piece {
     pub(crate) len: usize,
     pub(crate) place: Place,
     pub(crate) mr: Arc<MemoryRegion>,
+    pub(crate) cells: Option<(usize, usize)>,
+}
+
+impl Place {
+    fn offset(self, by: usize) -> Place {
+        match self {
+            Place::Host(a) => Place::Host(a + by),
+            Place::Odp(a) => Place::Odp(a + by),
+            Place::Peer(a) => Place::Peer(a + by as u64),
+        }
+    }
 }
 
 impl Piece {
     /// Counts the region as in use until the piece is dropped.
     pub(crate) fn new(mr: Arc<MemoryRegion>, place: Place, len: usize) -> Piece {
         mr.spans.fetch_add(1, Ordering::AcqRel);
-        Piece { len, place, mr }
+        Piece { len, place, mr, cells: None }
+    }
+
+    /// Makes a contiguous piece strided: `count` cells of `cell` bytes every
+    /// `stride` bytes. The piece must cover `(count - 1) * stride + cell`
+    /// bytes (so every cell lies inside the checked range).
+    pub(crate) fn into_cells(mut self, cell: usize, stride: usize, count: usize) -> Piece {
+        debug_assert!(self.cells.is_none() && count >= 1 && self.len == (count - 1) * stride + cell);
+        self.len = cell * count;
+        self.cells = Some((cell, stride));
+        self
+    }
+
+    /// Calls `f(place, at, n)` for each contiguous run of logical bytes
+    /// `off..off+n` of the piece (`at`: offset into the caller's buffer).
+    fn runs(
+        &self,
+        off: usize,
+        n: usize,
+        mut f: impl FnMut(Place, usize, usize) -> Result<(), AccessError>,
+    ) -> Result<(), AccessError> {
+        let Some((cell, stride)) = self.cells else { return f(self.place.offset(off), 0, n) };
+        let (mut pos, end, mut at) = (off, off + n, 0);
+        while pos < end {
+            let (c, inner) = (pos / cell, pos % cell);
+            let k = (cell - inner).min(end - pos);
+            f(self.place.offset(c * stride + inner), at, k)?;
+            pos += k;
+            at += k;
+        }
+        Ok(())
     }
 
     fn write(&self, off: usize, data: &[u8]) -> Result<(), AccessError> {
-        match self.place {
-            Place::Host(host) => {
-                // SAFETY: [host, host+len) lies inside a registered, pinned
-                // region whose memory the registrant keeps valid until
-                // deregistration, and deregistration waits while this piece
-                // (holding the region) exists. `Span::write` checked that
-                // off+data.len() <= len. The source is a Rust slice, so the
-                // ranges cannot overlap unless the application posts
-                // overlapping buffers, in which case the bytes are garbage but
-                // memory stays in bounds.
-                unsafe { std::ptr::copy(data.as_ptr(), (host + off) as *mut u8, data.len()) };
-                Ok(())
-            }
-            Place::Odp(addr) => self.odp().write(addr + off, data),
-            Place::Peer(at) => self.peer().write(at + off as u64, data),
-        }
+        self.runs(off, data.len(), |place, at, n| self.write_at(place, &data[at..at + n]))
     }
 
     fn read(&self, off: usize, out: &mut [u8]) -> Result<(), AccessError> {
-        match self.place {
+        self.runs(off, out.len(), |place, at, n| self.read_at(place, &mut out[at..at + n]))
+    }
+
+    /// Copies `data` to `place`, a run that `runs` computed inside the piece.
+    fn write_at(&self, place: Place, data: &[u8]) -> Result<(), AccessError> {
+        match place {
             Place::Host(host) => {
-                // SAFETY: as in `write`; the destination is an exclusive Rust slice.
-                unsafe { std::ptr::copy((host + off) as *const u8, out.as_mut_ptr(), out.len()) };
+                // SAFETY: `runs` keeps [host, host+data.len()) inside the
+                // checked range of a registered, pinned region (`Span::each`
+                // bounds the logical range; cells lie inside the range
+                // `into_cells` was built over), whose memory the registrant
+                // keeps valid until deregistration, and deregistration waits
+                // while this piece (holding the region) exists. The source is
+                // a Rust slice, so the ranges cannot overlap unless the
+                // application posts overlapping buffers, in which case the
+                // bytes are garbage but memory stays in bounds.
+                unsafe { std::ptr::copy(data.as_ptr(), host as *mut u8, data.len()) };
                 Ok(())
             }
-            Place::Odp(addr) => self.odp().read(addr + off, out),
-            Place::Peer(at) => self.peer().read(at + off as u64, out),
+            Place::Odp(addr) => self.odp().write(addr, data),
+            Place::Peer(at) => self.peer().write(at, data),
+        }
+    }
+
+    fn read_at(&self, place: Place, out: &mut [u8]) -> Result<(), AccessError> {
+        match place {
+            Place::Host(host) => {
+                // SAFETY: as in `write_at`; the destination is an exclusive Rust slice.
+                unsafe { std::ptr::copy(host as *const u8, out.as_mut_ptr(), out.len()) };
+                Ok(())
+            }
+            Place::Odp(addr) => self.odp().read(addr, out),
+            Place::Peer(at) => self.peer().read(at, out),
         }
     }
 
@@ -115,6 +169,21 @@ impl Span {
         let len = piece.len;
         pieces.push(piece);
         Span { len, pieces }
+    }
+
+    /// The span's only piece, if it has exactly one contiguous piece.
+    pub(crate) fn into_single(mut self) -> Result<Piece, Span> {
+        if self.pieces.len() == 1 && self.pieces[0].cells.is_none() {
+            Ok(self.pieces.pop().unwrap())
+        } else {
+            Err(self)
+        }
+    }
+
+    /// Appends a piece after this span's bytes.
+    pub(crate) fn push(&mut self, piece: Piece) {
+        self.len += piece.len;
+        self.pieces.push(piece);
     }
 
     /// Appends another span's pieces after this span's bytes.
@@ -197,7 +266,7 @@ impl Span {
     /// memory, the read-modify-write `next` through a peer client.
     fn atomic(&self, op: impl FnOnce(&AtomicU64) -> u64, next: impl FnOnce(u64) -> u64) -> Result<u64, AccessError> {
         let p = match self.pieces.first() {
-            Some(p) if p.len >= 8 => p,
+            Some(p) if p.len >= 8 && p.cells.is_none_or(|(c, _)| c >= 8) => p,
             // The 8 bytes straddle two regions of an indirect key.
             _ => return Err(AccessError::Range),
         };
