@@ -14,7 +14,7 @@ fn pingpong(tag: &str, scatter: bool, cqe_size: u32, size: usize, iters: u32) ->
     let port = 42000 + (std::process::id() % 1000) as u16;
     let cfg = |n: &str, ip: u8| DeviceConfig {
         cqe_size,
-        busy_poll: true,
+        busy_poll: false,
         ..DeviceConfig::at(&format!("{tag}-{n}"), IpAddr::V4(Ipv4Addr::new(127, 0, 0, ip)), port)
     };
     let (ca, cb) = (Context::open(&cfg("a", 1)).unwrap(), Context::open(&cfg("b", 2)).unwrap());
@@ -24,7 +24,10 @@ fn pingpong(tag: &str, scatter: bool, cqe_size: u32, size: usize, iters: u32) ->
     let (qa, qb) = (pa.create_qp(&attr(&qa_cq)).unwrap(), pb.create_qp(&attr(&qb_cq)).unwrap());
     qa.connect_rc(&cb.query_gid(0).unwrap(), qb.qp_num(), 1, 2).unwrap();
     qb.connect_rc(&ca.query_gid(0).unwrap(), qa.qp_num(), 2, 1).unwrap();
-    let (ba, bb) = (pa.register(vec![1u8; 4096], Access::LOCAL_WRITE).unwrap(), pb.register(vec![2u8; 4096], Access::LOCAL_WRITE).unwrap());
+    let (ba, bb) = (
+        pa.register(vec![1u8; 4096], Access::LOCAL_WRITE).unwrap(),
+        pb.register(vec![2u8; 4096], Access::LOCAL_WRITE).unwrap(),
+    );
     let send = |mr: &MemoryRegion| {
         let mut w = SendWr::new(1, WrOpcode::Send);
         w.sg_list = vec![mr.sge(0, size as u32)];
@@ -57,12 +60,16 @@ fn pingpong(tag: &str, scatter: bool, cqe_size: u32, size: usize, iters: u32) ->
     for _ in 0..iters {
         round();
     }
-    t.elapsed().as_secs_f64() * 1e6 / iters as f64 / 2.0
+    let r = t.elapsed().as_secs_f64() * 1e6 / iters as f64 / 2.0;
+    if std::env::var_os("UROCE_BENCH_STATS").is_some() {
+        eprintln!("{tag}: A {:?}\n{tag}: B {:?}", ca.stats(), cb.stats());
+    }
+    r
 }
 
 fn main() {
     let n = 5000;
-    println!("SEND ping-pong, half round trip (µs), busy polling");
+    println!("SEND ping-pong, half round trip (µs), the application polls (progress threads sleep)");
     for (size, cqe) in [(16usize, 64u32), (64, 128)] {
         let on = pingpong(&format!("ir-on-{size}"), true, cqe, size, n);
         let off = pingpong(&format!("ir-off-{size}"), false, cqe, size, n);

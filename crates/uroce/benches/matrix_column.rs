@@ -112,7 +112,8 @@ fn main() {
             let mut w = SendWr::new(3, WrOpcode::Send);
             w.sg_list = vec![uroce::ib::Sge { addr: 0, length: len as u32, lkey: key.lkey() }];
             let key_us = run(&a, &b, &rbuf, len, iters, || {}, &w);
-            let expect: Vec<u8> = (0..n).flat_map(|r| std::iter::repeat_n(((r * row + col * c) / c) as u8, c)).collect();
+            let expect: Vec<u8> =
+                (0..n).flat_map(|r| std::iter::repeat_n(((r * row + col * c) / c) as u8, c)).collect();
             assert_eq!(rbuf.to_vec(), expect, "column data");
             println!(
                 "{:>8} {:>5} | {} | {:9.1} ({:6.0}) | {:9.1} ({:6.0}) | {:>10} {:>10} {:>8}",

@@ -46,7 +46,14 @@ fn main() {
         // Reserve address space only.
         // SAFETY: PROT_NONE reservation, checked.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len as usize, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
         };
         assert_ne!(p, libc::MAP_FAILED);
         let n = 200;
@@ -93,7 +100,10 @@ fn main() {
     mem.deregister(mr.key).unwrap();
     unmap(dev, len);
     println!("   CPU first touch (kernel page fault + 4 KiB write)  {cpu_us:8.3}");
-    println!("   device first write through ODP                   {dev_us:8.3}   ({:.2}x; {faults} page faults counted)", dev_us / cpu_us);
+    println!(
+        "   device first write through ODP                   {dev_us:8.3}   ({:.2}x; {faults} page faults counted)",
+        dev_us / cpu_us
+    );
     println!("   device write to already-faulted pages            {again_us:8.3}");
 
     println!("\n3. prefetch 1 GiB");

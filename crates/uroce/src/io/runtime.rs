@@ -1,5 +1,6 @@
 //! The runtime of one device: engine, socket, progress thread, capture.
 
+use super::socket::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 use super::{Capture, RoceSocket};
 use crate::mem::Memory;
 use crate::proto::{Engine, EngineConfig, Event, Transmit};
@@ -120,9 +121,7 @@ impl Runtime {
             }
             (r, e.poll_timeout())
         };
-        for t in &out {
-            self.send(t);
-        }
+        self.send_all(&mut out);
         self.dispatch(events);
         if let Some(d) = deadline {
             let sleeping = *self.sleeping_until.lock().unwrap();
@@ -148,21 +147,57 @@ impl Runtime {
         self.capturing.load(Ordering::Acquire)
     }
 
-    fn send(&self, t: &Transmit) {
-        if let Some(c) = self
-            .capturing
-            .load(Ordering::Acquire)
-            .then(|| self.capture.read().unwrap())
-            .as_deref()
-            .and_then(|c| c.as_ref())
-        {
-            let local = self.socket.local_addr();
-            let ip = IpInfo { src: local.ip(), dst: t.dst.ip(), sport: local.port(), dport: t.dst.port(), ipv4_id: 0 };
-            c.record(&ip, &t.data);
+    /// Sends packets in order, batching runs for one destination into UDP
+    /// GSO sends (each segment keeps its own headers and ICRC; for IPv4 the
+    /// k-th segment of a send carries IP ID k, so its ICRC is rewritten).
+    fn send_all(&self, out: &mut [Transmit]) {
+        let mut i = 0;
+        while i < out.len() {
+            let (dst, seg) = (out[i].dst, out[i].data.len());
+            let mut j = i + 1;
+            let mut bytes = seg;
+            while j < out.len()
+                && j - i < GSO_MAX_SEGMENTS
+                && out[j].dst == dst
+                && out[j].data.len() <= seg
+                && bytes + out[j].data.len() <= GSO_MAX_BYTES
+            {
+                bytes += out[j].data.len();
+                j += 1;
+                if out[j - 1].data.len() < seg {
+                    break; // a shorter segment ends a GSO send
+                }
+            }
+            if dst.is_ipv4() {
+                for (k, t) in out[i..j].iter_mut().enumerate().skip(1) {
+                    crate::wire::icrc::set_ipv4_id(&mut t.data, k as u16);
+                }
+            }
+            self.record_sent(&out[i..j]);
+            let segs: Vec<&[u8]> = out[i..j].iter().map(|t| t.data.as_slice()).collect();
+            self.send_with_retry(&segs, dst);
+            i = j;
         }
+    }
+
+    fn record_sent(&self, batch: &[Transmit]) {
+        let guard = self.capturing.load(Ordering::Acquire).then(|| self.capture.read().unwrap());
+        if let Some(c) = guard.as_deref().and_then(|c| c.as_ref()) {
+            let local = self.socket.local_addr();
+            for (k, t) in batch.iter().enumerate() {
+                let id = if t.dst.is_ipv4() { k as u16 } else { 0 };
+                let ip =
+                    IpInfo { src: local.ip(), dst: t.dst.ip(), sport: local.port(), dport: t.dst.port(), ipv4_id: id };
+                c.record(&ip, &t.data);
+            }
+        }
+    }
+
+    fn send_with_retry(&self, mut segs: &[&[u8]], dst: SocketAddr) {
         for attempt in 0..64 {
-            match self.socket.send_to(&t.data, t.dst) {
-                Ok(_) => return,
+            match self.socket.send_segments(segs, dst) {
+                Ok(n) if n >= segs.len() => return,
+                Ok(n) => segs = &segs[n..],
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::ENOBUFS)) => {
                     if attempt > 8 {
                         std::thread::sleep(Duration::from_micros(20));
@@ -172,12 +207,12 @@ impl Runtime {
                 }
                 Err(e) => {
                     // Loss is recovered by the transport; say why once in a while.
-                    tracing::debug!(dst = %t.dst, "send failed: {e}");
+                    tracing::debug!(%dst, "send failed: {e}");
                     return;
                 }
             }
         }
-        tracing::debug!(dst = %t.dst, "send buffer full; packet dropped");
+        tracing::debug!(%dst, "send buffer full; packets dropped");
     }
 
     fn dispatch(&self, events: Vec<Event>) {
@@ -230,20 +265,41 @@ impl Runtime {
     }
 
     fn receive(&self, bufs: &mut [Vec<u8>]) -> bool {
-        let mut got: Vec<(usize, SocketAddr)> = Vec::with_capacity(RX_BATCH);
-        for buf in bufs.iter_mut() {
-            match self.socket.recv_from(buf) {
-                Ok((n, from)) => got.push((n, from)),
+        // (buffer, offset, length, sender, IPv4 ID)
+        let mut got: Vec<(usize, usize, usize, SocketAddr, u16)> = Vec::with_capacity(RX_BATCH);
+        let local = self.socket.local_addr();
+        for (b, buf) in bufs.iter_mut().enumerate() {
+            match self.socket.recv_gro(buf) {
+                Ok((n, from, None)) => got.push((b, 0, n, from, 0)),
+                Ok((n, from, Some(seg))) => {
+                    // GRO merged datagrams: split them. For IPv4 the j-th was
+                    // sent with an ID of at most j (see wire::icrc).
+                    for (j, off) in (0..n).step_by(seg).enumerate() {
+                        let len = seg.min(n - off);
+                        let mut id = 0;
+                        if from.is_ipv4() && j > 0 {
+                            let ip = IpInfo {
+                                src: from.ip(),
+                                dst: local.ip(),
+                                sport: from.port(),
+                                dport: local.port(),
+                                ipv4_id: 0,
+                            };
+                            let max = j.min(GSO_MAX_SEGMENTS - 1) as u16;
+                            id = crate::wire::icrc::find_ipv4_id(&ip, &buf[off..off + len], max).unwrap_or(0);
+                        }
+                        got.push((b, off, len, from, id));
+                    }
+                }
                 Err(_) => break,
             }
         }
-        let local = self.socket.local_addr();
         let guard = self.capturing.load(Ordering::Acquire).then(|| self.capture.read().unwrap());
         if let Some(c) = guard.as_deref().and_then(|c| c.as_ref()) {
-            for (i, &(n, from)) in got.iter().enumerate() {
+            for &(b, off, n, from, id) in &got {
                 let ip =
-                    IpInfo { src: from.ip(), dst: local.ip(), sport: from.port(), dport: local.port(), ipv4_id: 0 };
-                c.record(&ip, &bufs[i][..n]);
+                    IpInfo { src: from.ip(), dst: local.ip(), sport: from.port(), dport: local.port(), ipv4_id: id };
+                c.record(&ip, &bufs[b][off..off + n]);
             }
         }
         drop(guard);
@@ -252,8 +308,8 @@ impl Runtime {
             return false;
         }
         self.pump(|e, now| {
-            for (i, &(n, from)) in got.iter().enumerate() {
-                e.handle_datagram(now, from, local.ip(), &bufs[i][..n], 0);
+            for &(b, off, n, from, id) in &got {
+                e.handle_datagram(now, from, local.ip(), &bufs[b][off..off + n], id);
             }
             if e.poll_timeout().is_some_and(|t| t <= now) {
                 e.handle_timeout(now);

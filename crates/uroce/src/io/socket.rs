@@ -2,6 +2,13 @@
 //! `IP_MTU_DISCOVER = IP_PMTUDISC_DO`, so the kernel sends DF with an IP
 //! Identification of 0: the value the ICRC is computed with (see
 //! shared/spec/platform.md). Datagrams are never fragmented.
+//!
+//! Batching: [`RoceSocket::send_segments`] hands the kernel up to 64 equal
+//! packets for one destination in one `sendmsg` with UDP GSO
+//! (`UDP_SEGMENT`); each stays a datagram of its own on the wire, the k-th
+//! with IPv4 ID k (the caller fixes its ICRC). The socket receives with
+//! UDP GRO: one `recvmsg` may return several datagrams back to back, with
+//! their size in a `UDP_GRO` control message.
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::io;
@@ -12,7 +19,14 @@ use std::os::fd::{AsRawFd, RawFd};
 pub struct RoceSocket {
     sock: Socket,
     local: SocketAddr,
+    /// UDP GSO works (cleared after the kernel refuses it once).
+    gso: std::sync::atomic::AtomicBool,
+    gro: bool,
 }
+
+/// Most segments in one GSO send, and most bytes.
+pub const GSO_MAX_SEGMENTS: usize = 64;
+pub const GSO_MAX_BYTES: usize = 65000;
 
 impl RoceSocket {
     pub fn bind(addr: SocketAddr) -> io::Result<RoceSocket> {
@@ -39,9 +53,21 @@ impl RoceSocket {
                 return Err(io::Error::last_os_error());
             }
         }
+        let one: libc::c_int = 1;
+        // SAFETY: setsockopt reads one c_int. Failure (an old kernel) only
+        // means datagrams arrive one per call.
+        let gro = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_UDP,
+                libc::UDP_GRO,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        } == 0;
         sock.bind(&SockAddr::from(addr))?;
         let local = sock.local_addr()?.as_socket().ok_or_else(|| io::Error::other("not an IP socket"))?;
-        Ok(RoceSocket { sock, local })
+        Ok(RoceSocket { sock, local, gso: std::sync::atomic::AtomicBool::new(true), gro })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -50,6 +76,97 @@ impl RoceSocket {
 
     pub fn send_to(&self, data: &[u8], dst: SocketAddr) -> io::Result<usize> {
         self.sock.send_to(data, &SockAddr::from(dst))
+    }
+
+    /// Sends `segs` (equal lengths except a shorter last one) to `dst` in one
+    /// call with UDP GSO; falls back to one send per segment. Returns how
+    /// many segments went out (all, or those before an error).
+    pub fn send_segments(&self, segs: &[&[u8]], dst: SocketAddr) -> io::Result<usize> {
+        use std::sync::atomic::Ordering;
+        if segs.len() == 1 || !self.gso.load(Ordering::Relaxed) {
+            for (i, s) in segs.iter().enumerate() {
+                if let Err(e) = self.send_to(s, dst) {
+                    return if i == 0 { Err(e) } else { Ok(i) };
+                }
+            }
+            return Ok(segs.len());
+        }
+        let seg = segs[0].len() as u16;
+        let mut iov: Vec<libc::iovec> =
+            segs.iter().map(|s| libc::iovec { iov_base: s.as_ptr() as *mut libc::c_void, iov_len: s.len() }).collect();
+        let addr = SockAddr::from(dst);
+        // CMSG space for one u16.
+        let mut cbuf = [0u64; 4];
+        // SAFETY: msghdr is plain old data; every pointer set below refers to
+        // live locals (`iov`, `addr`, `cbuf`) that outlive the sendmsg call,
+        // and the control message is written inside `cbuf` through the
+        // CMSG_* macros, which respect its length.
+        let r = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_name = addr.as_ptr() as *mut libc::c_void;
+            msg.msg_namelen = addr.len();
+            msg.msg_iov = iov.as_mut_ptr();
+            msg.msg_iovlen = iov.len() as _;
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(2) as _;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_UDP;
+            (*c).cmsg_type = libc::UDP_SEGMENT;
+            (*c).cmsg_len = libc::CMSG_LEN(2) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, seg);
+            libc::sendmsg(self.sock.as_raw_fd(), &msg, 0)
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EIO) | Some(libc::ENOPROTOOPT)) {
+                tracing::warn!("UDP GSO refused ({e}); sending one datagram per call");
+                self.gso.store(false, Ordering::Relaxed);
+                return self.send_segments(segs, dst);
+            }
+            return Err(e);
+        }
+        Ok(segs.len())
+    }
+
+    /// Receives without blocking: a datagram, or with GRO several of
+    /// `Some(size)` bytes each back to back (the last may be shorter).
+    pub fn recv_gro(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr, Option<usize>)> {
+        if !self.gro {
+            let (n, from) = self.recv_from(buf)?;
+            return Ok((n, from, None));
+        }
+        // SAFETY: sockaddr_storage is plain old data.
+        let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        let mut cbuf = [0u64; 8];
+        // SAFETY: msghdr is plain old data; its pointers refer to live locals
+        // (`from`, `iov` over `buf`, `cbuf`) for the duration of recvmsg,
+        // which writes at most their stated lengths. Control messages are
+        // read with the CMSG_* macros within `msg_controllen`.
+        unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
+            msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as _;
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+            let n = libc::recvmsg(self.sock.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT);
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let mut seg = None;
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
+                    seg = Some(std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const u16) as usize);
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+            let addr = SockAddr::new(from, msg.msg_namelen);
+            let from = addr.as_socket().ok_or_else(|| io::Error::other("not an IP peer"))?;
+            Ok((n as usize, from, seg.filter(|&s| s > 0 && s < n as usize)))
+        }
     }
 
     /// Receives one datagram without blocking.

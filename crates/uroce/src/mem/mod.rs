@@ -331,9 +331,10 @@ impl Memory {
             self.pins.lock().unwrap().pin(addr as u64, len)?;
         }
         let backing = match (old_odp, change.translation) {
-            (Some(_), Some(_)) => {
-                Backing::Odp { addr, odp: odp::OdpRegion::new(Some((addr as u64, addr as u64 + len)), self.odp.clone()) }
-            }
+            (Some(_), Some(_)) => Backing::Odp {
+                addr,
+                odp: odp::OdpRegion::new(Some((addr as u64, addr as u64 + len)), self.odp.clone()),
+            },
             (Some(odp), None) => Backing::Odp { addr, odp },
             // The buffer owner is shared with the new region unless the range changes.
             (None, Some(t)) => Backing::Host { addr, owner: t.owner.map(Arc::from) },

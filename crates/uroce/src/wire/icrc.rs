@@ -81,6 +81,59 @@ pub fn verify(ip: &IpInfo, udp_payload: &[u8]) -> bool {
     n >= 16 && compute(ip, &udp_payload[..n - 4]) == udp_payload[n - 4..]
 }
 
+/// How the ICRC of an IPv4 packet of `udp_payload_len` bytes changes when
+/// its IP Identification goes from 0 to `id`. The CRC is affine over GF(2),
+/// so the change depends only on the length and the ID, not the contents:
+/// 16 columns per length, computed once and cached.
+pub fn ipv4_id_delta(udp_payload_len: usize, id: u16) -> u32 {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    thread_local! {
+        static COLS: RefCell<HashMap<usize, [u32; 16]>> = RefCell::new(HashMap::new());
+    }
+    if id == 0 || udp_payload_len < 16 {
+        return 0;
+    }
+    let cols = COLS.with(|c| {
+        *c.borrow_mut().entry(udp_payload_len).or_insert_with(|| {
+            let z = std::net::Ipv4Addr::UNSPECIFIED.into();
+            let ip = IpInfo { src: z, dst: z, sport: 0, dport: 0, ipv4_id: 0 };
+            let body = vec![0u8; udp_payload_len - 4];
+            let crc = |id: u16| u32::from_le_bytes(compute(&IpInfo { ipv4_id: id, ..ip }, &body));
+            let base = crc(0);
+            std::array::from_fn(|i| crc(1 << i) ^ base)
+        })
+    });
+    (0..16).filter(|i| id >> i & 1 == 1).fold(0, |d, i| d ^ cols[i])
+}
+
+/// Rewrites the ICRC of an IPv4 packet built for IP ID 0 to the one for `id`
+/// (the k-th segment of a UDP GSO send carries ID k).
+pub fn set_ipv4_id(udp_payload: &mut [u8], id: u16) {
+    let n = udp_payload.len();
+    if n < 16 || id == 0 {
+        return;
+    }
+    let icrc = u32::from_le_bytes(udp_payload[n - 4..].try_into().unwrap()) ^ ipv4_id_delta(n, id);
+    udp_payload[n - 4..].copy_from_slice(&icrc.to_le_bytes());
+}
+
+/// The IPv4 ID in `0..=max` that makes the ICRC match, if one does: the
+/// receive policy for datagrams that UDP GRO merged, where the j-th segment
+/// was sent with an ID of at most j (its index in its sender's GSO send).
+pub fn find_ipv4_id(ip: &IpInfo, udp_payload: &[u8], max: u16) -> Option<u16> {
+    let n = udp_payload.len();
+    if n < 16 {
+        return None;
+    }
+    let want = u32::from_le_bytes(udp_payload[n - 4..].try_into().ok()?);
+    let crc0 = u32::from_le_bytes(compute(&IpInfo { ipv4_id: 0, ..*ip }, &udp_payload[..n - 4]));
+    if !ip.src.is_ipv4() {
+        return (crc0 == want).then_some(0);
+    }
+    (0..=max).find(|&k| crc0 ^ ipv4_id_delta(n, k) == want)
+}
+
 /// For an IPv4 receiver that cannot see the Identification: the ID that
 /// makes the ICRC match, if one does. The CRC is affine over GF(2) in the 16
 /// ID bits, so 17 CRC evaluations give the system and elimination solves it;
@@ -135,6 +188,35 @@ pub fn solve_ipv4_id(ip: &IpInfo, udp_payload: &[u8]) -> Option<u16> {
         }
     }
     (crc_with(id) == want).then_some(id)
+}
+
+#[cfg(test)]
+mod id_tests {
+    use super::*;
+
+    #[test]
+    fn id_delta_matches_a_full_recompute() {
+        let ip = IpInfo {
+            src: "10.0.0.1".parse().unwrap(),
+            dst: "10.0.0.2".parse().unwrap(),
+            sport: 5,
+            dport: 4791,
+            ipv4_id: 0,
+        };
+        let mut pkt: Vec<u8> = (0..200u8).collect();
+        let n = pkt.len();
+        let c = compute(&ip, &pkt[..n - 4]);
+        pkt[n - 4..].copy_from_slice(&c);
+        for id in [1u16, 2, 7, 63, 0x8001] {
+            let mut p = pkt.clone();
+            set_ipv4_id(&mut p, id);
+            assert!(verify(&IpInfo { ipv4_id: id, ..ip }, &p), "id {id}");
+            assert_eq!(find_ipv4_id(&ip, &p, 63), (id <= 63).then_some(id));
+        }
+        assert_eq!(find_ipv4_id(&ip, &pkt, 0), Some(0));
+        pkt[20] ^= 1;
+        assert_eq!(find_ipv4_id(&ip, &pkt, 63), None, "corruption is still caught");
+    }
 }
 
 #[cfg(test)]
