@@ -29,6 +29,34 @@ pub struct RuntimeConfig {
 
 /// Longest the progress thread sleeps without re-checking its timers.
 const MAX_SLEEP: Duration = Duration::from_millis(200);
+/// How long after an application poll the progress thread leaves the
+/// socket to the application.
+const APP_POLL_GRACE: Duration = Duration::from_micros(500);
+
+/// An `Option<Instant>` readable without a lock (nanoseconds since a
+/// process-wide origin; 0 = none).
+#[derive(Default)]
+struct AtomicInstant(std::sync::atomic::AtomicU64);
+
+impl AtomicInstant {
+    fn origin() -> Instant {
+        static O: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *O.get_or_init(Instant::now)
+    }
+    fn store(&self, t: Option<Instant>, o: Ordering) {
+        let v = t.map_or(0, |t| t.saturating_duration_since(Self::origin()).as_nanos() as u64 + 1);
+        self.0.store(v, o);
+    }
+    fn load(&self, o: Ordering) -> Option<Instant> {
+        match self.0.load(o) {
+            0 => None,
+            v => Some(Self::origin() + Duration::from_nanos(v - 1)),
+        }
+    }
+}
+
+/// Longest sleep while timers are pending (their granularity).
+const TICK: Duration = Duration::from_millis(1);
 /// Datagrams handled per engine lock.
 const RX_BATCH: usize = 64;
 
@@ -46,6 +74,8 @@ pub struct Runtime {
     busy_poll: bool,
     shutdown: AtomicBool,
     sleeping_until: Mutex<Option<Instant>>,
+    /// When an application thread last polled for completions.
+    app_poll_at: AtomicInstant,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -82,6 +112,7 @@ impl Runtime {
             busy_poll: cfg.busy_poll,
             shutdown: AtomicBool::new(false),
             sleeping_until: Mutex::new(None),
+            app_poll_at: AtomicInstant::default(),
             thread: Mutex::new(None),
         });
         let weak = Arc::downgrade(&rt);
@@ -124,8 +155,10 @@ impl Runtime {
         self.send_all(&mut out);
         self.dispatch(events);
         if let Some(d) = deadline {
+            // Asleep past the new deadline: wake. Awake (None): it will see
+            // the deadline (see `progress_once`).
             let sleeping = *self.sleeping_until.lock().unwrap();
-            if sleeping.is_none_or(|s| d < s) {
+            if sleeping.is_some_and(|s| d < s) {
                 self.wake();
             }
         }
@@ -260,6 +293,7 @@ impl Runtime {
     /// waiting for the progress thread to be scheduled would cost
     /// milliseconds. Returns whether anything was received.
     pub fn try_progress(&self) -> bool {
+        self.app_poll_at.store(Some(Instant::now()), Ordering::Relaxed);
         let Ok(mut bufs) = self.rx.try_lock() else { return false };
         self.receive(&mut bufs)
     }
@@ -323,23 +357,43 @@ impl Runtime {
         if self.shutdown.load(Ordering::SeqCst) {
             return false;
         }
-        let deadline = self.engine.lock().unwrap().poll_timeout();
         let now = Instant::now();
-        let timeout = match deadline {
-            Some(d) => d.saturating_duration_since(now).min(MAX_SLEEP),
-            None => MAX_SLEEP,
+        // While an application thread polls a CQ of this device it receives
+        // for us (`try_progress`): leave the socket to it instead of waking
+        // on every packet and fighting over the locks.
+        let app_polling = self.app_poll_at.load(Ordering::Relaxed).is_some_and(|t| now < t + APP_POLL_GRACE);
+        let timeout = {
+            // Computed and published under the engine lock, so that `pump`
+            // either sees this sleep (and wakes us for an earlier deadline)
+            // or changed the engine before we looked.
+            let e = self.engine.lock().unwrap();
+            // With timers pending, wake at least every TICK: then a new,
+            // later deadline (a retransmission timer armed by a post) needs
+            // no eventfd wake-up, which on two cores costs the poster a
+            // context switch per operation.
+            let mut timeout = match e.poll_timeout() {
+                Some(d) => d.saturating_duration_since(now).min(TICK),
+                None => MAX_SLEEP,
+            };
+            if app_polling {
+                timeout = timeout.min(APP_POLL_GRACE);
+            }
+            if !self.busy_poll {
+                *self.sleeping_until.lock().unwrap() = Some(now + timeout);
+            }
+            timeout
         };
         if !self.busy_poll {
-            *self.sleeping_until.lock().unwrap() = Some(now + timeout);
             let mut fds = [
-                libc::pollfd { fd: self.socket.as_raw_fd(), events: libc::POLLIN, revents: 0 },
                 libc::pollfd { fd: self.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: self.socket.as_raw_fd(), events: libc::POLLIN, revents: 0 },
             ];
+            let nfds = if app_polling { 1 } else { 2 };
             let ts = libc::timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
-            // SAFETY: fds is a valid array of 2 pollfd; ts a valid timespec.
-            unsafe { libc::ppoll(fds.as_mut_ptr(), 2, &ts, std::ptr::null()) };
+            // SAFETY: fds is a valid array of at least `nfds` pollfd; ts a valid timespec.
+            unsafe { libc::ppoll(fds.as_mut_ptr(), nfds, &ts, std::ptr::null()) };
             *self.sleeping_until.lock().unwrap() = None;
-            if fds[1].revents != 0 {
+            if fds[0].revents != 0 {
                 let mut v: u64 = 0;
                 // SAFETY: reads 8 bytes into a valid u64 from our eventfd.
                 unsafe { libc::read(self.wake.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
