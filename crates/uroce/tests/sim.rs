@@ -3,7 +3,11 @@
 //! checks that each work request completes exactly once, in order, with
 //! success; that SEND, WRITE and READ data arrive intact; that FETCH_ADD
 //! results are the prefix sums in posting order (atomics execute once); and
-//! that no byte outside the targeted ranges changed (guard bytes).
+//! that no byte outside the targeted ranges changed (guard bytes). The
+//! remote targets are reached, per seed, through a plain region key, an
+//! on-demand-paging key, an indirect key split over two regions, or a type-2
+//! memory window; some seeds cut the link for tens of milliseconds and let
+//! it heal mid-transfer.
 //!
 //! `UROCE_SIM_SEEDS=N` sets the number of seeds (default 200);
 //! `UROCE_SIM_SEED=S` runs one seed. A failure prints its seed.
@@ -122,6 +126,61 @@ fn connect(n: &mut Node, now: Instant, peer: IpAddr, peer_qpn: u32, sq_psn: u32,
         .unwrap();
 }
 
+/// A key for `buf` of `kind`: 0 its region key; 1 an ODP key over the same
+/// memory; 2 an indirect list key over its two halves (zero based); 3 a
+/// type-2 memory window bound by B's QP. Returns (rkey, address of byte 0).
+fn remote_key(b: &mut Node, now: Instant, buf: &Buf, access: Access, kind: u64, len: usize) -> (u32, u64) {
+    let remote = access & (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
+    match kind {
+        1 => {
+            // SAFETY: ODP keys never dereference memory directly.
+            let mr = unsafe {
+                b.mem.register(1, buf.addr() as usize, len as u64, buf.addr(), access | Access::ON_DEMAND, None)
+            };
+            (mr.unwrap().key, buf.addr())
+        }
+        2 => {
+            let k = b.mem.create_indirect(1, 4).unwrap().key;
+            let half = len / 2 + 3;
+            let sges = [
+                Sge { addr: buf.addr(), length: half as u32, lkey: buf.key },
+                Sge { addr: buf.addr() + half as u64, length: (len - half) as u32, lkey: buf.key },
+            ];
+            b.mem.set_layout(k, 1, Some(uroce::mem::Layout::list(remote, &sges))).unwrap();
+            (k, 0)
+        }
+        3 => {
+            // The region needs MW_BIND: register the memory once more with it.
+            // SAFETY: `buf`'s storage outlives the run.
+            let mr = unsafe {
+                b.mem.register(1, buf.addr() as usize, len as u64, buf.addr(), access | Access::MW_BIND, None)
+            }
+            .unwrap();
+            let mw = b.mem.alloc_mw(1, uroce::mem::MwType::Type2);
+            // The bind as B's QP would execute a BIND_MW work request.
+            let req = uroce::mem::BindRequest {
+                mw_key: mw.key(),
+                new_key: mw.key() + 1,
+                mr_key: mr.key,
+                addr: buf.addr(),
+                len: len as u64,
+                access: remote,
+            };
+            // B's QP executes the bind (unsignaled) before any request of A
+            // can arrive: A's first packet needs a trip through the fabric.
+            let mut wr = SendWr::new(u64::MAX, WrOpcode::BindMw);
+            wr.flags = SendFlags::empty();
+            wr.bind = Some(req);
+            b.engine.post_send(now, b.qpn, wr).unwrap();
+            while b.engine.poll_transmit(now).is_some() {}
+            let st = b.engine.qp(b.qpn).map(|q| q.state());
+            assert_eq!(st, Some(QpState::Rts), "BIND_MW failed");
+            ((req.mw_key & !0xff) | (req.new_key & 0xff), buf.addr())
+        }
+        _ => (buf.key, buf.addr()),
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Send { off: usize, len: usize },
@@ -140,6 +199,8 @@ fn run_seed(seed: u64, clean: bool) -> Result<[uroce::proto::Stats; 2], String> 
         corrupt: rng.below(4) as f64 / 100.0,
         min_delay: Duration::from_micros(5),
         max_delay: Duration::from_micros(5 + rng.below(200)),
+        partition: (rng.below(4) == 0)
+            .then(|| (Duration::from_micros(rng.below(2000)), Duration::from_millis(1 + rng.below(60)))),
     };
     if clean {
         faults = Faults::none();
@@ -164,6 +225,14 @@ fn run_seed(seed: u64, clean: bool) -> Result<[uroce::proto::Stats; 2], String> 
     let rsource = Buf::new(&b.mem, 1, region, Access::LOCAL_WRITE | Access::REMOTE_READ, pattern);
     let counter = Buf::new(&b.mem, 1, 8, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC, |_| 0);
     let rbuf = Buf::new(&b.mem, 1, region, Access::LOCAL_WRITE, |_| 0);
+
+    // How A reaches B's targets: (rkey, the remote address of byte 0).
+    let kind = rng.below(4);
+    let target = |b: &mut Node, now: Instant, buf: &Buf, access: Access| -> (u32, u64) {
+        remote_key(b, now, buf, access, kind, region)
+    };
+    let (w_key, w_base) = target(&mut b, now, &wtarget, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (r_key, r_base) = target(&mut b, now, &rsource, Access::LOCAL_WRITE | Access::REMOTE_READ);
 
     // Workload: disjoint target ranges so expected contents are exact.
     let nops = 20 + rng.below(40) as usize;
@@ -224,14 +293,14 @@ fn run_seed(seed: u64, clean: bool) -> Result<[uroce::proto::Stats; 2], String> 
             Op::Write { off, len } => {
                 wr.opcode = WrOpcode::RdmaWrite;
                 wr.sg_list = vec![Sge { addr: src.addr() + off as u64, length: len as u32, lkey: src.key }];
-                wr.remote_addr = wtarget.addr() + off as u64;
-                wr.rkey = wtarget.key;
+                wr.remote_addr = w_base + off as u64;
+                wr.rkey = w_key;
             }
             Op::Read { off, len, dst } => {
                 wr.opcode = WrOpcode::RdmaRead;
                 wr.sg_list = vec![Sge { addr: rdst.addr() + dst as u64, length: len as u32, lkey: rdst.key }];
-                wr.remote_addr = rsource.addr() + off as u64;
-                wr.rkey = rsource.key;
+                wr.remote_addr = r_base + off as u64;
+                wr.rkey = r_key;
             }
             Op::FetchAdd { add } => {
                 wr.opcode = WrOpcode::AtomicFetchAdd;
@@ -262,7 +331,11 @@ fn run_seed(seed: u64, clean: bool) -> Result<[uroce::proto::Stats; 2], String> 
         if steps > 2_000_000 || now > limit {
             let head = a.engine.qp(a.qpn).map(|q| q.debug_state()).unwrap_or_default();
             let bst = b.engine.qp(b.qpn).map(|q| q.debug_state()).unwrap_or_default();
-            return Err(format!("no progress: {} of {} completions\n  A {head}\n  B {bst}", a_wcs.len(), expected_a));
+            return Err(format!(
+                "no progress (target key kind {kind}): {} of {} completions\n  A {head}\n  B {bst}",
+                a_wcs.len(),
+                expected_a
+            ));
         }
         if late_recvs && now > t0 + Duration::from_millis(3) {
             post_recvs(&mut b, now, sends.len(), &mut recvs_posted);
@@ -292,7 +365,10 @@ fn run_seed(seed: u64, clean: bool) -> Result<[uroce::proto::Stats; 2], String> 
             break;
         }
         if a_wcs.iter().any(|w| w.status != WcStatus::Success) {
-            return Err(format!("error completion: {:?}", a_wcs.iter().find(|w| w.status != WcStatus::Success)));
+            return Err(format!(
+                "error completion (target key kind {kind}): {:?}",
+                a_wcs.iter().find(|w| w.status != WcStatus::Success)
+            ));
         }
         // Advance time to the next event.
         let next = [fabric.next_time(), a.engine.poll_timeout(), b.engine.poll_timeout()].into_iter().flatten().min();

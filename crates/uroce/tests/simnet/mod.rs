@@ -37,6 +37,9 @@ pub struct Faults {
     pub corrupt: f64,
     pub min_delay: Duration,
     pub max_delay: Duration,
+    /// A partition: every packet sent in `start..start+len` after the
+    /// fabric's first packet is lost; then the link heals.
+    pub partition: Option<(Duration, Duration)>,
 }
 
 impl Faults {
@@ -48,6 +51,7 @@ impl Faults {
             corrupt: 0.0,
             min_delay: Duration::from_micros(5),
             max_delay: Duration::from_micros(5),
+            partition: None,
         }
     }
 }
@@ -80,6 +84,7 @@ pub struct Fabric {
     heap: BinaryHeap<InFlight>,
     seq: u64,
     pub stats: FabricStats,
+    first: Option<Instant>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -89,15 +94,23 @@ pub struct FabricStats {
     pub duplicated: u64,
     pub corrupted: u64,
     pub reordered: u64,
+    pub partitioned: u64,
 }
 
 impl Fabric {
     pub fn new(faults: Faults, seed: u64) -> Fabric {
-        Fabric { faults, rng: Rng::new(seed), heap: BinaryHeap::new(), seq: 0, stats: Default::default() }
+        Fabric { faults, rng: Rng::new(seed), heap: BinaryHeap::new(), seq: 0, stats: Default::default(), first: None }
     }
 
     pub fn send(&mut self, now: Instant, src: IpAddr, dst: IpAddr, data: Vec<u8>) {
         self.stats.sent += 1;
+        let t0 = *self.first.get_or_insert(now);
+        if let Some((start, len)) = self.faults.partition {
+            if now >= t0 + start && now < t0 + start + len {
+                self.stats.partitioned += 1;
+                return;
+            }
+        }
         if self.rng.chance(self.faults.loss) {
             self.stats.lost += 1;
             return;
