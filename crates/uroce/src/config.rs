@@ -23,6 +23,7 @@
 //! busy_poll = false
 //! scatter_to_cqe = true      # inline receive
 //! cqe_size = 64              # 64 or 128
+//! faults = "loss=0.01"       # testing only: inject faults into received packets
 //!
 //! [capture]
 //! file = "/tmp/uroce-%p.pcap"  # pcap of every packet (%p = pid)
@@ -71,6 +72,8 @@ pub struct DeviceEntry {
     pub scatter_to_cqe: Option<bool>,
     pub cqe_size: Option<u32>,
     pub ipv4_any_id: Option<bool>,
+    /// Fault injection for testing (see `uroce::io::faults`).
+    pub faults: Option<String>,
 }
 
 /// GID types a device may declare.

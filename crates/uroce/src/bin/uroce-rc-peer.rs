@@ -3,6 +3,11 @@
 //! ibv_rc_pingpong does), then the client RDMA-WRITEs a pattern into the
 //! server, READs it back, SENDs a message, and both verify. Exit 0 on
 //! success. Used by the multi-process and network-namespace tests.
+//!
+//! Environment: `UROCE_PEER_OPS=N` makes the client then run N more
+//! verified operations (WRITEs of 1 B..16 KiB to 64 slots, each READ back
+//! and compared); `UROCE_PEER_TIMEOUT` / `UROCE_PEER_RETRY` set the QP's ACK
+//! timeout exponent and retry count (default 14 / 7 = forever).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -62,7 +67,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     };
     let ctx = Context::open(&DeviceConfig::from_env()?)?;
     let pd = ctx.alloc_pd()?;
-    let cq = ctx.create_cq(64, None)?;
+    let cq = ctx.create_cq(256, None)?;
+    let env = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let (ops, timeout, retry) = (env("UROCE_PEER_OPS", 0), env("UROCE_PEER_TIMEOUT", 14), env("UROCE_PEER_RETRY", 7));
     let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq))?;
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let mr = pd.register(vec![0u8; LEN], all)?;
@@ -87,7 +94,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let peer = exchange(&mut sock, &mine)?;
-    qp.connect_rc(&peer.gid, peer.qpn, psn, peer.psn)?;
+    qp.connect_rc_with(&peer.gid, peer.qpn, psn, peer.psn, timeout as u8, retry as u8)?;
     let rx = pd.register(vec![0u8; 64], Access::LOCAL_WRITE)?;
     qp.post_recv(&RecvWr { wr_id: 100, sg_list: vec![rx.sge(0, 64)] })?;
     // Both sides are ready: sync.
@@ -132,9 +139,80 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             return Err("client: RDMA READ data differs".into());
         }
         println!("client: WRITE + READ of 1 MiB and SEND completed and verified");
+        if ops > 0 {
+            verified_ops(&pd, &qp, &cq, &peer, ops)?;
+            let s = ctx.stats();
+            println!(
+                "client: {ops} verified operations; retransmits {} timeouts {} naks {} icrc drops {}",
+                s.retransmits, s.timeouts, s.naks_received, s.rx_drop_icrc
+            );
+        }
     }
     sock.write_all(b"D")?;
+    // The peer answers, or goes away (a failed client's FIN may be slow on
+    // a link that was cut): wait a bounded time.
+    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
     let _ = sock.read(&mut [0u8; 1]);
+    Ok(())
+}
+
+/// `n` operations in batches: WRITE distinct data to 64 remote slots, READ
+/// each back, compare. Any error completion or difference fails.
+fn verified_ops(
+    pd: &ProtectionDomain,
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    peer: &Info,
+    n: u64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    const SLOTS: usize = 64;
+    const SLOT: usize = 16 * 1024;
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let src = pd.register(vec![0u8; SLOTS * SLOT], all)?;
+    let back = pd.register(vec![0u8; SLOTS * SLOT], all)?;
+    let source: Vec<u8> = (0..2 * SLOT).map(|i| (i as u32).wrapping_mul(2246822519).to_be_bytes()[1]).collect();
+    let mut done = 0u64;
+    let mut batch = 0u64;
+    while done < n {
+        let k = (SLOTS as u64).min((n - done).div_ceil(2)) as usize;
+        let mut lens = Vec::with_capacity(k);
+        for s in 0..k {
+            let len = 1 + ((batch * 7919 + s as u64 * 104729) % SLOT as u64) as usize;
+            let from = ((batch + s as u64) % SLOT as u64) as usize;
+            src.write_at(s * SLOT, &source[from..from + len])?;
+            let mut w = SendWr::new(s as u64, WrOpcode::RdmaWrite);
+            w.flags = SendFlags::empty();
+            w.sg_list = vec![src.sge(s * SLOT, len as u32)];
+            w.remote_addr = peer.addr + (s * SLOT) as u64;
+            w.rkey = peer.rkey;
+            qp.post_send(&w)?;
+            lens.push((len, from));
+        }
+        for (s, &(len, _)) in lens.iter().enumerate() {
+            let mut r = SendWr::new(1000 + s as u64, WrOpcode::RdmaRead);
+            r.sg_list = vec![back.sge(s * SLOT, len as u32)];
+            r.remote_addr = peer.addr + (s * SLOT) as u64;
+            r.rkey = peer.rkey;
+            qp.post_send(&r)?;
+        }
+        let wcs = cq.wait(k, T)?;
+        for wc in &wcs {
+            if wc.status != WcStatus::Success {
+                return Err(
+                    format!("client: operation failed: {:?} (after {done} verified operations)", wc.status).into()
+                );
+            }
+        }
+        let mut got = vec![0u8; SLOT];
+        for (s, &(len, from)) in lens.iter().enumerate() {
+            back.read_at(s * SLOT, &mut got[..len])?;
+            if got[..len] != source[from..from + len] {
+                return Err(format!("client: slot {s} of batch {batch} differs after WRITE + READ").into());
+            }
+        }
+        done += 2 * k as u64;
+        batch += 1;
+    }
     Ok(())
 }
 

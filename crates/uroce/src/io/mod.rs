@@ -10,6 +10,7 @@
 //! order on the wire.
 
 mod capture;
+pub mod faults;
 pub mod netdev;
 mod runtime;
 mod socket;

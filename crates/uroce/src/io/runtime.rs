@@ -25,6 +25,8 @@ pub struct RuntimeConfig {
     pub capture: Option<PathBuf>,
     /// Spin on the socket instead of sleeping (lower latency, one busy core).
     pub busy_poll: bool,
+    /// Inject faults into received packets (testing).
+    pub faults: Option<super::faults::FaultConfig>,
 }
 
 /// Longest the progress thread sleeps without re-checking its timers.
@@ -71,6 +73,7 @@ pub struct Runtime {
     /// Packet capture, switchable while running (`uroce capture`).
     capture: RwLock<Option<Capture>>,
     capturing: AtomicBool,
+    faults: Option<super::faults::FaultLayer>,
     busy_poll: bool,
     shutdown: AtomicBool,
     sleeping_until: Mutex<Option<Instant>>,
@@ -109,6 +112,7 @@ impl Runtime {
             sink: RwLock::new(None),
             capturing: AtomicBool::new(capture.is_some()),
             capture: RwLock::new(capture),
+            faults: cfg.faults.map(super::faults::FaultLayer::new),
             busy_poll: cfg.busy_poll,
             shutdown: AtomicBool::new(false),
             sleeping_until: Mutex::new(None),
@@ -337,6 +341,29 @@ impl Runtime {
             }
         }
         drop(guard);
+        if let Some(f) = &self.faults {
+            // Through the fault layer: owned copies, some dropped, held back,
+            // duplicated or corrupted.
+            let now = Instant::now();
+            let mut owned = Vec::with_capacity(got.len());
+            f.release(now, &mut owned);
+            for &(b, off, n, from, id) in &got {
+                f.receive(now, from, id, &bufs[b][off..off + n], &mut owned);
+            }
+            let due = self.engine.lock().unwrap().poll_timeout().is_some_and(|t| t <= now);
+            if owned.is_empty() && !due {
+                return !got.is_empty();
+            }
+            self.pump(|e, now| {
+                for (from, id, data) in &owned {
+                    e.handle_datagram(now, *from, local.ip(), data, *id);
+                }
+                if e.poll_timeout().is_some_and(|t| t <= now) {
+                    e.handle_timeout(now);
+                }
+            });
+            return true;
+        }
         let due = self.engine.lock().unwrap().poll_timeout().is_some_and(|t| t <= Instant::now());
         if got.is_empty() && !due {
             return false;
@@ -350,6 +377,11 @@ impl Runtime {
             }
         });
         !got.is_empty()
+    }
+
+    /// Counters of the fault layer, when one is configured.
+    pub fn fault_stats(&self) -> Option<super::faults::FaultStats> {
+        self.faults.as_ref().map(|f| f.stats())
     }
 
     /// One round of the progress loop; returns false when shutting down.
@@ -371,7 +403,9 @@ impl Runtime {
             // later deadline (a retransmission timer armed by a post) needs
             // no eventfd wake-up, which on two cores costs the poster a
             // context switch per operation.
-            let mut timeout = match e.poll_timeout() {
+            let next =
+                [e.poll_timeout(), self.faults.as_ref().and_then(|f| f.next_release())].into_iter().flatten().min();
+            let mut timeout = match next {
                 Some(d) => d.saturating_duration_since(now).min(TICK),
                 None => MAX_SLEEP,
             };

@@ -13,6 +13,7 @@
 //! | `UROCE_IPV4_ANY_ID` | `1`: accept IPv4 ICRCs with any IP ID (Linux rxe peers) | 0 |
 //! | `UROCE_SCATTER_TO_CQE` (or `MLX5_SCATTER_TO_CQE`) | `0`: no inline receive | 1 |
 //! | `UROCE_CQE_SIZE` (or `MLX5_CQE_SIZE`) | 64 (inline receive ≤ 32 B) or 128 (≤ 64 B) | 64 |
+//! | `UROCE_FAULTS` | inject faults into received packets, e.g. `loss=0.01,dup=0.01,reorder=0.02,corrupt=0.001,delay_us=300,seed=7` (testing; see [`crate::io::faults`]) | off |
 //!
 //! On one host every process needs its own address, because RoCE peers know
 //! each other by GID (an IP address) and all use port 4791. With no
@@ -38,6 +39,8 @@ pub struct DeviceConfig {
     pub scatter_to_cqe: bool,
     /// CQE size: 64 (messages ≤ 32 bytes travel inline) or 128 (≤ 64).
     pub cqe_size: u32,
+    /// Fault injection (see [`crate::io::faults`]).
+    pub faults: Option<String>,
 }
 
 impl Default for DeviceConfig {
@@ -52,6 +55,7 @@ impl Default for DeviceConfig {
             ipv4_any_id: false,
             scatter_to_cqe: true,
             cqe_size: 64,
+            faults: None,
         }
     }
 }
@@ -111,6 +115,7 @@ impl DeviceConfig {
             ipv4_any_id: d.ipv4_any_id.unwrap_or(base.ipv4_any_id),
             scatter_to_cqe: d.scatter_to_cqe.unwrap_or(base.scatter_to_cqe),
             cqe_size: d.cqe_size.unwrap_or(base.cqe_size),
+            faults: d.faults.clone(),
         }
     }
 
@@ -139,6 +144,9 @@ impl DeviceConfig {
         }
         if let Some(v) = var("UROCE_IPV4_ANY_ID") {
             c.ipv4_any_id = v == "1";
+        }
+        if let Some(v) = var("UROCE_FAULTS") {
+            c.faults = Some(v);
         }
         if let Some(v) = var("UROCE_SCATTER_TO_CQE").or_else(|| var("MLX5_SCATTER_TO_CQE")) {
             c.scatter_to_cqe = v != "0";

@@ -265,13 +265,17 @@ impl Context {
 }
 
 fn start_runtime(cfg: &DeviceConfig, mem: &Arc<Memory>) -> Result<Arc<Runtime>> {
+    let faults = match &cfg.faults {
+        Some(f) => Some(f.parse::<crate::io::faults::FaultConfig>().map_err(Error::inval)?),
+        None => None,
+    };
     let mk = |addr: IpAddr| {
         let mtu = cfg.mtu.unwrap_or_else(|| {
             crate::io::netdev::interface_mtu(addr).map_or(Mtu::Mtu1024, crate::io::netdev::roce_mtu_for)
         });
         let mut e = EngineConfig::new(addr, cfg.port, mtu);
         e.ipv4_any_id = cfg.ipv4_any_id;
-        RuntimeConfig { engine: e, capture: cfg.capture.clone(), busy_poll: cfg.busy_poll }
+        RuntimeConfig { engine: e, capture: cfg.capture.clone(), busy_poll: cfg.busy_poll, faults }
     };
     if let Some(addr) = cfg.addr {
         return Runtime::start(mk(addr), mem.clone()).map_err(|e| {

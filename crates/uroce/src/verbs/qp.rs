@@ -153,6 +153,20 @@ impl QueuePair {
     /// Moves an RC QP through INIT, RTR and RTS to a peer (`ibv_rc_pingpong`'s
     /// attributes; access flags for every remote operation).
     pub fn connect_rc(&self, remote: &super::Gid, remote_qpn: u32, local_psn: u32, remote_psn: u32) -> Result<()> {
+        self.connect_rc_with(remote, remote_qpn, local_psn, remote_psn, 14, 7)
+    }
+
+    /// [`QueuePair::connect_rc`] with the local ACK timeout exponent
+    /// (4.096 µs × 2^timeout) and the retry count (7: retry forever, as rxe).
+    pub fn connect_rc_with(
+        &self,
+        remote: &super::Gid,
+        remote_qpn: u32,
+        local_psn: u32,
+        remote_psn: u32,
+        timeout: u8,
+        retry_cnt: u8,
+    ) -> Result<()> {
         use crate::ib::{Access, Mtu};
         let mut a = QpAttr {
             qp_state: QpState::Init,
@@ -186,8 +200,8 @@ impl QueuePair {
                 | QpAttrMask::MIN_RNR_TIMER,
         )?;
         a.qp_state = QpState::Rts;
-        a.timeout = 14;
-        a.retry_cnt = 7;
+        a.timeout = timeout;
+        a.retry_cnt = retry_cnt;
         a.rnr_retry = 7;
         a.sq_psn = local_psn;
         a.max_rd_atomic = 16;

@@ -1,0 +1,79 @@
+//! Faults on real networks: two processes in two network namespaces joined
+//! by a veth pair, with uroce's fault layer (`UROCE_FAULTS`) dropping,
+//! duplicating, reordering and corrupting packets on both sides — every
+//! operation completes and verifies; and a link cut mid-transfer that
+//! recovers with infinite retries, or fails with RETRY_EXC_ERR with one.
+//!
+//! `UROCE_FAULT_OPS=N` sets the verified operations (default 20 000; the
+//! recorded 1 M run is in docs/reliability.md).
+
+mod netns;
+
+use netns::{wait, wait_ok, Pair};
+use std::time::Duration;
+
+const PEER: &str = env!("CARGO_BIN_EXE_uroce-rc-peer");
+const FAULTS: &str = "loss=0.01,dup=0.01,reorder=0.02,corrupt=0.002,delay_us=300";
+
+#[test]
+fn faulty_links_lose_and_corrupt_nothing() {
+    let Some(p) = Pair::new("faulty_links_lose_and_corrupt_nothing", "f", 31, None) else { return };
+    let ops = std::env::var("UROCE_FAULT_OPS").unwrap_or_else(|_| "20000".into());
+    let server = p
+        .exec(&p.b, PEER, &["--server", "18601"])
+        .env("UROCE_ADDR", &p.ip_b)
+        .env("UROCE_FAULTS", format!("{FAULTS},seed=11"))
+        .spawn()
+        .unwrap();
+    let client = p
+        .exec(&p.a, PEER, &["--client", &format!("{}:18601", p.ip_b)])
+        .env("UROCE_ADDR", &p.ip_a)
+        .env("UROCE_FAULTS", format!("{FAULTS},seed=12"))
+        .env("UROCE_PEER_OPS", &ops)
+        .spawn()
+        .unwrap();
+    let out = wait_ok(client, "client", Duration::from_secs(600));
+    println!("{out}");
+    assert!(out.contains(&format!("{ops} verified operations")), "{out}");
+    let retrans: u64 = out.split("retransmits ").nth(1).and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
+    assert!(retrans > 0, "the faults were really there");
+    wait_ok(server, "server", Duration::from_secs(30));
+}
+
+/// Cuts a's link for 1.5 s while the client runs operations.
+fn cut_link(test: &str, net: u8, timeout: &str, retry: &str) -> (bool, String) {
+    let p = Pair::new(test, &format!("c{net}"), net, None).expect("checked by the caller");
+    let server = p.exec(&p.b, PEER, &["--server", "18602"]).env("UROCE_ADDR", &p.ip_b).spawn().unwrap();
+    let client = p
+        .exec(&p.a, PEER, &["--client", &format!("{}:18602", p.ip_b)])
+        .env("UROCE_ADDR", &p.ip_a)
+        .env("UROCE_PEER_OPS", "40000")
+        .env("UROCE_PEER_TIMEOUT", timeout)
+        .env("UROCE_PEER_RETRY", retry)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    p.link(false);
+    std::thread::sleep(Duration::from_millis(1500));
+    p.link(true);
+    let r = wait(client, "client", Duration::from_secs(120));
+    // The server may be waiting out its own 20 s timeout if the cut hit the
+    // first phase; its result does not matter here.
+    let _ = wait(server, "server", Duration::from_secs(60));
+    r
+}
+
+#[test]
+fn link_cut_recovers_or_fails_as_configured() {
+    if Pair::new("link_cut_recovers_or_fails_as_configured", "p", 40, None).is_none() {
+        return;
+    }
+    // Retry forever (7): the transfer resumes when the link returns.
+    let (ok, out) = cut_link("link cut, retry forever", 41, "10", "7");
+    assert!(ok, "{out}");
+    assert!(out.contains("40000 verified operations"), "{out}");
+    // One retry of a ~4 ms timeout: RETRY_EXC_ERR, reported, no hang.
+    let (ok, out) = cut_link("link cut, one retry", 42, "10", "1");
+    assert!(!ok, "{out}");
+    assert!(out.contains("RetryExcErr"), "{out}");
+}
