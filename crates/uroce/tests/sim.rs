@@ -191,7 +191,7 @@ enum Op {
 
 fn run_seed(seed: u64, clean: bool) -> Result<[uroce::proto::Stats; 2], String> {
     let mut rng = Rng::new(seed);
-    let mtu = [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024][rng.below(3) as usize];
+    let mtu = [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu4096][rng.below(4) as usize];
     let mut faults = Faults {
         loss: rng.below(8) as f64 / 100.0,
         duplicate: rng.below(5) as f64 / 100.0,
@@ -216,7 +216,7 @@ fn run_seed(seed: u64, clean: bool) -> Result<[uroce::proto::Stats; 2], String> 
     connect(&mut a, now, b_ip, b.qpn, a_psn, b_psn, mtu, 8);
     connect(&mut b, now, a_ip, a.qpn, b_psn, a_psn, mtu, 8);
 
-    let region = 16 * 1024;
+    let region = 16 * mtu.bytes() as usize;
     let pattern = |i: usize| (i as u8).wrapping_mul(31).wrapping_add(7);
     let src = Buf::new(&a.mem, 1, region, Access::LOCAL_WRITE, |i| (i as u8) ^ 0x5C);
     let rdst = Buf::new(&a.mem, 1, region, Access::LOCAL_WRITE, |_| 0);
@@ -235,7 +235,7 @@ fn run_seed(seed: u64, clean: bool) -> Result<[uroce::proto::Stats; 2], String> 
     let (r_key, r_base) = target(&mut b, now, &rsource, Access::LOCAL_WRITE | Access::REMOTE_READ);
 
     // Workload: disjoint target ranges so expected contents are exact.
-    let nops = 20 + rng.below(40) as usize;
+    let nops = 20 + rng.below(80) as usize;
     let mut ops = Vec::new();
     let (mut woff, mut roff, mut soff, mut rdoff) = (0usize, 0usize, 0usize, 0usize);
     for _ in 0..nops {

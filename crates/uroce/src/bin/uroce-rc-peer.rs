@@ -149,10 +149,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     sock.write_all(b"D")?;
-    // The peer answers, or goes away (a failed client's FIN may be slow on
-    // a link that was cut): wait a bounded time.
-    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let _ = sock.read(&mut [0u8; 1]);
+    // The peer answers when it is done (a client may run a long verified
+    // workload after the first phase), or goes away.
+    sock.set_read_timeout(Some(Duration::from_secs(900)))?;
+    let mut d = [0u8; 1];
+    if !matches!(sock.read(&mut d), Ok(1)) {
+        eprintln!("peer went away; QP: {}\n  stats: {:?}", qp.debug_state(), ctx.stats());
+    }
     Ok(())
 }
 
@@ -195,7 +198,9 @@ fn verified_ops(
             r.rkey = peer.rkey;
             qp.post_send(&r)?;
         }
-        let wcs = cq.wait(k, T)?;
+        let wcs = cq
+            .wait(k, T)
+            .map_err(|e| format!("{e}\n  QP: {}\n  stats: {:?}", qp.debug_state(), pd.context().stats()))?;
         for wc in &wcs {
             if wc.status != WcStatus::Success {
                 return Err(

@@ -90,6 +90,15 @@ impl QueuePair {
         })
     }
 
+    /// The transport state of the QP, for diagnostics (send queue, PSNs,
+    /// responder state, timers).
+    pub fn debug_state(&self) -> String {
+        let e = self.pd.ctx.dev.rt.engine();
+        let timer = e.poll_timeout().map(|t| t.saturating_duration_since(std::time::Instant::now()));
+        let q = e.qp(self.qpn).map(|q| q.debug_state()).unwrap_or_default();
+        format!("{q} | next timer in {timer:?}")
+    }
+
     pub fn qp_num(&self) -> u32 {
         self.qpn
     }
