@@ -113,8 +113,16 @@ fuzz_target!(|data: &[u8]| {
                         wr.send_flags = next().unwrap_or(0) as u32 & !ibv_send_flags_IBV_SEND_INLINE; // inline reads SGE memory: kept valid below
                         wr.sg_list = sges.as_mut_ptr();
                         wr.num_sge = n as i32;
-                        wr.wr.rdma.remote_addr = base as u64 + (next().unwrap_or(0) as u64 * 64);
-                        wr.wr.rdma.rkey = mrs.first().map_or(0, |m| (**m).rkey);
+                        if (*qp).qp_type == ibv_qp_type_IBV_QPT_UD {
+                            // The union holds an AH pointer: a C caller passes a
+                            // real one or NULL (a garbage pointer is the caller's
+                            // undefined behaviour, in libibverbs as here).
+                            wr.wr.ud.ah = std::ptr::null_mut();
+                            wr.wr.ud.remote_qpn = (*qp).qp_num;
+                        } else {
+                            wr.wr.rdma.remote_addr = base as u64 + (next().unwrap_or(0) as u64 * 64);
+                            wr.wr.rdma.rkey = mrs.first().map_or(0, |m| (**m).rkey);
+                        }
                         let mut bad = std::ptr::null_mut();
                         let post = (*ctx).ops.post_send.unwrap();
                         let _ = post(qp, &mut wr, &mut bad);
