@@ -51,7 +51,17 @@ fn copy_name(dst: &mut [c_char], s: &str) {
 /// message on stderr): uroce does not guess.
 fn devices() -> &'static [usize] {
     static DEVS: OnceLock<Vec<usize>> = OnceLock::new();
-    DEVS.get_or_init(|| match DeviceConfig::list_from_env() {
+    DEVS.get_or_init(|| {
+        // Logs go to stderr only when asked for: the host program owns its output.
+        if let Ok(f) = tracing_subscriber::EnvFilter::try_from_env("UROCE_LOG") {
+            let _ = tracing_subscriber::fmt().with_env_filter(f).with_writer(std::io::stderr).try_init();
+        }
+        device_list()
+    })
+}
+
+fn device_list() -> Vec<usize> {
+    match DeviceConfig::list_from_env() {
         Ok(list) => list
             .into_iter()
             .map(|cfg| {
@@ -70,7 +80,7 @@ fn devices() -> &'static [usize] {
             eprintln!("uroce: no device: {e}");
             Vec::new()
         }
-    })
+    }
 }
 
 #[no_mangle]
