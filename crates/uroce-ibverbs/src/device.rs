@@ -173,6 +173,12 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     c.ops.post_srq_recv = Some(crate::srq::post_srq_recv);
     vctx.query_device_ex = Some(query_device_ex);
     vctx.advise_mr = Some(crate::ext::advise_mr);
+    vctx.alloc_dm = Some(crate::dm::alloc_dm);
+    vctx.free_dm = Some(crate::dm::free_dm);
+    vctx.reg_dm_mr = Some(crate::dm::reg_dm_mr);
+    vctx.alloc_td = Some(crate::domain::alloc_td);
+    vctx.dealloc_td = Some(crate::domain::dealloc_td);
+    vctx.alloc_parent_domain = Some(crate::domain::alloc_parent_domain);
     vctx.create_qp_ex = Some(crate::qp_ex::create_qp_ex);
     vctx.create_cq_ex = Some(crate::cq_ex::create_cq_ex);
     c.ops.alloc_mw = Some(crate::mw::alloc_mw);
@@ -275,6 +281,7 @@ unsafe extern "C" fn query_device_ex(
             (*attr).phys_port_cnt_ex = 1;
             (*attr).device_cap_flags_ex = (*attr).orig_attr.device_cap_flags as u64;
             (*attr).odp_caps = crate::ext::odp_caps();
+            (*attr).max_dm_size = crate::dm::MAX_DM_SIZE;
         }
     }
     0

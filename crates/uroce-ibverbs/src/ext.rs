@@ -105,7 +105,7 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
                 lkey: mr.lkey(),
                 rkey: mr.rkey(),
             };
-            Box::into_raw(Box::new(UMr { mr: raw, inner: Some(mr) })) as *mut ibv_mr
+            Box::into_raw(Box::new(UMr { mr: raw, inner: Some(mr), dm: None })) as *mut ibv_mr
         }
         Err(e) => null(fail(&e)),
     }

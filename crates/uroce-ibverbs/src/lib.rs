@@ -18,6 +18,8 @@ pub mod ffi;
 mod cq_ex;
 mod datapath;
 mod device;
+mod dm;
+mod domain;
 mod errno;
 mod ext;
 mod mw;

@@ -16,12 +16,16 @@ use uroce::verbs::{
 pub struct UPd {
     pub pd: ibv_pd,
     pub inner: Option<ProtectionDomain>,
+    /// A parent domain: it stands for its parent PD and frees without EBUSY.
+    pub parent_domain: bool,
 }
 
 #[repr(C)]
 pub struct UMr {
     pub mr: ibv_mr,
     pub inner: Option<MemoryRegion>,
+    /// For a device-memory region: keeps the allocation busy.
+    pub dm: Option<crate::dm::DmRef>,
 }
 
 #[repr(C)]
@@ -68,7 +72,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     match u.ctx.alloc_pd() {
         Ok(pd) => {
             let handle = pd.handle();
-            let b = Box::new(UPd { pd: ibv_pd { context: ctx, handle }, inner: Some(pd) });
+            let b = Box::new(UPd { pd: ibv_pd { context: ctx, handle }, inner: Some(pd), parent_domain: false });
             Box::into_raw(b) as *mut ibv_pd
         }
         Err(e) => null(fail(&e)),
@@ -82,6 +86,12 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     }
     // SAFETY: a PD from ibv_alloc_pd.
     let p = unsafe { &mut *(pd as *mut UPd) };
+    if p.parent_domain {
+        // Objects created from it hold the parent PD themselves.
+        // SAFETY: a parent domain from alloc_parent_domain, freed once.
+        drop(unsafe { Box::from_raw(pd as *mut UPd) });
+        return 0;
+    }
     let Some(inner) = p.inner.take() else { return libc::EINVAL };
     match inner.dealloc() {
         Ok(()) => {
@@ -117,7 +127,7 @@ unsafe fn reg(pd: *mut ibv_pd, addr: *mut libc::c_void, len: usize, iova: u64, a
                 lkey: mr.lkey(),
                 rkey: mr.rkey(),
             };
-            Box::into_raw(Box::new(UMr { mr: raw, inner: Some(mr) })) as *mut ibv_mr
+            Box::into_raw(Box::new(UMr { mr: raw, inner: Some(mr), dm: None })) as *mut ibv_mr
         }
         Err(e) => null(fail(&e)),
     }

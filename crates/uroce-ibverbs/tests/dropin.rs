@@ -315,9 +315,10 @@ fn pyverbs_suite_does_not_regress() {
     let num = |k: &str| -> u32 {
         total.split_whitespace().find_map(|f| f.strip_prefix(&format!("{k}="))).unwrap().parse().unwrap()
     };
-    // 104 passed, 0 failed observed (with ibv_qp_ex / ibv_cq_ex); a few
-    // tests skip conditionally under load.
-    assert!(num("passed") >= 98, "{total}");
+    // 123 passed, 26 skipped, 0 failed observed (2026-11-24: with qp_ex,
+    // cq_ex, ODP, device memory, parent domains); 3 ODP huge-page tests
+    // skip where 2 MiB pages cannot be reserved (not root).
+    assert!(num("passed") >= 118, "{total}");
     assert_eq!(num("tests"), 149, "{total}");
     assert!(num("failed") + num("errors") <= 2, "{total}");
     assert!(!text.contains("crash or timeout"), "{text}");
