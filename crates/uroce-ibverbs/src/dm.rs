@@ -118,7 +118,8 @@ pub unsafe extern "C" fn reg_dm_mr(pd: *mut ibv_pd, dm: *mut ibv_dm, off: u64, l
         return null(libc::EINVAL);
     }
     let access = Access::from_bits_retain(access);
-    let allowed = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC | Access::ZERO_BASED;
+    let allowed =
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC | Access::ZERO_BASED;
     if !access.contains(Access::ZERO_BASED) || !allowed.contains(access) {
         return null(libc::EINVAL);
     }
