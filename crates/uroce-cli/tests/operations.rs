@@ -195,6 +195,15 @@ fn bad_configuration_is_refused_with_line_and_field() {
     let out =
         Command::new(UROCE).args(["devices"]).env("UROCE_CONFIG", &cfg).env("UROCE_MTU", "2048").output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("2048"));
+    // Every configured device is listed.
+    std::fs::write(
+        &cfg,
+        "[[device]]\nname = \"one\"\naddress = \"127.0.0.94\"\n[[device]]\nname = \"two\"\naddress = \"127.0.0.95\"\n",
+    )
+    .unwrap();
+    let out = Command::new(UROCE).args(["devices"]).env("UROCE_CONFIG", &cfg).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("hca_id: one") && text.contains("hca_id: two") && text.contains("127.0.0.95"), "{text}");
 }
 
 #[test]

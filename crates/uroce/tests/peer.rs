@@ -72,6 +72,12 @@ fn rdma_lands_in_storage_and_counters_follow() {
     assert_eq!(published("ssd0", "num_reg_pages"), "16\n");
     assert_eq!(published("ssd0", "version"), "1.0\n");
     assert_eq!(b.ctx.pinned_bytes(), 0, "peer memory is not pinned host memory");
+    // Selection: with the peer loaded, host buffers still register as host
+    // memory (pinned), and the peer's counters do not move.
+    let host = b.pd.register(vec![0u8; 8192], RW).unwrap();
+    assert!(b.ctx.pinned_bytes() >= 8192, "a host buffer is pinned host memory");
+    assert_eq!(stats("ssd0").num_alloc_mrs, 1);
+    drop(host);
     // RDMA WRITE lands in the file.
     let data: Vec<u8> = (0..len as usize).map(|i| (i % 241) as u8).collect();
     let src = a.pd.register(data.clone(), Access::empty()).unwrap();

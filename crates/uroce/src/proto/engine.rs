@@ -59,6 +59,8 @@ pub struct Engine {
     active: VecDeque<u32>,
     events: VecDeque<Event>,
     stats: Stats,
+    /// When a dropped packet was last logged (warnings are rate limited).
+    last_drop_log: Option<Instant>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -78,6 +80,7 @@ impl Engine {
             active: VecDeque::new(),
             events: VecDeque::new(),
             stats: Stats::default(),
+            last_drop_log: None,
         }
     }
 
@@ -192,12 +195,14 @@ impl Engine {
             Ok(p) => p,
             Err(_) => {
                 self.stats.rx_drop_malformed += 1;
+                self.log_drop(now, src, "malformed");
                 return;
             }
         };
         let bth = pkt.headers.bth;
         let Some(qp) = self.qps.get(&bth.dest_qp).filter(|_| bth.dest_qp != 0) else {
             self.stats.rx_drop_no_qp += 1;
+            self.log_drop(now, src, "no such QP");
             return;
         };
         let mut ip = IpInfo { src: src.ip(), dst, sport: src.port(), dport: self.cfg.port, ipv4_id };
@@ -210,6 +215,7 @@ impl Engine {
                 Some(id) => ip.ipv4_id = id,
                 None => {
                     self.stats.rx_drop_icrc += 1;
+                    self.log_drop(now, src, "bad ICRC");
                     return;
                 }
             }
@@ -225,6 +231,7 @@ impl Engine {
         }
         if bth.pkey & 0x7FFF != 0x7FFF {
             self.stats.rx_drop_pkey += 1;
+            self.log_drop(now, src, "P_Key");
             return;
         }
         let is_response = flags.contains(OpFlags::RESPONSE);
@@ -239,6 +246,7 @@ impl Engine {
         }
         if qp.qp_type != QpType::Ud && qp.attr.ah_attr.dgid.to_ip() != ip.src {
             self.stats.rx_drop_addr += 1;
+            self.log_drop(now, src, "source address does not match the QP's address vector");
             return;
         }
         let qp_type = qp.qp_type;
@@ -251,6 +259,15 @@ impl Engine {
                 _ => qp.on_request(ctx, &pkt),
             }
         });
+    }
+
+    /// A warning for a dropped packet, at most one per second (the counters
+    /// have them all).
+    fn log_drop(&mut self, now: Instant, src: SocketAddr, reason: &str) {
+        if self.last_drop_log.is_none_or(|t| now.saturating_duration_since(t) >= std::time::Duration::from_secs(1)) {
+            self.last_drop_log = Some(now);
+            tracing::warn!(%src, "dropped a packet: {reason} (see `uroce stat` for counts)");
+        }
     }
 
     /// The next packet to send, round-robin over queue pairs; responses of a

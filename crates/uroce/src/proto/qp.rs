@@ -320,7 +320,7 @@ impl Qp {
         if self.attr.qp_state == QpState::Err {
             return;
         }
-        tracing::warn!(qpn = self.qpn, peer_qpn = self.attr.dest_qp_num, ?event, "QP entering ERR");
+        tracing::warn!(qpn = self.qpn, peer_qpn = self.attr.dest_qp_num, peer = %self.attr.ah_attr.dgid.to_ip(), ?event, "QP entering ERR");
         ctx.stats.qp_errors += 1;
         self.attr.qp_state = QpState::Err;
         if let Some(kind) = event {

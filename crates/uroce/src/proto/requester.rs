@@ -340,6 +340,14 @@ impl Qp {
                 return;
             }
             ctx.stats.timeouts += 1;
+            tracing::warn!(
+                qpn = self.qpn,
+                peer_qpn = self.attr.dest_qp_num,
+                peer = %self.attr.ah_attr.dgid.to_ip(),
+                psn = self.req.comp_psn,
+                retries_left = self.req.retry_left,
+                "retransmission timeout"
+            );
             if self.req.retry_left == 0 {
                 tracing::warn!(qpn = self.qpn, "transport retry counter exceeded");
                 self.complete_head_error(ctx, WcStatus::RetryExcErr);
