@@ -55,9 +55,25 @@ impl Map {
         assert_eq!(p as usize, self.addr);
     }
 
+    /// Takes the memory away: the pages are unmapped and an inaccessible
+    /// reservation takes their place at once (`mmap(MAP_FIXED, PROT_NONE)`),
+    /// so that no other allocation of this multi-threaded test process can
+    /// land in the hole while the test uses the address.
     fn unmap(&self) {
-        // SAFETY: our own mapping; nothing references it as a Rust object.
-        assert_eq!(unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) }, 0);
+        // SAFETY: MAP_FIXED over our own mapping; nothing references it as a
+        // Rust object.
+        let p = unsafe {
+            libc::mmap(
+                self.addr as *mut libc::c_void,
+                self.len,
+                libc::PROT_NONE,
+                // Shared: never merged with a neighbouring private reservation.
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(p as usize, self.addr);
     }
 
     fn bytes(&self) -> &[u8] {

@@ -130,19 +130,20 @@ fn guessed_stale_and_revoked_keys_never_write() {
     };
     let wkey = mem.bind_mw(1, 0x99, &req).unwrap();
     mem.invalidate(wkey, 1, 0x99).unwrap();
-    // An ODP region over an unmapped range.
-    // SAFETY: a reservation, then unmapped: nothing is mapped there.
+    // An ODP region over memory that is not there: an inaccessible
+    // reservation. (A plain munmap'ed hole is reused by other threads'
+    // allocations during the test: seen.) Shared, so it never merges with a
+    // neighbouring private mapping.
+    // SAFETY: a fresh PROT_NONE reservation; never dereferenced.
     let hole = unsafe {
-        let p = libc::mmap(
+        libc::mmap(
             std::ptr::null_mut(),
             8192,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            libc::PROT_NONE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
             -1,
             0,
-        );
-        libc::munmap(p, 8192);
-        p as u64
+        ) as u64
     };
     // SAFETY: ODP keys never dereference memory directly.
     let odp = unsafe { mem.register(1, hole as usize, 8192, hole, rw | Access::ON_DEMAND, None) }.unwrap().key;

@@ -111,7 +111,7 @@ fn notifier() -> Option<&'static Notifier> {
 }
 
 fn open() -> std::io::Result<Notifier> {
-    let flags = libc::O_CLOEXEC;
+    let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
     // SAFETY: the userfaultfd syscall takes flags only and returns a new fd.
     let mut fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags | UFFD_USER_MODE_ONLY) };
     if fd < 0 {
@@ -147,19 +147,32 @@ fn open() -> std::io::Result<Notifier> {
 fn read_events(fd: OwnedFd) {
     let mut msgs = [UffdMsg::default(); 16];
     loop {
+        // Wait for events without consuming them: the kernel lets the
+        // unmapping thread go on when an event is *read*, so the read
+        // happens under the ring lock, and whoever drains after the unmap
+        // returned finds the event queued.
+        let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, -1) };
+        if r < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        let Some(notifier) = notifier() else { return };
+        let mut ring = notifier.ring.lock().unwrap();
         // SAFETY: reads whole `uffd_msg`s into an array of exactly that size.
         let n =
             unsafe { libc::read(fd.as_raw_fd(), msgs.as_mut_ptr() as *mut libc::c_void, std::mem::size_of_val(&msgs)) };
         if n < 0 {
             let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
+            if matches!(e.kind(), std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock) {
                 continue;
             }
             return;
         }
         let count = n as usize / std::mem::size_of::<UffdMsg>();
-        let Some(notifier) = notifier() else { return };
-        let mut ring = notifier.ring.lock().unwrap();
         for m in &msgs[..count] {
             let ev = match m.event {
                 UFFD_EVENT_UNMAP => Event { start: m.a, end: m.b, unmapped: true },
