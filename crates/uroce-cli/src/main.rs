@@ -26,6 +26,8 @@ enum Cmd {
     Peers(cmd::peers::Args),
     /// Packet capture of a running process or of a command.
     Capture(cmd::capture::Args),
+    /// Benchmark (perftest-like), with raw UDP baselines in the same run.
+    Bench(Box<cmd::bench::Args>),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
 }
@@ -46,6 +48,7 @@ fn main() -> ExitCode {
         Cmd::Stat(a) => cmd::stat::run(a),
         Cmd::Peers(a) => cmd::peers::run(a),
         Cmd::Capture(a) => cmd::capture::run(a),
+        Cmd::Bench(a) => cmd::bench::run(*a),
         Cmd::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "uroce", &mut std::io::stdout());

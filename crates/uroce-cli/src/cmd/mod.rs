@@ -1,4 +1,5 @@
 //! Subcommands.
+pub mod bench;
 pub mod capture;
 pub mod decode;
 pub mod demo;

@@ -1,0 +1,529 @@
+//! `uroce bench`: a perftest-like benchmark that also measures the
+//! machine's own limits in the same run, so results read as ratios.
+//!
+//! - `uroce bench [OPTIONS]`: spawns the server as a child process on
+//!   loopback (its device on 127.0.0.2, ours on 127.0.0.1, a free UDP port
+//!   per run) and runs the client against it: two processes, one command.
+//! - `uroce bench server [--addr IP] [--tcp-port P] [--port UDP]` and
+//!   `uroce bench client --server IP[:P] [OPTIONS]`: two hosts.
+//!
+//! The two ends talk over TCP (JSON lines, see `ctrl`): for each point the
+//! client sends the test and its QPNs, GID, PSN, rkey and address, the
+//! server answers with its own and plays the peer until the client's `end`.
+//! The server also hosts the peers of the raw UDP baselines (`udp`): GSO/GRO
+//! streaming with the datagram size uroce sends, and a 64-byte busy-poll
+//! ping-pong.
+//!
+//! Bandwidth: `--tx-depth` WRs outstanding per QP, QPs round-robin, one WR
+//! in 16 signaled; Gb/s of message payload and M messages/s. Latency:
+//! ping-pong; WRITE as perftest (each side writes to the other and polls
+//! memory for the last byte), SEND with receives, READ and atomics one-sided;
+//! half round trip for WRITE and SEND, full round trip for READ and atomics.
+//! Everything polls the CQ busily, which drives the device in this thread.
+
+mod ctrl;
+mod rdma;
+mod report;
+mod udp;
+
+use ctrl::{Ctrl, Res};
+use serde_json::{json, Value};
+use std::io::BufRead;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+use uroce::verbs::*;
+
+/// perftest's port.
+const DEFAULT_TCP_PORT: u16 = 18515;
+/// Longest wait for one control message.
+const CTRL_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    role: Option<Role>,
+    #[command(flatten)]
+    opts: Opts,
+}
+
+#[derive(clap::Subcommand)]
+enum Role {
+    /// Serve one client: the RDMA peer and the UDP baseline peers.
+    Server {
+        /// Address of this end's device (default: as `uroce devices`).
+        #[arg(long)]
+        addr: Option<IpAddr>,
+        /// TCP port of the control channel (0: any; printed on stdout).
+        #[arg(long, default_value_t = DEFAULT_TCP_PORT)]
+        tcp_port: u16,
+        /// UDP port of both devices (0: the configured one, 4791).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        /// Seconds to wait for the client.
+        #[arg(long, default_value_t = 300)]
+        wait: u64,
+    },
+    /// Run the tests against `uroce bench server`.
+    Client {
+        /// The server: IP or IP:tcp-port.
+        #[arg(long)]
+        server: String,
+        /// Address of this end's device (default: the route's source address
+        /// to the server, or a free 127.0.0.x for a loopback server).
+        #[arg(long)]
+        addr: Option<IpAddr>,
+        #[command(flatten)]
+        opts: Opts,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Op {
+    Write,
+    Read,
+    Send,
+    Atomic,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Metric {
+    Bw,
+    Lat,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Write => "write",
+            Op::Read => "read",
+            Op::Send => "send",
+            Op::Atomic => "atomic",
+        }
+    }
+    fn parse(s: &str) -> Res<Op> {
+        <Op as clap::ValueEnum>::from_str(s, false).map_err(|e| e.into())
+    }
+}
+
+impl Metric {
+    fn name(self) -> &'static str {
+        match self {
+            Metric::Bw => "bw",
+            Metric::Lat => "lat",
+        }
+    }
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Opts {
+    /// Operations (comma-separated list allowed).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "write")]
+    op: Vec<Op>,
+    /// Bandwidth or latency (comma-separated list allowed).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "bw")]
+    metric: Vec<Metric>,
+    /// Message size in bytes (default: 65536 for bw, 64 for lat).
+    #[arg(long, conflicts_with_all = ["sizes", "sweep"])]
+    size: Option<usize>,
+    /// Several message sizes, e.g. 64,4096,65536.
+    #[arg(long, value_delimiter = ',', conflicts_with = "sweep")]
+    sizes: Vec<usize>,
+    /// Powers of two from 2 bytes to 1 MiB (atomics: 8 bytes).
+    #[arg(long)]
+    sweep: bool,
+    /// QPs (bandwidth tests, round-robin; latency uses one).
+    #[arg(long, default_value_t = 1)]
+    qps: usize,
+    /// Messages (bw) or round trips (lat) per point (default: calibrated
+    /// so a point takes about half a second).
+    #[arg(long)]
+    iters: Option<u64>,
+    /// Outstanding WRs per QP for bandwidth tests.
+    #[arg(long, default_value_t = 128)]
+    tx_depth: usize,
+    /// Skip the raw UDP baselines.
+    #[arg(long)]
+    no_baseline: bool,
+    /// Seconds of each UDP baseline measurement.
+    #[arg(long, default_value_t = 0.5)]
+    baseline_secs: f64,
+    /// Write every point and the baselines as CSV.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Write every point, the baselines and the machine as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// UDP port of both devices (loopback mode; 0: a free one).
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+}
+
+/// One test point.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub op: Op,
+    pub metric: Metric,
+    pub size: usize,
+    pub qps: usize,
+    pub tx_depth: usize,
+}
+
+impl Spec {
+    fn to_json(&self) -> Value {
+        json!({
+            "op": self.op.name(), "metric": self.metric.name(), "size": self.size,
+            "qps": self.qps, "tx_depth": self.tx_depth,
+        })
+    }
+    fn from_json(v: &Value) -> Res<Spec> {
+        let num = |k: &str| v[k].as_u64().map(|x| x as usize).ok_or_else(|| format!("bench: spec lacks {k}"));
+        let spec = Spec {
+            op: Op::parse(v["op"].as_str().unwrap_or(""))?,
+            metric: if v["metric"] == "lat" { Metric::Lat } else { Metric::Bw },
+            size: num("size")?,
+            qps: num("qps")?,
+            tx_depth: num("tx_depth")?,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+    fn validate(&self) -> Res<()> {
+        if self.size == 0 || self.size > 1 << 30 {
+            return Err(format!("bench: message size {} outside 1..=1 GiB", self.size).into());
+        }
+        if self.qps == 0 || self.qps > 1024 || self.tx_depth == 0 || self.tx_depth > 16384 {
+            return Err("bench: --qps must be 1..=1024 and --tx-depth 1..=16384".into());
+        }
+        Ok(())
+    }
+    /// Latency reported as half the round trip (WRITE, SEND) or all of it.
+    fn half_rtt(&self) -> bool {
+        matches!(self.op, Op::Write | Op::Send)
+    }
+}
+
+pub fn run(a: Args) -> ExitCode {
+    let r = match a.role {
+        None => local(&a.opts),
+        Some(Role::Client { server, addr, opts }) => parse_server(&server).and_then(|s| client(&opts, s, addr, None)),
+        Some(Role::Server { addr, tcp_port, port, wait }) => server(addr, tcp_port, port, wait),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("uroce bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse_server(s: &str) -> Res<SocketAddr> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let ip: IpAddr = s.parse().map_err(|_| format!("--server {s}: not IP or IP:port"))?;
+    Ok(SocketAddr::new(ip, DEFAULT_TCP_PORT))
+}
+
+// ---------------------------------------------------------------- server
+
+fn server(addr: Option<IpAddr>, tcp_port: u16, port: u16, wait: u64) -> Res<()> {
+    let mut cfg = DeviceConfig::from_env()?;
+    if addr.is_some() {
+        cfg.addr = addr;
+    }
+    if port != 0 {
+        cfg.port = port;
+    }
+    let ctx = Context::open(&cfg)?;
+    let pd = ctx.alloc_pd()?;
+    let ip = ctx.local_addr().ip();
+    let l = TcpListener::bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), tcp_port))?;
+    // One line, the port last: `uroce bench` reads it from its child.
+    println!("uroce bench server: device {} at {}, tcp port {}", ctx.name(), ctx.local_addr(), l.local_addr()?.port());
+    l.set_nonblocking(true)?;
+    let deadline = Instant::now() + Duration::from_secs(wait);
+    let stream = loop {
+        match l.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    return Err(format!("no client within {wait} s").into());
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    stream.set_nonblocking(false)?;
+    let mut ctrl = Ctrl::new(stream, CTRL_TIMEOUT)?;
+    ctrl.send(&json!({
+        "udp_port": ctx.local_addr().port(),
+        "device_ip": ip.to_string(),
+        "mtu": ctx.query_port(1)?.active_mtu.bytes(),
+        "machine": report::machine(),
+    }))?;
+    for _ in 0..1_000_000 {
+        let msg = ctrl.recv()?;
+        let r = match msg["cmd"].as_str().unwrap_or("") {
+            "rdma" => rdma::serve(&mut ctrl, &ctx, &pd, &msg),
+            "udp_stream" => udp::serve_stream(&mut ctrl, ip),
+            "udp_pingpong" => udp::serve_pingpong(&mut ctrl, ip),
+            "bye" => return ctrl.send(&json!({ "ok": true })),
+            other => Err(format!("unknown command {other:?}").into()),
+        };
+        if let Err(e) = r {
+            let _ = ctrl.send(&json!({ "error": e.to_string() }));
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- loopback
+
+/// Kills the spawned server if the client fails.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A UDP port free on both loopback addresses.
+fn free_port(a: IpAddr, b: IpAddr) -> Res<u16> {
+    for _ in 0..50 {
+        let s = UdpSocket::bind(SocketAddr::new(a, 0))?;
+        let p = s.local_addr()?.port();
+        if UdpSocket::bind(SocketAddr::new(b, p)).is_ok() {
+            return Ok(p);
+        }
+    }
+    Err("no free UDP port on loopback".into())
+}
+
+fn local(opts: &Opts) -> Res<()> {
+    let (cip, sip) = (IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
+    points(opts)?; // report bad options before spawning anything
+    let port = if opts.port != 0 { opts.port } else { free_port(cip, sip)? };
+    let exe = std::env::current_exe()?;
+    let child = Command::new(exe)
+        .args(["bench", "server", "--addr", &sip.to_string(), "--port", &port.to_string()])
+        .args(["--tcp-port", "0", "--wait", "30"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let mut guard = ChildGuard(child);
+    let out = guard.0.stdout.take().ok_or("no server stdout")?;
+    let mut line = String::new();
+    std::io::BufReader::new(out).read_line(&mut line)?;
+    let tcp: u16 = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("the server did not start ({:?})", line.trim()))?;
+    client(opts, SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), tcp), Some(cip), Some(port))
+}
+
+// ---------------------------------------------------------------- client
+
+fn points(opts: &Opts) -> Res<Vec<Spec>> {
+    let mut v = Vec::new();
+    for &metric in &opts.metric {
+        let sizes: Vec<usize> = if opts.sweep {
+            (1..=20).map(|i| 1usize << i).collect()
+        } else if let Some(s) = opts.size {
+            vec![s]
+        } else if !opts.sizes.is_empty() {
+            opts.sizes.clone()
+        } else {
+            vec![if metric == Metric::Bw { 65536 } else { 64 }]
+        };
+        for &op in &opts.op {
+            let sizes = if op == Op::Atomic { vec![8] } else { sizes.clone() };
+            for size in sizes {
+                let qps = if metric == Metric::Lat { 1 } else { opts.qps };
+                let s = Spec { op, metric, size, qps, tx_depth: opts.tx_depth };
+                s.validate()?;
+                v.push(s);
+            }
+        }
+    }
+    Ok(v)
+}
+
+fn connect(server: SocketAddr) -> Res<TcpStream> {
+    let mut last = None;
+    for _ in 0..100 {
+        match TcpStream::connect_timeout(&server, Duration::from_secs(2)) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!("cannot reach the server at {server}: {}", last.map(|e| e.to_string()).unwrap_or_default()).into())
+}
+
+/// The datagram uroce sends for one packet of a `size`-byte message:
+/// payload up to the MTU, BTH (12) and ICRC (4).
+fn segment(size: usize, mtu: usize) -> usize {
+    size.min(mtu) + 12 + 4
+}
+
+fn client(opts: &Opts, server: SocketAddr, addr: Option<IpAddr>, port: Option<u16>) -> Res<()> {
+    let specs = points(opts)?;
+    let mut ctrl = Ctrl::new(connect(server)?, CTRL_TIMEOUT)?;
+    let hello = ctrl.recv()?;
+    let udp_port = hello["udp_port"].as_u64().ok_or("bad hello from server")? as u16;
+    let sip: IpAddr = hello["device_ip"].as_str().unwrap_or("").parse()?;
+    let mut cfg = DeviceConfig::from_env()?;
+    cfg.port = port.unwrap_or(udp_port);
+    cfg.addr = match addr {
+        Some(a) => Some(a),
+        None if sip.is_loopback() => cfg.addr,
+        None => Some(route_source(sip)?),
+    };
+    let ctx = Context::open(&cfg)?;
+    let pd = ctx.alloc_pd()?;
+    let cip = ctx.local_addr().ip();
+    let mtu = ctx.query_port(1)?.active_mtu.bytes() as usize;
+    println!(
+        "uroce bench: client device {} ({}), server device {} ({}), path MTU {mtu}",
+        ctx.local_addr(),
+        ctx.name(),
+        SocketAddr::new(sip, udp_port),
+        server
+    );
+
+    let mut rep = report::Report::new(hello["machine"].clone(), mtu);
+    if !opts.no_baseline {
+        let mut segs: Vec<usize> =
+            specs.iter().filter(|s| s.metric == Metric::Bw).map(|s| segment(s.size, mtu)).collect();
+        segs.sort_unstable();
+        segs.dedup();
+        for seg in segs {
+            let b = udp::stream(&mut ctrl, cip, sip, seg, opts.baseline_secs)?;
+            println!(
+                "baseline: raw UDP GSO+GRO stream, {seg}-byte datagrams: {:.2} Gb/s ({:.2} M datagrams/s; sender {:.2} Gb/s)",
+                b.gbps, b.mpps, b.sent_gbps
+            );
+            rep.streams.push(b);
+        }
+        if specs.iter().any(|s| s.metric == Metric::Lat) {
+            let p = udp::pingpong(&mut ctrl, cip, sip, opts.baseline_secs)?;
+            println!(
+                "baseline: raw UDP {}-byte busy-poll ping-pong: half round trip {:.2} us (p99 {:.2} us)",
+                udp::PING_BYTES,
+                p.half_median_us(),
+                percentile(&p.rtt_us, 99.0) / 2.0
+            );
+            rep.pingpong = Some(p);
+        }
+    }
+    report::header();
+    for spec in &specs {
+        let p = point(&mut ctrl, &ctx, &pd, spec, opts.iters)?;
+        let row = rep.add(spec, p, segment(spec.size, mtu));
+        report::row(&row);
+    }
+    ctrl.call(&json!({ "cmd": "bye" }))?;
+    if let Some(f) = &opts.csv {
+        std::fs::write(f, rep.csv()).map_err(|e| format!("{}: {e}", f.display()))?;
+        println!("wrote {}", f.display());
+    }
+    if let Some(f) = &opts.json {
+        let v = rep.json(opts, server, &ctx);
+        std::fs::write(f, serde_json::to_string_pretty(&v)? + "\n").map_err(|e| format!("{}: {e}", f.display()))?;
+        println!("wrote {}", f.display());
+    }
+    Ok(())
+}
+
+/// The local address the kernel would send from to reach `to`.
+fn route_source(to: IpAddr) -> Res<IpAddr> {
+    let any = if to.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { "::".parse()? };
+    let s = UdpSocket::bind(SocketAddr::new(any, 0))?;
+    s.connect(SocketAddr::new(to, 9))?;
+    Ok(s.local_addr()?.ip())
+}
+
+/// What one point measured.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    pub iters: u64,
+    pub secs: f64,
+    /// Round trips in µs, sorted (latency tests).
+    pub rtt_us: Vec<f64>,
+    pub retransmits: u64,
+    pub timeouts: u64,
+}
+
+/// Wall-clock aim of one calibrated point.
+const AIM_SECS: f64 = 0.5;
+
+fn point(ctrl: &mut Ctrl, ctx: &Context, pd: &ProtectionDomain, spec: &Spec, iters: Option<u64>) -> Res<Measured> {
+    // Write-latency exchanges of this point (the polled byte's value); the
+    // server counts from zero for each point too.
+    let n = &mut 0u64;
+    let ep = rdma::Endpoint::new(ctx, pd, spec)?;
+    let reply = ctrl.call(&json!({ "cmd": "rdma", "spec": spec.to_json(), "info": ep.info(ctx)? }))?;
+    let peer = rdma::Peer::from_json(&reply["info"])?;
+    ep.connect(&peer)?;
+    ep.post_receives(spec.size)?;
+    let before = ctx.stats();
+    let m = match spec.metric {
+        Metric::Bw => {
+            let iters = match iters {
+                Some(i) => i.max(1),
+                None => {
+                    let probe = ((32 << 20) / spec.size as u64).clamp(64, 20_000);
+                    let t = rdma::bw(&ep, &peer, spec, probe)?.as_secs_f64();
+                    ((probe as f64 / t.max(1e-6) * AIM_SECS) as u64).clamp(100, 20_000_000)
+                }
+            };
+            let t = rdma::bw(&ep, &peer, spec, iters)?;
+            Measured { iters, secs: t.as_secs_f64(), rtt_us: Vec::new(), retransmits: 0, timeouts: 0 }
+        }
+        Metric::Lat => {
+            let warm = rdma::lat(&ep, &peer, spec, 200, n)?;
+            let iters = iters.unwrap_or_else(|| {
+                let mean = warm.iter().sum::<f64>() / warm.len() as f64;
+                ((AIM_SECS * 1e6 / mean.max(0.1)) as u64).clamp(200, 500_000)
+            });
+            let t = Instant::now();
+            let mut rtt = rdma::lat(&ep, &peer, spec, iters, n)?;
+            rtt.sort_by(f64::total_cmp);
+            Measured { iters, secs: t.elapsed().as_secs_f64(), rtt_us: rtt, retransmits: 0, timeouts: 0 }
+        }
+    };
+    let after = ctx.stats();
+    ctrl.call(&json!({ "cmd": "end" }))?;
+    Ok(Measured {
+        retransmits: after.retransmits - before.retransmits,
+        timeouts: after.timeouts - before.timeouts,
+        ..m
+    })
+}
+
+/// Nearest-rank percentile of sorted values.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((q / 100.0 * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
