@@ -216,7 +216,7 @@ fn run_seed(seed: u64, clean: bool) -> Result<[uroce::proto::Stats; 2], String> 
     connect(&mut a, now, b_ip, b.qpn, a_psn, b_psn, mtu, 8);
     connect(&mut b, now, a_ip, a.qpn, b_psn, a_psn, mtu, 8);
 
-    let region = 16 * mtu.bytes() as usize;
+    let region = 64 * mtu.bytes() as usize;
     let pattern = |i: usize| (i as u8).wrapping_mul(31).wrapping_add(7);
     let src = Buf::new(&a.mem, 1, region, Access::LOCAL_WRITE, |i| (i as u8) ^ 0x5C);
     let rdst = Buf::new(&a.mem, 1, region, Access::LOCAL_WRITE, |_| 0);
@@ -242,7 +242,8 @@ fn run_seed(seed: u64, clean: bool) -> Result<[uroce::proto::Stats; 2], String> 
         let len = match rng.below(4) {
             0 => rng.below(16) as usize,
             1 => rng.below(mtu.bytes() as u64 + 1) as usize,
-            _ => rng.below(3 * mtu.bytes() as u64 + 1) as usize,
+            2 => rng.below(3 * mtu.bytes() as u64 + 1) as usize,
+            _ => rng.below(12 * mtu.bytes() as u64 + 1) as usize,
         };
         let op = match rng.below(4) {
             0 if soff + len <= region => {
