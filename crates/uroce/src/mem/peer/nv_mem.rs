@@ -888,11 +888,14 @@ mod tests {
         gpu.free(BASE);
         let m = mapping.clone();
         let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             let mut out = [0u8; 4];
             let _ = tx.send(m.read(0, &mut out));
         });
         let r = rx.recv_timeout(Duration::from_secs(5)).expect("the access returns (no self-deadlock)");
+        // The thread's clone of the mapping must be gone before the
+        // deregistration below is the last reference.
+        reader.join().unwrap();
         assert!(r.is_err());
         eventually("the region is revoked", || mapping.is_invalidated());
         let s = stats();
