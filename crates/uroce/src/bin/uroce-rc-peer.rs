@@ -139,6 +139,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             return Err("client: RDMA READ data differs".into());
         }
         println!("client: WRITE + READ of 1 MiB and SEND completed and verified");
+        // The verified operations overwrite the server's region: wait
+        // until the server has checked the 1 MiB WRITE.
+        let mut d = [0u8; 1];
+        sock.read_exact(&mut d)?;
         if ops > 0 {
             verified_ops(&pd, &qp, &cq, &peer, ops)?;
             let s = ctx.stats();
@@ -149,11 +153,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     sock.write_all(b"D")?;
-    // The peer answers when it is done (a client may run a verified
-    // workload for as long as a soak lasts), or goes away (EOF).
-    let mut d = [0u8; 1];
-    if !matches!(sock.read(&mut d), Ok(1)) {
-        eprintln!("peer went away; QP: {}\n  stats: {:?}", qp.debug_state(), ctx.stats());
+    if server {
+        // The client answers when it is done (it may run a verified
+        // workload for as long as a soak lasts), or goes away (EOF).
+        let mut d = [0u8; 1];
+        if !matches!(sock.read(&mut d), Ok(1)) {
+            eprintln!("client went away; QP: {}\n  stats: {:?}", qp.debug_state(), ctx.stats());
+        }
     }
     Ok(())
 }
@@ -202,9 +208,12 @@ fn verified_ops(
             .map_err(|e| format!("{e}\n  QP: {}\n  stats: {:?}", qp.debug_state(), pd.context().stats()))?;
         for wc in &wcs {
             if wc.status != WcStatus::Success {
-                return Err(
-                    format!("client: operation failed: {:?} (after {done} verified operations)", wc.status).into()
-                );
+                return Err(format!(
+                    "client: operation failed: {wc:?} (after {done} verified operations)\n  QP: {}\n  stats: {:?}",
+                    qp.debug_state(),
+                    pd.context().stats()
+                )
+                .into());
             }
         }
         let mut got = vec![0u8; SLOT];
