@@ -126,7 +126,7 @@ impl FaultLayer {
     }
 
     /// Passes a received datagram through the faults; what is delivered now
-    /// is appended to `out` as (sender, IPv4 ID, bytes).
+    /// is appended to `out` as (sender, largest IPv4 ID it may carry, bytes).
     pub fn receive(
         &self,
         now: Instant,

@@ -62,12 +62,23 @@ const TICK: Duration = Duration::from_millis(1);
 /// Datagrams handled per engine lock.
 const RX_BATCH: usize = 64;
 
+/// The sending side's reusable storage.
+#[derive(Default)]
+struct TxState {
+    /// The packets of one engine pass (kept for its capacity).
+    out: Vec<Transmit>,
+    /// Buffers of sent packets, handed back to the engine on its next pass.
+    sent: Vec<Vec<u8>>,
+}
+
 pub struct Runtime {
     engine: Mutex<Engine>,
     /// Receive buffers; holding the lock makes a thread the receiver.
     rx: Mutex<Vec<Vec<u8>>>,
     socket: RoceSocket,
-    tx_lock: Mutex<()>,
+    /// Held while a thread runs the engine and sends what it produced, so
+    /// that packets leave in the order the engine made them.
+    tx: Mutex<TxState>,
     wake: OwnedFd,
     sink: RwLock<Option<Weak<dyn EventSink>>>,
     /// Packet capture, switchable while running (`uroce capture`).
@@ -107,7 +118,7 @@ impl Runtime {
             engine: Mutex::new(Engine::new(cfg.engine, mem)),
             rx: Mutex::new((0..RX_BATCH).map(|_| vec![0u8; 65536]).collect()),
             socket,
-            tx_lock: Mutex::new(()),
+            tx: Mutex::new(TxState::default()),
             wake,
             sink: RwLock::new(None),
             capturing: AtomicBool::new(capture.is_some()),
@@ -141,12 +152,15 @@ impl Runtime {
     /// Runs `f` on the engine, then sends what it produced and delivers its
     /// events.
     pub fn pump<R>(&self, f: impl FnOnce(&mut Engine, Instant) -> R) -> R {
-        let _tx = self.tx_lock.lock().unwrap();
+        let mut tx = self.tx.lock().unwrap();
         let now = Instant::now();
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut tx.out);
         let mut events = Vec::new();
         let (r, deadline) = {
             let mut e = self.engine.lock().unwrap();
+            for buf in tx.sent.drain(..) {
+                e.recycle(buf);
+            }
             let r = f(&mut e, now);
             while let Some(t) = e.poll_transmit(now) {
                 out.push(t);
@@ -157,6 +171,8 @@ impl Runtime {
             (r, e.poll_timeout())
         };
         self.send_all(&mut out);
+        tx.sent.extend(out.drain(..).map(|t| t.data));
+        tx.out = out;
         self.dispatch(events);
         if let Some(d) = deadline {
             // Asleep past the new deadline: wake. Awake (None): it will see
@@ -303,7 +319,7 @@ impl Runtime {
     }
 
     fn receive(&self, bufs: &mut [Vec<u8>]) -> bool {
-        // (buffer, offset, length, sender, IPv4 ID)
+        // (buffer, offset, length, sender, largest IPv4 ID the sender used)
         let mut got: Vec<(usize, usize, usize, SocketAddr, u16)> = Vec::with_capacity(RX_BATCH);
         let local = self.socket.local_addr();
         for (b, buf) in bufs.iter_mut().enumerate() {
@@ -311,22 +327,11 @@ impl Runtime {
                 Ok((n, from, None)) => got.push((b, 0, n, from, 0)),
                 Ok((n, from, Some(seg))) => {
                     // GRO merged datagrams: split them. For IPv4 the j-th was
-                    // sent with an ID of at most j (see wire::icrc).
+                    // sent with an ID of at most j (see wire::icrc); the
+                    // engine finds which while it checks the ICRC.
                     for (j, off) in (0..n).step_by(seg).enumerate() {
-                        let len = seg.min(n - off);
-                        let mut id = 0;
-                        if from.is_ipv4() && j > 0 {
-                            let ip = IpInfo {
-                                src: from.ip(),
-                                dst: local.ip(),
-                                sport: from.port(),
-                                dport: local.port(),
-                                ipv4_id: 0,
-                            };
-                            let max = j.min(GSO_MAX_SEGMENTS - 1) as u16;
-                            id = crate::wire::icrc::find_ipv4_id(&ip, &buf[off..off + len], max).unwrap_or(0);
-                        }
-                        got.push((b, off, len, from, id));
+                        let max_id = if from.is_ipv4() { j.min(GSO_MAX_SEGMENTS - 1) as u16 } else { 0 };
+                        got.push((b, off, seg.min(n - off), from, max_id));
                     }
                 }
                 Err(_) => break,
@@ -334,10 +339,13 @@ impl Runtime {
         }
         let guard = self.capturing.load(Ordering::Acquire).then(|| self.capture.read().unwrap());
         if let Some(c) = guard.as_deref().and_then(|c| c.as_ref()) {
-            for &(b, off, n, from, id) in &got {
-                let ip =
-                    IpInfo { src: from.ip(), dst: local.ip(), sport: from.port(), dport: local.port(), ipv4_id: id };
-                c.record(&ip, &bufs[b][off..off + n]);
+            for &(b, off, n, from, max_id) in &got {
+                let mut ip =
+                    IpInfo { src: from.ip(), dst: local.ip(), sport: from.port(), dport: local.port(), ipv4_id: 0 };
+                // The pcap needs the real ID for the ICRC to check out.
+                let data = &bufs[b][off..off + n];
+                ip.ipv4_id = crate::wire::icrc::find_ipv4_id(&ip, data, max_id).unwrap_or(0);
+                c.record(&ip, data);
             }
         }
         drop(guard);

@@ -8,7 +8,8 @@ use super::{Ctx, Event, Stats, Transmit};
 use crate::ib::{Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result};
 use crate::mem::Memory;
 use crate::wire::{self, icrc, IpInfo, OpFlags, Packet, Transport};
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
@@ -53,7 +54,9 @@ pub struct QpSummary {
 pub struct Engine {
     cfg: EngineConfig,
     mem: Arc<Memory>,
-    qps: HashMap<u32, Qp>,
+    /// Looked up per packet: a fast hash. The keys are QPNs this engine
+    /// assigned, so no peer can steer them into colliding.
+    qps: FxHashMap<u32, Qp>,
     next_qpn: u32,
     ready: Vec<u32>,
     active: VecDeque<u32>,
@@ -61,7 +64,13 @@ pub struct Engine {
     stats: Stats,
     /// When a dropped packet was last logged (warnings are rate limited).
     last_drop_log: Option<Instant>,
+    /// Buffers of sent packets, reused for new ones (no allocation per
+    /// packet once the pool is warm).
+    spare: Vec<Vec<u8>>,
 }
+
+/// Most packet buffers kept for reuse: a full send window of MTU packets.
+const MAX_SPARE: usize = 512;
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -74,13 +83,14 @@ impl Engine {
         Engine {
             cfg,
             mem,
-            qps: HashMap::new(),
+            qps: FxHashMap::default(),
             next_qpn: FIRST_QPN,
             ready: Vec::new(),
             active: VecDeque::new(),
             events: VecDeque::new(),
             stats: Stats::default(),
             last_drop_log: None,
+            spare: Vec::new(),
         }
     }
 
@@ -133,6 +143,7 @@ impl Engine {
             events: &mut self.events,
             stats: &mut self.stats,
             ready: &mut self.ready,
+            spare: &mut self.spare,
         };
         let r = f(qp, &mut ctx);
         // The QP's share of what the device counted.
@@ -186,9 +197,10 @@ impl Engine {
     }
 
     /// Handles one received UDP datagram: `src` is the sender, `dst` the
-    /// local address it was sent to, `ipv4_id` the IPv4 Identification the
-    /// sender is assumed to have used (0, or the segment index under GSO).
-    pub fn handle_datagram(&mut self, now: Instant, src: SocketAddr, dst: IpAddr, data: &[u8], ipv4_id: u16) {
+    /// local address it was sent to; for IPv4 the sender used an
+    /// Identification of at most `max_ipv4_id` (0, or the segment's index in
+    /// a datagram UDP GRO merged: see `wire::icrc::find_ipv4_id`).
+    pub fn handle_datagram(&mut self, now: Instant, src: SocketAddr, dst: IpAddr, data: &[u8], max_ipv4_id: u16) {
         self.stats.rx_packets += 1;
         self.stats.rx_bytes += data.len() as u64;
         let pkt = match Packet::parse(data) {
@@ -205,8 +217,10 @@ impl Engine {
             self.log_drop(now, src, "no such QP");
             return;
         };
-        let mut ip = IpInfo { src: src.ip(), dst, sport: src.port(), dport: self.cfg.port, ipv4_id };
-        if !icrc::verify(&ip, data) {
+        let mut ip = IpInfo { src: src.ip(), dst, sport: src.port(), dport: self.cfg.port, ipv4_id: 0 };
+        if let Some(id) = icrc::find_ipv4_id(&ip, data, max_ipv4_id) {
+            ip.ipv4_id = id;
+        } else {
             let solved = match (self.cfg.ipv4_any_id, ip.src) {
                 (true, IpAddr::V4(_)) => icrc::solve_ipv4_id(&ip, data),
                 _ => None,
@@ -288,6 +302,14 @@ impl Engine {
             }
         }
         None
+    }
+
+    /// Gives back the buffer of a packet that was sent (a [`Transmit`]'s
+    /// `data`), to be reused for a later packet.
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        if self.spare.len() < MAX_SPARE {
+            self.spare.push(buf);
+        }
     }
 
     /// Whether some QP may have a packet to send.

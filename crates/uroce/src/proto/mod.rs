@@ -85,6 +85,8 @@ pub(crate) struct Ctx<'a> {
     pub events: &'a mut VecDeque<Event>,
     pub stats: &'a mut Stats,
     pub ready: &'a mut Vec<u32>,
+    /// Packet buffers sent and handed back ([`Engine::recycle`]).
+    pub spare: &'a mut Vec<Vec<u8>>,
 }
 
 impl Ctx<'_> {
@@ -103,7 +105,9 @@ impl Ctx<'_> {
         fill: impl FnOnce(&mut [u8]) -> Result<(), AccessError>,
     ) -> Result<Transmit, AccessError> {
         let hdr_len = headers.header_len();
-        let mut data = vec![0u8; wire::packet_len(hdr_len, payload_len)];
+        let mut data = self.spare.pop().unwrap_or_default();
+        data.clear();
+        data.resize(wire::packet_len(hdr_len, payload_len), 0);
         let n = headers.emit(&mut data).expect("opcode table and headers agree");
         debug_assert_eq!(n, hdr_len);
         fill(&mut data[hdr_len..hdr_len + payload_len])?;
