@@ -205,7 +205,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
 #[no_mangle]
 pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
     if ctx.is_null() {
-        return -libc::EINVAL;
+        return libc::EINVAL;
     }
     let off = std::mem::offset_of!(verbs_context, context);
     // SAFETY: `ctx` came from ibv_open_device: it is inside a boxed UContext.
@@ -377,8 +377,8 @@ pub unsafe extern "C" fn ibv_query_gid_type(ctx: *mut ibv_context, port: u8, ind
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_pkey(_ctx: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
-    if pkey.is_null() || port != 1 || index != 0 {
+pub unsafe extern "C" fn ibv_query_pkey(ctx: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
+    if ctx.is_null() || pkey.is_null() || port != 1 || index != 0 {
         set_errno(libc::EINVAL);
         return -1;
     }
