@@ -388,16 +388,24 @@ impl Memory {
         want: Want,
         depth: usize,
     ) -> std::result::Result<Span, AccessError> {
-        let mr = self.keys.read().unwrap().lookup(key).cloned().ok_or(AccessError::BadKey)?;
-        if mr.pd != pd {
-            return Err(AccessError::WrongPd);
-        }
-        let Backing::Indirect(k) = &mr.backing else {
-            if !mr.access.contains(want.required()) {
-                return Err(AccessError::Permission);
+        let mr = {
+            // The common case, a plain region, is answered under the read
+            // lock: one reference-count increment (the span's), no more.
+            let keys = self.keys.read().unwrap();
+            let mr = keys.lookup(key).ok_or(AccessError::BadKey)?;
+            if mr.pd != pd {
+                return Err(AccessError::WrongPd);
             }
-            return mr.span(iova, len).ok_or(AccessError::Range);
+            if !matches!(mr.backing, Backing::Indirect(_)) {
+                if !mr.access.contains(want.required()) {
+                    return Err(AccessError::Permission);
+                }
+                return mr.span(iova, len).ok_or(AccessError::Range);
+            }
+            mr.clone()
         };
+        // (Plain regions were answered above.)
+        let Backing::Indirect(k) = &mr.backing else { return Err(AccessError::BadKey) };
         // A free indirect key is an invalid key.
         let layout = k.layout().ok_or(AccessError::BadKey)?;
         if !layout.access.contains(want.required()) {
