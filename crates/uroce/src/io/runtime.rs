@@ -202,8 +202,12 @@ impl Runtime {
 
     /// Sends packets in order, batching runs for one destination into UDP
     /// GSO sends (each segment keeps its own headers and ICRC; for IPv4 the
-    /// k-th segment of a send carries IP ID k, so its ICRC is rewritten).
+    /// k-th segment of a send carries IP ID k, so its ICRC is rewritten), and
+    /// the GSO sends into `sendmmsg` calls. A run ends at a longer packet:
+    /// GSO needs equal segments but for a shorter last one, and a
+    /// multi-packet message's FIRST packet is 16 bytes longer (its RETH).
     fn send_all(&self, out: &mut [Transmit]) {
+        let mut runs = Vec::new();
         let mut i = 0;
         while i < out.len() {
             let (dst, seg) = (out[i].dst, out[i].data.len());
@@ -227,12 +231,15 @@ impl Runtime {
                 }
             }
             self.record_sent(&out[i..j]);
-            let segs: Vec<&[u8]> = out[i..j].iter().map(|t| t.data.as_slice()).collect();
-            self.send_with_retry(&segs, dst);
+            runs.push(i..j);
             i = j;
         }
+        let segs: Vec<&[u8]> = out.iter().map(|t| t.data.as_slice()).collect();
+        let groups: Vec<(SocketAddr, &[&[u8]])> = runs.into_iter().map(|r| (out[r.start].dst, &segs[r])).collect();
+        self.send_with_retry(&groups);
     }
 
+    /// Capture records a GSO send's packets, the k-th with IP ID k.
     fn record_sent(&self, batch: &[Transmit]) {
         let guard = self.capturing.load(Ordering::Acquire).then(|| self.capture.read().unwrap());
         if let Some(c) = guard.as_deref().and_then(|c| c.as_ref()) {
@@ -246,12 +253,13 @@ impl Runtime {
         }
     }
 
-    fn send_with_retry(&self, mut segs: &[&[u8]], dst: SocketAddr) {
-        for attempt in 0..64 {
-            match self.socket.send_segments(segs, dst) {
-                Ok(n) if n >= segs.len() => return,
-                Ok(n) => segs = &segs[n..],
+    fn send_with_retry(&self, mut groups: &[(SocketAddr, &[&[u8]])]) {
+        let mut attempt = 0;
+        while !groups.is_empty() && attempt < 64 {
+            match self.socket.send_groups(groups) {
+                Ok(n) => groups = &groups[n..],
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::ENOBUFS)) => {
+                    attempt += 1;
                     if attempt > 8 {
                         std::thread::sleep(Duration::from_micros(20));
                     } else {
@@ -259,13 +267,16 @@ impl Runtime {
                     }
                 }
                 Err(e) => {
-                    // Loss is recovered by the transport; say why once in a while.
-                    tracing::debug!(%dst, "send failed: {e}");
-                    return;
+                    // Loss is recovered by the transport; say why once in a
+                    // while, and go on with the other destinations.
+                    tracing::debug!(dst = %groups[0].0, "send failed: {e}");
+                    groups = &groups[1..];
                 }
             }
         }
-        tracing::debug!(%dst, "send buffer full; packets dropped");
+        if !groups.is_empty() {
+            tracing::debug!("send buffer full; packets dropped");
+        }
     }
 
     fn dispatch(&self, events: Vec<Event>) {

@@ -3,10 +3,11 @@
 //! Identification of 0: the value the ICRC is computed with (see
 //! shared/spec/platform.md). Datagrams are never fragmented.
 //!
-//! Batching: [`RoceSocket::send_segments`] hands the kernel up to 64 equal
-//! packets for one destination in one `sendmsg` with UDP GSO
-//! (`UDP_SEGMENT`); each stays a datagram of its own on the wire, the k-th
-//! with IPv4 ID k (the caller fixes its ICRC). The socket receives with
+//! Batching: [`RoceSocket::send_groups`] hands the kernel several groups of
+//! up to 64 equal packets, each group for one destination, in one
+//! `sendmmsg` with UDP GSO (`UDP_SEGMENT`); each packet stays a datagram of
+//! its own on the wire, the k-th of a group with IPv4 ID k (the caller fixes
+//! its ICRC). The socket receives with
 //! UDP GRO: one `recvmsg` may return several datagrams back to back, with
 //! their size in a `UDP_GRO` control message.
 
@@ -23,6 +24,9 @@ pub struct RoceSocket {
     gso: std::sync::atomic::AtomicBool,
     gro: bool,
 }
+
+/// Most groups in one `sendmmsg`.
+pub const SEND_GROUPS: usize = 64;
 
 /// Most segments in one GSO send, and most bytes.
 pub const GSO_MAX_SEGMENTS: usize = 64;
@@ -126,6 +130,70 @@ impl RoceSocket {
             return Err(e);
         }
         Ok(segs.len())
+    }
+
+    /// Sends several groups in one `sendmmsg`: each group's segments (equal
+    /// lengths except a shorter last one) go to its destination as one UDP
+    /// GSO send, or as a plain datagram when it has one segment. Returns how
+    /// many groups went out; an error only when the first one failed. Without
+    /// GSO, falls back to [`RoceSocket::send_segments`] per group.
+    pub fn send_groups(&self, groups: &[(SocketAddr, &[&[u8]])]) -> io::Result<usize> {
+        use std::sync::atomic::Ordering;
+        if groups.is_empty() {
+            return Ok(0);
+        }
+        if !self.gso.load(Ordering::Relaxed) {
+            let (dst, segs) = groups[0];
+            return self.send_segments(segs, dst).map(|_| 1);
+        }
+        let n = groups.len().min(SEND_GROUPS);
+        let addrs: Vec<SockAddr> = groups[..n].iter().map(|&(dst, _)| SockAddr::from(dst)).collect();
+        let mut iov: Vec<libc::iovec> = groups[..n]
+            .iter()
+            .flat_map(|&(_, segs)| segs.iter())
+            .map(|s| libc::iovec { iov_base: s.as_ptr() as *mut libc::c_void, iov_len: s.len() })
+            .collect();
+        // CMSG space for one u16 per group.
+        let mut cbufs = vec![[0u64; 4]; n];
+        // SAFETY: mmsghdr is plain old data; all-zero is a valid value.
+        let mut hdrs: Vec<libc::mmsghdr> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
+        let mut at = 0;
+        for (k, &(_, segs)) in groups[..n].iter().enumerate() {
+            let h = &mut hdrs[k].msg_hdr;
+            h.msg_name = addrs[k].as_ptr() as *mut libc::c_void;
+            h.msg_namelen = addrs[k].len();
+            // SAFETY: `at + segs.len() <= iov.len()`: `iov` holds every
+            // group's segments in order.
+            h.msg_iov = unsafe { iov.as_mut_ptr().add(at) };
+            h.msg_iovlen = segs.len() as _;
+            at += segs.len();
+            if segs.len() > 1 {
+                h.msg_control = cbufs[k].as_mut_ptr().cast();
+                // SAFETY: the control buffer is CMSG_SPACE(2) bytes of
+                // `cbufs[k]` (32 bytes); the CMSG_* macros stay inside it.
+                unsafe {
+                    h.msg_controllen = libc::CMSG_SPACE(2) as _;
+                    let c = libc::CMSG_FIRSTHDR(h);
+                    (*c).cmsg_level = libc::SOL_UDP;
+                    (*c).cmsg_type = libc::UDP_SEGMENT;
+                    (*c).cmsg_len = libc::CMSG_LEN(2) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, segs[0].len() as u16);
+                }
+            }
+        }
+        // SAFETY: the `n` headers point at live locals (`addrs`, `iov` over
+        // the callers' segments, `cbufs`) that outlive the call.
+        let r = unsafe { libc::sendmmsg(self.sock.as_raw_fd(), hdrs.as_mut_ptr(), n as _, 0) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EIO) | Some(libc::ENOPROTOOPT)) {
+                tracing::warn!("UDP GSO refused ({e}); sending one datagram per call");
+                self.gso.store(false, Ordering::Relaxed);
+                return self.send_groups(groups);
+            }
+            return Err(e);
+        }
+        Ok(r as usize)
     }
 
     /// Receives without blocking: a datagram, or with GRO several of
