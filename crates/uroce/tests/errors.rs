@@ -86,9 +86,11 @@ fn bad_lkey_is_a_local_protection_error() {
     let m = a.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
     let mut bad = m.sge(0, 64);
     bad.lkey ^= 0x55;
+    let sent = a.ctx.stats().tx_packets;
     a.qp.post_send(&wr(1, WrOpcode::Send, bad)).unwrap();
     let wc = a.cq.wait(1, Duration::from_secs(5)).unwrap()[0];
     assert_eq!((wc.wr_id, wc.status), (1, WcStatus::LocProtErr));
+    assert_eq!(a.ctx.stats().tx_packets, sent, "a bad SGE sends nothing");
     assert_eq!(a.qp.state(), QpState::Err);
     // Posting in ERR completes at once with a flush.
     a.qp.post_send(&wr(2, WrOpcode::Send, m.sge(0, 8))).unwrap();

@@ -108,8 +108,12 @@ impl Qp {
                     return None;
                 }
             }
-            // Local buffers are checked before the first packet.
-            if wqe.wr.inline.is_none() {
+            // Local buffers are checked before the first packet, so that a
+            // bad SGE sends nothing. A one-packet SEND or WRITE needs no
+            // separate check: building its packet reads every byte through
+            // the same checks, and a failure there sends nothing either.
+            let one_packet = !op.is_read_or_atomic() && wqe.len <= mtu as u64;
+            if wqe.wr.inline.is_none() && !one_packet {
                 let want = if op.is_read_or_atomic() { Want::LocalWrite } else { Want::LocalRead };
                 let ok = for_each_sge_piece(ctx.mem, self.pd, &wqe.wr.sg_list, 0, wqe.len, want, |_, _, _| Ok(()));
                 if ok.is_err() {
