@@ -341,17 +341,18 @@ impl Qp {
     fn exec_write(&mut self, ctx: &mut Ctx, pkt: &Packet, flags: F) -> Result<(), Refuse> {
         let uc = self.qp_type == QpType::Uc;
         let h = &pkt.headers;
+        // The whole target range is checked at the FIRST (or ONLY) packet;
+        // an ONLY packet then writes through the span that check gave.
+        let mut checked = None;
         if flags.contains(F::FIRST) {
             let reth = h.reth.expect("WRITE FIRST/ONLY carries a RETH");
             if reth.dma_len > 1 << 31 {
                 return Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::InvalidRequest) });
             }
-            if ctx
-                .mem
-                .resolve_remote(reth.rkey, self.pd, self.qpn, reth.va, reth.dma_len as u64, Want::RemoteWrite)
-                .is_err()
+            match ctx.mem.resolve_remote(reth.rkey, self.pd, self.qpn, reth.va, reth.dma_len as u64, Want::RemoteWrite)
             {
-                return Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::RemoteAccess) });
+                Ok(span) => checked = Some(span),
+                Err(_) => return Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::RemoteAccess) }),
             }
             self.resp.write = Some(WriteProgress { va: reth.va, rkey: reth.rkey, total: reth.dma_len as u64, off: 0 });
         }
@@ -375,10 +376,13 @@ impl Qp {
                 }
             }
         }
-        let written = ctx
-            .mem
-            .resolve_remote(w.rkey, self.pd, self.qpn, w.va + w.off, data.len() as u64, Want::RemoteWrite)
-            .and_then(|span| span.write(0, data));
+        let written = match checked {
+            Some(span) if w.off == 0 && data.len() as u64 == w.total => span.write(0, data),
+            _ => ctx
+                .mem
+                .resolve_remote(w.rkey, self.pd, self.qpn, w.va + w.off, data.len() as u64, Want::RemoteWrite)
+                .and_then(|span| span.write(0, data)),
+        };
         match written {
             Ok(()) => {}
             Err(_) => {
