@@ -244,6 +244,13 @@ impl Qp {
                     self.rewind(ctx);
                 }
             }
+            _ if missing => {
+                // A READ or atomic before the NAKed request still lacks its
+                // response: it was lost, since a responder answers in order.
+                // As rxe, re-send from it instead of blaming it for the NAK
+                // (a responder that went to ERR then lets it time out).
+                self.retry(ctx);
+            }
             _ => {
                 let status = match code {
                     NakCode::InvalidRequest => WcStatus::RemInvReqErr,

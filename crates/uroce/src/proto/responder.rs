@@ -12,7 +12,7 @@ use super::srq::RecvWqe;
 use super::{psn, Ctx, Transmit};
 use crate::ib::{AsyncEventType, QpState, QpType, Wc, WcFlags, WcOpcode, WcStatus};
 use crate::mem::{for_each_sge_piece, sge_total, Want};
-use crate::wire::{Aeth, Bth, Headers, NakCode, OpFlags as F, Opcode, Packet};
+use crate::wire::{Aeth, AethKind, Bth, Headers, NakCode, OpFlags as F, Opcode, Packet};
 use std::collections::VecDeque;
 use std::net::IpAddr;
 
@@ -81,6 +81,11 @@ pub(crate) struct Responder {
     out: VecDeque<Out>,
     /// UC: the current message was lost; drop until a FIRST/ONLY.
     uc_resync: bool,
+    /// A request was refused with a NAK that ends the connection: the QP
+    /// goes to ERR (with this event) once the NAK is sent, after the READ
+    /// responses owed for earlier requests, as a responder answers in
+    /// order. Later requests are dropped meanwhile.
+    failing: Option<AsyncEventType>,
 }
 
 impl Responder {
@@ -127,7 +132,7 @@ enum Refuse {
 impl Qp {
     /// Handles an RC or UC request packet.
     pub(crate) fn on_request(&mut self, ctx: &mut Ctx, pkt: &Packet) {
-        if !matches!(self.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+        if !matches!(self.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) || self.resp.failing.is_some() {
             ctx.stats.rx_drop_state += 1;
             return;
         }
@@ -184,11 +189,10 @@ impl Qp {
                 tracing::warn!(qpn = self.qpn, psn = p, ?code, "request refused");
                 let msn = self.resp.msn;
                 self.resp.out.push_back(Out::Ack { psn: p, aeth: Aeth::nak(code, msn) });
-                let ev = match code {
+                self.resp.failing = Some(match code {
                     NakCode::RemoteAccess => AsyncEventType::QpAccessErr,
                     _ => AsyncEventType::QpReqErr,
-                };
-                self.fail(ctx, Some(ev));
+                });
             }
             Err(Refuse::Drop) => {}
         }
@@ -588,7 +592,13 @@ impl Qp {
             h.aeth = aeth;
             h.atomic_ack = atomic_ack;
             let Some(j) = job else {
-                return ctx.build(dst, &h, 0, |_| Ok(())).ok();
+                let t = ctx.build(dst, &h, 0, |_| Ok(())).ok();
+                if aeth.is_some_and(|a| matches!(a.kind(), AethKind::Nak(_))) {
+                    if let Some(ev) = self.resp.failing.take() {
+                        self.fail(ctx, Some(ev));
+                    }
+                }
+                return t;
             };
             let mtu = self.mtu() as u64;
             let chunk = (j.len - j.off).min(mtu);
