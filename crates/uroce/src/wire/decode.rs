@@ -27,6 +27,9 @@ pub fn describe(p: &Packet) -> String {
     if let Some(d) = h.deth {
         s += &format!(" | DETH qkey={:#010x} srcqp={:#08x}", d.qkey, d.src_qp);
     }
+    if let Some(v) = h.xrceth {
+        s += &format!(" | XRCETH srqn={v:#08x}");
+    }
     if let Some(r) = h.reth {
         s += &format!(" | RETH va={:#018x} rkey={:#010x} len={}", r.va, r.rkey, r.dma_len);
     }

@@ -1,6 +1,11 @@
 //! The opcode table: for every BTH opcode, its name (as rxe_opcode.c), the
 //! extension headers it carries, and what it means to the transport. It is the
 //! single source of header layout: parse and emit both follow it.
+//!
+//! The connected transports share one set of operations: UC has RC's SEND and
+//! WRITE opcodes at 0x20, XRC (IBA Annex A14) all of RC's up to
+//! SEND_ONLY_WITH_INVALIDATE at 0xA0, its requests with an XRCETH (the
+//! target's SRQ number) after the BTH.
 
 use bitflags::bitflags;
 
@@ -16,6 +21,7 @@ pub enum Transport {
     Rd,
     Ud,
     Cnp,
+    Xrc,
     Other(u8),
 }
 
@@ -51,6 +57,10 @@ bitflags! {
         const READ = 1 << 19;
         const ATOMIC = 1 << 20;
         const ACK = 1 << 21;
+        /// XRC requests: the XRC SRQ number (IBA A14.3.2).
+        const XRCETH = 1 << 22;
+        /// RDMA ATOMIC WRITE (IBA 1.5 A19): 8 bytes written as one.
+        const ATOMIC_WRITE = 1 << 23;
     }
 }
 
@@ -117,6 +127,7 @@ impl Opcode {
             2 => Transport::Rd,
             3 => Transport::Ud,
             4 => Transport::Cnp,
+            5 => Transport::Xrc,
             t => Transport::Other(t),
         }
     }
@@ -125,6 +136,16 @@ impl Opcode {
     pub fn to_uc(self) -> Opcode {
         if self.0 <= 0x0B {
             Opcode(self.0 + 0x20)
+        } else {
+            self
+        }
+    }
+
+    /// The XRC opcode of an RC opcode up to SEND_ONLY_WITH_INVALIDATE; other
+    /// opcodes unchanged.
+    pub fn to_xrc(self) -> Opcode {
+        if self.0 <= 0x17 {
+            Opcode(self.0 + 0xA0)
         } else {
             self
         }
@@ -144,57 +165,125 @@ const ONLY: OpFlags = F::FIRST.union(F::LAST).union(F::ONLY);
 const SEND_LAST: OpFlags = SEND.union(F::LAST).union(F::COMP);
 const SEND_ONLY: OpFlags = SEND.union(ONLY).union(F::COMP);
 
-/// RC rows 0x00..0x1F; UC reuses 0x00..0x0B with its own names.
-const fn rc_or_uc(op: u8, uc: bool) -> Option<OpInfo> {
+/// The connected transports, whose rows share one definition.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Connected {
+    Rc,
+    Uc,
+    Xrc,
+}
+
+/// The row of operation `op` (0x00..0x1F) of a connected transport: RC has
+/// them all, UC 0x00..0x0B, XRC 0x00..0x17 with an XRCETH on requests.
+const fn connected(op: u8, t: Connected) -> Option<OpInfo> {
     macro_rules! n {
-        ($rc:literal, $uc:literal) => {
-            if uc {
-                $uc
-            } else {
-                $rc
+        ($rc:literal, $uc:literal, $xrc:literal) => {
+            match t {
+                Connected::Rc => $rc,
+                Connected::Uc => $uc,
+                Connected::Xrc => $xrc,
             }
         };
+        ($rc:literal, $xrc:literal) => {
+            n!($rc, "", $xrc)
+        };
     }
-    match op {
-        0x00 => row(n!("RC_SEND_FIRST", "UC_SEND_FIRST"), SEND.union(F::FIRST), 12),
-        0x01 => row(n!("RC_SEND_MIDDLE", "UC_SEND_MIDDLE"), SEND.union(F::MIDDLE), 12),
-        0x02 => row(n!("RC_SEND_LAST", "UC_SEND_LAST"), SEND_LAST, 12),
-        0x03 => row(n!("RC_SEND_LAST_WITH_IMMEDIATE", "UC_SEND_LAST_WITH_IMMEDIATE"), SEND_LAST.union(F::IMMDT), 16),
-        0x04 => row(n!("RC_SEND_ONLY", "UC_SEND_ONLY"), SEND_ONLY, 12),
-        0x05 => row(n!("RC_SEND_ONLY_WITH_IMMEDIATE", "UC_SEND_ONLY_WITH_IMMEDIATE"), SEND_ONLY.union(F::IMMDT), 16),
-        0x06 => row(n!("RC_RDMA_WRITE_FIRST", "UC_RDMA_WRITE_FIRST"), WRITE.union(F::FIRST).union(F::RETH), 28),
-        0x07 => row(n!("RC_RDMA_WRITE_MIDDLE", "UC_RDMA_WRITE_MIDDLE"), WRITE.union(F::MIDDLE), 12),
-        0x08 => row(n!("RC_RDMA_WRITE_LAST", "UC_RDMA_WRITE_LAST"), WRITE.union(F::LAST), 12),
+    let info = match op {
+        0x00 => row(n!("RC_SEND_FIRST", "UC_SEND_FIRST", "XRC_SEND_FIRST"), SEND.union(F::FIRST), 12),
+        0x01 => row(n!("RC_SEND_MIDDLE", "UC_SEND_MIDDLE", "XRC_SEND_MIDDLE"), SEND.union(F::MIDDLE), 12),
+        0x02 => row(n!("RC_SEND_LAST", "UC_SEND_LAST", "XRC_SEND_LAST"), SEND_LAST, 12),
+        0x03 => row(
+            n!("RC_SEND_LAST_WITH_IMMEDIATE", "UC_SEND_LAST_WITH_IMMEDIATE", "XRC_SEND_LAST_WITH_IMMEDIATE"),
+            SEND_LAST.union(F::IMMDT),
+            16,
+        ),
+        0x04 => row(n!("RC_SEND_ONLY", "UC_SEND_ONLY", "XRC_SEND_ONLY"), SEND_ONLY, 12),
+        0x05 => row(
+            n!("RC_SEND_ONLY_WITH_IMMEDIATE", "UC_SEND_ONLY_WITH_IMMEDIATE", "XRC_SEND_ONLY_WITH_IMMEDIATE"),
+            SEND_ONLY.union(F::IMMDT),
+            16,
+        ),
+        0x06 => row(
+            n!("RC_RDMA_WRITE_FIRST", "UC_RDMA_WRITE_FIRST", "XRC_RDMA_WRITE_FIRST"),
+            WRITE.union(F::FIRST).union(F::RETH),
+            28,
+        ),
+        0x07 => {
+            row(n!("RC_RDMA_WRITE_MIDDLE", "UC_RDMA_WRITE_MIDDLE", "XRC_RDMA_WRITE_MIDDLE"), WRITE.union(F::MIDDLE), 12)
+        }
+        0x08 => row(n!("RC_RDMA_WRITE_LAST", "UC_RDMA_WRITE_LAST", "XRC_RDMA_WRITE_LAST"), WRITE.union(F::LAST), 12),
         0x09 => row(
-            n!("RC_RDMA_WRITE_LAST_WITH_IMMEDIATE", "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE"),
+            n!(
+                "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
+                "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
+                "XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE"
+            ),
             WRITE.union(F::LAST).union(F::IMMDT).union(F::RWR).union(F::COMP),
             16,
         ),
-        0x0A => row(n!("RC_RDMA_WRITE_ONLY", "UC_RDMA_WRITE_ONLY"), WRITE.union(ONLY).union(F::RETH), 28),
+        0x0A => row(
+            n!("RC_RDMA_WRITE_ONLY", "UC_RDMA_WRITE_ONLY", "XRC_RDMA_WRITE_ONLY"),
+            WRITE.union(ONLY).union(F::RETH),
+            28,
+        ),
         0x0B => row(
-            n!("RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE"),
+            n!(
+                "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+                "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+                "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE"
+            ),
             WRITE.union(ONLY).union(F::RETH).union(F::IMMDT).union(F::RWR).union(F::COMP),
             32,
         ),
-        _ if uc => None,
-        0x0C => row("RC_RDMA_READ_REQUEST", F::READ.union(F::REQUEST).union(ONLY).union(F::RETH), 28),
-        0x0D => row("RC_RDMA_READ_RESPONSE_FIRST", RRESP.union(F::FIRST).union(F::AETH), 16),
-        0x0E => row("RC_RDMA_READ_RESPONSE_MIDDLE", RRESP.union(F::MIDDLE), 12),
-        0x0F => row("RC_RDMA_READ_RESPONSE_LAST", RRESP.union(F::LAST).union(F::AETH), 16),
-        0x10 => row("RC_RDMA_READ_RESPONSE_ONLY", RRESP.union(ONLY).union(F::AETH), 16),
-        0x11 => row("RC_ACKNOWLEDGE", F::ACK.union(F::RESPONSE).union(ONLY).union(F::AETH), 16),
+        _ if matches!(t, Connected::Uc) => None,
+        0x0C => row(
+            n!("RC_RDMA_READ_REQUEST", "XRC_RDMA_READ_REQUEST"),
+            F::READ.union(F::REQUEST).union(ONLY).union(F::RETH),
+            28,
+        ),
+        0x0D => row(
+            n!("RC_RDMA_READ_RESPONSE_FIRST", "XRC_RDMA_READ_RESPONSE_FIRST"),
+            RRESP.union(F::FIRST).union(F::AETH),
+            16,
+        ),
+        0x0E => row(n!("RC_RDMA_READ_RESPONSE_MIDDLE", "XRC_RDMA_READ_RESPONSE_MIDDLE"), RRESP.union(F::MIDDLE), 12),
+        0x0F => row(
+            n!("RC_RDMA_READ_RESPONSE_LAST", "XRC_RDMA_READ_RESPONSE_LAST"),
+            RRESP.union(F::LAST).union(F::AETH),
+            16,
+        ),
+        0x10 => {
+            row(n!("RC_RDMA_READ_RESPONSE_ONLY", "XRC_RDMA_READ_RESPONSE_ONLY"), RRESP.union(ONLY).union(F::AETH), 16)
+        }
+        0x11 => row(n!("RC_ACKNOWLEDGE", "XRC_ACKNOWLEDGE"), F::ACK.union(F::RESPONSE).union(ONLY).union(F::AETH), 16),
         0x12 => row(
-            "RC_ATOMIC_ACKNOWLEDGE",
+            n!("RC_ATOMIC_ACKNOWLEDGE", "XRC_ATOMIC_ACKNOWLEDGE"),
             F::ACK.union(F::RESPONSE).union(ONLY).union(F::AETH).union(F::ATOMIC_ACK_ETH),
             24,
         ),
-        0x13 => row("RC_COMPARE_SWAP", F::ATOMIC.union(F::REQUEST).union(ONLY).union(F::ATOMIC_ETH), 40),
-        0x14 => row("RC_FETCH_ADD", F::ATOMIC.union(F::REQUEST).union(ONLY).union(F::ATOMIC_ETH), 40),
-        0x16 => row("RC_SEND_LAST_WITH_INVALIDATE", SEND_LAST.union(F::IETH), 16),
-        0x17 => row("RC_SEND_ONLY_WITH_INVALIDATE", SEND_ONLY.union(F::IETH), 16),
+        0x13 => row(
+            n!("RC_COMPARE_SWAP", "XRC_COMPARE_SWAP"),
+            F::ATOMIC.union(F::REQUEST).union(ONLY).union(F::ATOMIC_ETH),
+            40,
+        ),
+        0x14 => {
+            row(n!("RC_FETCH_ADD", "XRC_FETCH_ADD"), F::ATOMIC.union(F::REQUEST).union(ONLY).union(F::ATOMIC_ETH), 40)
+        }
+        0x16 => row(n!("RC_SEND_LAST_WITH_INVALIDATE", "XRC_SEND_LAST_WITH_INVALIDATE"), SEND_LAST.union(F::IETH), 16),
+        0x17 => row(n!("RC_SEND_ONLY_WITH_INVALIDATE", "XRC_SEND_ONLY_WITH_INVALIDATE"), SEND_ONLY.union(F::IETH), 16),
+        _ if matches!(t, Connected::Xrc) => None,
         0x1C => row("RC_FLUSH", F::REQUEST.union(ONLY).union(F::FETH).union(F::RETH), 32),
-        0x1D => row("RC_ATOMIC_WRITE", F::REQUEST.union(ONLY).union(F::RETH).union(F::PAYLOAD), 28),
+        0x1D => {
+            row("RC_ATOMIC_WRITE", F::ATOMIC_WRITE.union(F::REQUEST).union(ONLY).union(F::RETH).union(F::PAYLOAD), 28)
+        }
         _ => None,
+    };
+    // An XRC request names the target's SRQ in an XRCETH, right after the BTH.
+    match info {
+        Some(i) if matches!(t, Connected::Xrc) && i.flags.contains(F::REQUEST) => {
+            row(i.name, i.flags.union(F::XRCETH), i.hdr_len + 4)
+        }
+        other => other,
     }
 }
 
@@ -202,8 +291,9 @@ const fn build() -> [Option<OpInfo>; 256] {
     let mut t = [const { None }; 256];
     let mut op = 0;
     while op < 0x20 {
-        t[op] = rc_or_uc(op as u8, false);
-        t[op + 0x20] = rc_or_uc(op as u8, true);
+        t[op] = connected(op as u8, Connected::Rc);
+        t[op + 0x20] = connected(op as u8, Connected::Uc);
+        t[op + 0xA0] = connected(op as u8, Connected::Xrc);
         op += 1;
     }
     t[0x64] = row("UD_SEND_ONLY", SEND_ONLY.union(F::DETH), 20);
@@ -251,12 +341,20 @@ mod tests {
             (0x65, 24),
         ];
         for (op, len) in expect {
-            assert_eq!(Opcode(op).info().unwrap().hdr_len, len, "opcode {op:#x}");
+            let rc = Opcode(op).info().unwrap();
+            assert_eq!(rc.hdr_len, len, "opcode {op:#x}");
             if op <= 0x0B {
                 assert_eq!(Opcode(op).to_uc().info().unwrap().hdr_len, len);
             }
+            if op <= 0x17 {
+                // Annex A14: requests gain the 4-byte XRCETH, responses do not.
+                let xrc = Opcode(op).to_xrc().info().unwrap();
+                let extra = if rc.flags.contains(F::REQUEST) { 4 } else { 0 };
+                assert_eq!(xrc.hdr_len, len + extra, "{}", xrc.name);
+                assert_eq!(xrc.flags - F::XRCETH, rc.flags, "{}", xrc.name);
+            }
         }
-        for reserved in [0x15u8, 0x18, 0x2C, 0x40, 0x63, 0x66, 0xFF] {
+        for reserved in [0x15u8, 0x18, 0x2C, 0x40, 0x63, 0x66, 0xB5, 0xBC, 0xBD, 0xFF] {
             assert!(Opcode(reserved).info().is_none(), "{reserved:#x}");
         }
     }
@@ -275,6 +373,7 @@ mod tests {
                 (F::IETH, 4),
                 (F::DETH, 8),
                 (F::FETH, 4),
+                (F::XRCETH, 4),
             ];
             let sum: usize = ext.iter().filter(|(x, _)| f.contains(*x)).map(|(_, n)| n).sum();
             if op != 0x81 {
@@ -291,5 +390,11 @@ mod tests {
         assert_eq!(Opcode::UC_WRITE_ONLY.info().unwrap().name, "UC_RDMA_WRITE_ONLY");
         assert_eq!(Opcode(0x24).transport(), Transport::Uc);
         assert_eq!(Opcode::UD_SEND_ONLY.transport(), Transport::Ud);
+        assert_eq!(Opcode::RC_SEND_ONLY.to_xrc(), Opcode(0xA4));
+        assert_eq!(Opcode(0xA4).transport(), Transport::Xrc);
+        assert_eq!(Opcode(0xA4).info().unwrap().name, "XRC_SEND_ONLY");
+        assert_eq!(Opcode(0xB1).info().unwrap().name, "XRC_ACKNOWLEDGE");
+        assert_eq!(Opcode::RC_ATOMIC_WRITE.to_xrc(), Opcode::RC_ATOMIC_WRITE);
+        assert!(Opcode::RC_ATOMIC_WRITE.info().unwrap().flags.contains(F::ATOMIC_WRITE | F::PAYLOAD));
     }
 }

@@ -1,6 +1,6 @@
 //! Whole packets: the headers an opcode carries (in the order of the IBA:
-//! FETH, DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH), the payload,
-//! the pad and the ICRC.
+//! FETH, DETH, XRCETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH), the
+//! payload, the pad and the ICRC.
 
 use super::headers::{read_u32, read_u64};
 use super::{icrc, Aeth, AtomicEth, Bth, Deth, IpInfo, OpFlags as F, Reth, WireError, BTH_LEN, ICRC_LEN};
@@ -17,11 +17,23 @@ pub struct Headers {
     pub imm: Option<u32>,
     pub ieth: Option<u32>,
     pub deth: Option<Deth>,
+    /// XRCETH: the XRC SRQ number (24 bits) an XRC request is for.
+    pub xrceth: Option<u32>,
 }
 
 impl Headers {
     pub fn new(bth: Bth) -> Headers {
-        Headers { bth, reth: None, aeth: None, atomic_eth: None, atomic_ack: None, imm: None, ieth: None, deth: None }
+        Headers {
+            bth,
+            reth: None,
+            aeth: None,
+            atomic_eth: None,
+            atomic_ack: None,
+            imm: None,
+            ieth: None,
+            deth: None,
+            xrceth: None,
+        }
     }
 
     /// BTH plus the extension headers of the opcode (12 for unknown opcodes).
@@ -46,6 +58,11 @@ impl Headers {
         if f.contains(F::DETH) {
             self.deth.ok_or(WireError::MissingHeader("DETH"))?.emit(&mut b[o..]);
             o += Deth::LEN;
+        }
+        if f.contains(F::XRCETH) {
+            let srqn = self.xrceth.ok_or(WireError::MissingHeader("XRCETH"))?;
+            b[o..o + 4].copy_from_slice(&(srqn & 0x00FF_FFFF).to_be_bytes());
+            o += 4;
         }
         if f.contains(F::RETH) {
             self.reth.ok_or(WireError::MissingHeader("RETH"))?.emit(&mut b[o..]);
@@ -112,6 +129,10 @@ impl<'a> Packet<'a> {
         if f.contains(F::DETH) {
             h.deth = Some(Deth::parse(&b[o..])?);
             o += Deth::LEN;
+        }
+        if f.contains(F::XRCETH) {
+            h.xrceth = Some(read_u32(&b[o..])? & 0x00FF_FFFF);
+            o += 4;
         }
         if f.contains(F::RETH) {
             h.reth = Some(Reth::parse(&b[o..])?);
@@ -239,6 +260,31 @@ mod tests {
     fn missing_header_is_an_error() {
         let h = Headers::new(bth(0x0A));
         assert_eq!(h.emit(&mut [0u8; 64]), Err(WireError::MissingHeader("RETH")));
+        let h = Headers::new(bth(0xA4));
+        assert_eq!(h.emit(&mut [0u8; 64]), Err(WireError::MissingHeader("XRCETH")));
+    }
+
+    #[test]
+    fn xrceth_follows_the_bth_before_the_reth() {
+        // XRC RDMA WRITE ONLY with immediate: BTH, XRCETH, RETH, ImmDt.
+        let mut h = Headers::new(bth(0xAB));
+        h.xrceth = Some(0x12_3456);
+        h.reth = Some(Reth { va: 0x1000, rkey: 0x77, dma_len: 4 });
+        h.imm = Some(0xAABB_CCDD);
+        let mut buf = vec![0u8; 64];
+        let n = build_packet(&h, &[9; 4], &ip(), &mut buf).unwrap();
+        assert_eq!(n, 12 + 4 + 16 + 4 + 4 + 4);
+        assert_eq!(&buf[12..16], &[0, 0x12, 0x34, 0x56]);
+        assert_eq!(&buf[16..24], &0x1000u64.to_be_bytes());
+        assert_eq!(&buf[32..36], &[0xAA, 0xBB, 0xCC, 0xDD]);
+        let p = Packet::parse(&buf[..n]).unwrap();
+        assert_eq!(p.headers.xrceth, Some(0x12_3456));
+        assert_eq!(p.payload, &[9; 4]);
+        // The reserved byte of the XRCETH is ignored on receipt.
+        buf[12] = 0xFF;
+        assert_eq!(Packet::parse(&buf[..n]).unwrap().headers.xrceth, Some(0x12_3456));
+        // Responses carry none: an XRC ACK is an RC ACK with another opcode.
+        assert_eq!(Opcode(0xB1).info().unwrap().hdr_len, 16);
     }
 
     #[test]
@@ -293,6 +339,7 @@ mod tests {
                 h.ieth = f.contains(F::IETH).then_some((r[4] >> 16) as u32);
                 h.deth =
                     f.contains(F::DETH).then_some(Deth { qkey: r[5] as u32, src_qp: (r[1] >> 24) as u32 & 0xFF_FFFF });
+                h.xrceth = f.contains(F::XRCETH).then_some((r[2] >> 32) as u32 & 0xFF_FFFF);
                 (h, payload)
             },
         )
