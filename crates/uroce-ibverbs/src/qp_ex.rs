@@ -73,9 +73,10 @@ const COMP_MASK_SUP: u32 = ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD
 /// Every send operation a QP type supports.
 pub fn all_ops(t: QpType) -> u64 {
     match t {
-        QpType::Rc => RC_OPS,
+        QpType::Rc | QpType::XrcSend => RC_OPS,
         QpType::Uc => UC_OPS,
         QpType::Ud => UD_OPS,
+        QpType::XrcRecv => 0,
     }
 }
 

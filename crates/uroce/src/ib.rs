@@ -80,8 +80,18 @@ macro_rules! c_enum {
 }
 
 c_enum! {
-    /// `enum ibv_qp_type`.
-    pub enum QpType { Rc = 2, Uc = 3, Ud = 4 }
+    /// `enum ibv_qp_type`. An XRC connection has two halves: XRC_SEND, the
+    /// initiator (a send queue only), and XRC_RECV, the target in an XRC
+    /// domain (no queues: each request names one of the domain's SRQs).
+    pub enum QpType { Rc = 2, Uc = 3, Ud = 4, XrcSend = 9, XrcRecv = 10 }
+}
+
+impl QpType {
+    /// The reliable connected service: RC and both halves of XRC
+    /// acknowledge, retry and execute in order.
+    pub fn is_reliable(self) -> bool {
+        matches!(self, QpType::Rc | QpType::XrcSend | QpType::XrcRecv)
+    }
 }
 
 c_enum! {

@@ -1,8 +1,10 @@
 //! The engine: the queue pairs of one device, packet reception checks (in
 //! rxe's order), dispatch to the responder or completer, round-robin
-//! transmission across queue pairs, timers and events.
+//! transmission across queue pairs, timers and events; and the table of XRC
+//! SRQs by number that XRC requests name.
 
 use super::qp::{Qp, QpInit};
+use super::srq::SharedRecvQueue;
 use super::wr::{QpAttr, RecvWr, SendWr};
 use super::{Ctx, Event, Stats, Transmit};
 use crate::ib::{Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result};
@@ -11,8 +13,12 @@ use crate::wire::{self, icrc, IpInfo, OpFlags, Packet, Transport};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Instant;
+
+/// XRC SRQs by SRQ number. Weak: an SRQ lives as long as its owner's
+/// handle, and a request naming a destroyed one finds none.
+pub type XrcSrqs = FxHashMap<u32, Weak<SharedRecvQueue>>;
 
 /// What an engine needs to know about its device.
 #[derive(Debug, Clone)]
@@ -67,6 +73,7 @@ pub struct Engine {
     /// Buffers of sent packets, reused for new ones (no allocation per
     /// packet once the pool is warm).
     spare: Vec<Vec<u8>>,
+    xrc_srqs: XrcSrqs,
 }
 
 /// Most packet buffers kept for reuse: a full send window of MTU packets.
@@ -91,6 +98,7 @@ impl Engine {
             stats: Stats::default(),
             last_drop_log: None,
             spare: Vec::new(),
+            xrc_srqs: XrcSrqs::default(),
         }
     }
 
@@ -144,6 +152,7 @@ impl Engine {
             stats: &mut self.stats,
             ready: &mut self.ready,
             spare: &mut self.spare,
+            xrc_srqs: &self.xrc_srqs,
         };
         let r = f(qp, &mut ctx);
         // The QP's share of what the device counted.
@@ -164,6 +173,17 @@ impl Engine {
     }
 
     pub fn create_qp(&mut self, init: QpInit) -> Result<u32> {
+        self.insert_qp(|qpn| Qp::new(qpn, init))
+    }
+
+    /// An XRC_RECV QP of XRC domain `xrcd`: its receives come from the
+    /// domain's SRQs, named by each request (see [`Engine::register_xrc_srq`]).
+    pub fn create_xrc_recv_qp(&mut self, xrcd: u32, scatter_to_cqe: bool) -> Result<u32> {
+        self.insert_qp(|qpn| Ok(Qp::new_xrc_recv(qpn, xrcd, scatter_to_cqe)))
+    }
+
+    /// Gives the next free QP number to `make` and keeps its QP.
+    fn insert_qp(&mut self, make: impl FnOnce(u32) -> Result<Qp>) -> Result<u32> {
         if self.qps.len() >= 0x10000 {
             return Err(Error::new(crate::ib::Errno::ENOMEM, "create_qp: too many QPs"));
         }
@@ -171,10 +191,19 @@ impl Engine {
         while self.qps.contains_key(&qpn) {
             qpn = if qpn >= 0x00FF_FFFF { FIRST_QPN } else { qpn + 1 };
         }
+        let qp = make(qpn)?;
         self.next_qpn = if qpn >= 0x00FF_FFFF { FIRST_QPN } else { qpn + 1 };
-        let qp = Qp::new(qpn, init)?;
         self.qps.insert(qpn, qp);
         Ok(qpn)
+    }
+
+    /// Makes an XRC SRQ reachable by its number (`srq.handle`).
+    pub fn register_xrc_srq(&mut self, srq: &Arc<SharedRecvQueue>) {
+        self.xrc_srqs.insert(srq.handle, Arc::downgrade(srq));
+    }
+
+    pub fn unregister_xrc_srq(&mut self, srqn: u32) {
+        self.xrc_srqs.remove(&srqn);
     }
 
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
@@ -235,10 +264,14 @@ impl Engine {
             }
         }
         let flags = bth.opcode.info().map_or(OpFlags::empty(), |i| i.flags);
-        let type_ok = matches!(
-            (bth.opcode.transport(), qp.qp_type),
-            (Transport::Rc, QpType::Rc) | (Transport::Uc, QpType::Uc) | (Transport::Ud, QpType::Ud)
-        );
+        let is_response = flags.contains(OpFlags::RESPONSE);
+        // An XRC initiator only takes responses, an XRC target only requests.
+        let type_ok = match (bth.opcode.transport(), qp.qp_type) {
+            (Transport::Rc, QpType::Rc) | (Transport::Uc, QpType::Uc) | (Transport::Ud, QpType::Ud) => true,
+            (Transport::Xrc, QpType::XrcSend) => is_response,
+            (Transport::Xrc, QpType::XrcRecv) => !is_response,
+            _ => false,
+        };
         if !type_ok {
             self.stats.rx_drop_state += 1;
             return;
@@ -248,7 +281,6 @@ impl Engine {
             self.log_drop(now, src, "P_Key");
             return;
         }
-        let is_response = flags.contains(OpFlags::RESPONSE);
         let state_ok = match qp.state() {
             QpState::Rtr => !is_response,
             QpState::Rts | QpState::Sqd => true,

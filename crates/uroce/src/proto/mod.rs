@@ -87,6 +87,8 @@ pub(crate) struct Ctx<'a> {
     pub ready: &'a mut Vec<u32>,
     /// Packet buffers sent and handed back ([`Engine::recycle`]).
     pub spare: &'a mut Vec<Vec<u8>>,
+    /// The device's XRC SRQs by number, for XRC requests to name.
+    pub xrc_srqs: &'a engine::XrcSrqs,
 }
 
 impl Ctx<'_> {

@@ -3,6 +3,10 @@
 //! `ib_modify_qp_is_ok` checks them), its queues, and the glue that the
 //! requester, completer and responder (sibling modules, each an `impl Qp`
 //! block) share: completions, flushing, and moving to the error state.
+//!
+//! The XRC halves are queue pairs without some parts: an XRC_SEND QP has no
+//! receive queue or receive CQ, an XRC_RECV QP no PD, queues or CQs; its
+//! receives come from, and complete on, the XRC SRQ each request names.
 
 use super::cq::{CompletionQueue, InlineRecv, Pushed};
 use super::srq::{RecvWqe, SharedRecvQueue};
@@ -11,6 +15,7 @@ use super::{AsyncEvent, Ctx, Event};
 use crate::ib::{
     Access, AsyncEventType, Error, Mtu, QpAttrMask as M, QpState, QpType, Result, SendFlags, Wc, WcOpcode, WcStatus,
 };
+use crate::wire::Opcode;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
@@ -66,10 +71,15 @@ impl SendWqe {
 pub struct Qp {
     pub qpn: u32,
     pub qp_type: QpType,
+    /// The protection domain (0 for an XRC_RECV QP, which has none).
     pub pd: u32,
-    pub send_cq: Arc<CompletionQueue>,
-    pub recv_cq: Arc<CompletionQueue>,
+    /// None for an XRC_RECV QP.
+    pub send_cq: Option<Arc<CompletionQueue>>,
+    /// None for both XRC halves.
+    pub recv_cq: Option<Arc<CompletionQueue>>,
     pub srq: Option<Arc<SharedRecvQueue>>,
+    /// The XRC domain of an XRC_RECV QP.
+    pub xrcd: Option<u32>,
     pub cap: QpCap,
     pub sq_sig_all: bool,
     pub scatter_to_cqe: bool,
@@ -114,14 +124,25 @@ impl Qp {
                 // checked against the SRQ's PD).
             }
         }
+        if init.qp_type == QpType::XrcRecv {
+            return Err(Error::inval("create_qp: an XRC_RECV QP is created in an XRC domain"));
+        }
+        // An XRC initiator has no receive side: its receive CQ, SRQ and
+        // receive capacities are ignored, as the kernel's ib_create_qp does.
+        let xrc_send = init.qp_type == QpType::XrcSend;
+        if !xrc_send && init.srq.as_ref().is_some_and(|s| s.xrc.is_some()) {
+            return Err(Error::inval("create_qp: an XRC SRQ serves XRC_RECV QPs only"));
+        }
+        let cap = if xrc_send { QpCap { max_recv_wr: 0, max_recv_sge: 0, ..c } } else { c };
         Ok(Qp {
             qpn,
             qp_type: init.qp_type,
             pd: init.pd,
-            send_cq: init.send_cq,
-            recv_cq: init.recv_cq,
-            srq: init.srq,
-            cap: init.cap,
+            send_cq: Some(init.send_cq),
+            recv_cq: (!xrc_send).then_some(init.recv_cq),
+            srq: init.srq.filter(|_| !xrc_send),
+            xrcd: None,
+            cap,
             sq_sig_all: init.sq_sig_all,
             scatter_to_cqe: init.scatter_to_cqe,
             stats: Default::default(),
@@ -133,6 +154,31 @@ impl Qp {
             queued: false,
             sqd_notify_pending: false,
         })
+    }
+
+    /// An XRC_RECV QP of XRC domain `xrcd` (`ibv_create_qp_ex` with
+    /// IBV_QP_INIT_ATTR_XRCD).
+    pub fn new_xrc_recv(qpn: u32, xrcd: u32, scatter_to_cqe: bool) -> Qp {
+        Qp {
+            qpn,
+            qp_type: QpType::XrcRecv,
+            pd: 0,
+            send_cq: None,
+            recv_cq: None,
+            srq: None,
+            xrcd: Some(xrcd),
+            cap: QpCap::default(),
+            sq_sig_all: false,
+            scatter_to_cqe,
+            stats: Default::default(),
+            attr: QpAttr::default(),
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            req: Default::default(),
+            resp: Default::default(),
+            queued: false,
+            sqd_notify_pending: false,
+        }
     }
 
     pub fn state(&self) -> QpState {
@@ -289,8 +335,9 @@ impl Qp {
                 self.attr = QpAttr { port_num: 1, ..QpAttr::default() };
                 // Completions not yet polled (flushes of the ERR state) go
                 // away with the QP's state, as on mlx5 and rxe.
-                self.send_cq.purge_qp(self.qpn);
-                self.recv_cq.purge_qp(self.qpn);
+                for cq in self.send_cq.iter().chain(&self.recv_cq) {
+                    cq.purge_qp(self.qpn);
+                }
             }
             QpState::Init => {}
             QpState::Rtr => {
@@ -352,20 +399,48 @@ impl Qp {
     }
 
     pub(crate) fn deliver_send(&mut self, ctx: &mut Ctx, wc: Wc) {
-        let cq = self.send_cq.clone();
-        self.deliver(ctx, &cq, wc, false);
+        // Only a QP with a send queue has send completions: it has a send CQ.
+        if let Some(cq) = self.send_cq.clone() {
+            self.deliver(ctx, &cq, wc, false);
+        }
     }
 
     pub(crate) fn deliver_recv(&mut self, ctx: &mut Ctx, wc: Wc, solicited: bool) {
-        let cq = self.recv_cq.clone();
-        self.deliver(ctx, &cq, wc, solicited);
+        if let Some(cq) = self.recv_cq_now() {
+            self.deliver(ctx, &cq, wc, solicited);
+        }
     }
 
     /// A receive completion carrying its (small) message.
     pub(crate) fn deliver_recv_inline(&mut self, ctx: &mut Ctx, wc: Wc, solicited: bool, inline: InlineRecv) {
-        let cq = self.recv_cq.clone();
-        let pushed = cq.push_inline(wc, solicited, inline);
-        self.pushed(ctx, &cq, pushed);
+        if let Some(cq) = self.recv_cq_now() {
+            let pushed = cq.push_inline(wc, solicited, inline);
+            self.pushed(ctx, &cq, pushed);
+        }
+    }
+
+    /// The SRQ receives come from now: the XRC SRQ the current request
+    /// named, else the QP's own SRQ.
+    fn shared_rq(&self) -> Option<&Arc<SharedRecvQueue>> {
+        self.resp.xrc_srq.as_ref().or(self.srq.as_ref())
+    }
+
+    /// Where receive completions go now: an XRC SRQ's CQ, else the QP's
+    /// receive CQ.
+    pub(crate) fn recv_cq_now(&self) -> Option<Arc<CompletionQueue>> {
+        match self.shared_rq().and_then(|s| s.xrc.as_ref()) {
+            Some(x) => Some(x.cq.clone()),
+            None => self.recv_cq.clone(),
+        }
+    }
+
+    /// The opcode of RC operation `rc` on this QP's transport.
+    pub(crate) fn wire_opcode(&self, rc: Opcode) -> Opcode {
+        match self.qp_type {
+            QpType::Uc => rc.to_uc(),
+            QpType::XrcSend | QpType::XrcRecv => rc.to_xrc(),
+            QpType::Rc | QpType::Ud => rc,
+        }
     }
 
     fn deliver(&mut self, ctx: &mut Ctx, cq: &CompletionQueue, wc: Wc, solicited: bool) {
@@ -394,6 +469,9 @@ impl Qp {
     /// `ibv_post_send` checks, then queues the WQE.
     pub(crate) fn post_send(&mut self, ctx: &mut Ctx, wr: SendWr) -> Result<()> {
         use crate::ib::Errno;
+        if self.send_cq.is_none() {
+            return Err(Error::inval("post_send: an XRC_RECV QP has no send queue"));
+        }
         let state = self.attr.qp_state;
         if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(Error::inval("post_send: QP is not in RTS"));
@@ -407,7 +485,8 @@ impl Qp {
         let allowed = match self.qp_type {
             QpType::Ud => matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendImm),
             QpType::Uc => !wr.opcode.is_read_or_atomic() && wr.opcode != WrOpcode::SendInv,
-            QpType::Rc => true,
+            QpType::Rc | QpType::XrcSend => true,
+            QpType::XrcRecv => unreachable!("has no send queue"),
         };
         if !allowed {
             return Err(Error::inval(format!("post_send: {:?} not supported on {:?}", wr.opcode, self.qp_type)));
@@ -465,8 +544,8 @@ impl Qp {
     /// `ibv_post_recv` checks, then queues the WQE.
     pub(crate) fn post_recv(&mut self, ctx: &mut Ctx, wr: RecvWr) -> Result<()> {
         use crate::ib::Errno;
-        if self.srq.is_some() {
-            return Err(Error::inval("post_recv: QP uses a shared receive queue"));
+        if self.srq.is_some() || self.recv_cq.is_none() {
+            return Err(Error::inval("post_recv: QP has no receive queue (it uses an SRQ, or is XRC)"));
         }
         if self.attr.qp_state == QpState::Reset {
             return Err(Error::inval("post_recv: QP is in RESET"));
@@ -488,7 +567,7 @@ impl Qp {
 
     /// Takes the next receive WQE from the SRQ or the RQ.
     pub(crate) fn take_recv(&mut self, ctx: &mut Ctx) -> Option<RecvWqe> {
-        match &self.srq {
+        match self.shared_rq() {
             Some(srq) => {
                 let (w, fire) = srq.take();
                 if fire {
@@ -502,7 +581,13 @@ impl Qp {
 
     /// The PD receive buffers are checked against.
     pub(crate) fn recv_pd(&self) -> u32 {
-        self.srq.as_ref().map_or(self.pd, |s| s.pd)
+        self.shared_rq().map_or(self.pd, |s| s.pd)
+    }
+
+    /// The PD the keys of incoming RDMA requests are checked against: an
+    /// XRC target's is that of the XRC SRQ the request names (Annex A14).
+    pub(crate) fn remote_pd(&self) -> u32 {
+        self.resp.xrc_srq.as_ref().map_or(self.pd, |s| s.pd)
     }
 
     pub(crate) fn check_drained(&mut self, ctx: &mut Ctx) {
@@ -563,14 +648,20 @@ impl Qp {
     }
 }
 
+/// The attributes `ibv_modify_qp` requires for a valid transition (empty
+/// for an invalid one).
+pub fn required_attributes(t: QpType, cur: QpState, next: QpState) -> M {
+    transition(t, cur, next).map_or(M::empty(), |(required, _)| required)
+}
+
 /// Required and optional attributes of a transition, or None if invalid.
 fn transition(t: QpType, cur: QpState, next: QpState) -> Option<(M, M)> {
     use QpState::*;
     use QpType::*;
     let none = M::empty();
     let rts_opt = |t| match t {
-        Rc => M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
-        Uc => M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE,
+        Rc | XrcRecv => M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
+        Uc | XrcSend => M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE,
         Ud => M::CUR_STATE | M::QKEY,
     };
     Some(match (cur, next) {
@@ -584,16 +675,26 @@ fn transition(t: QpType, cur: QpState, next: QpState) -> Option<(M, M)> {
             _ => (none, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
         },
         (Init, Rtr) => match t {
-            Rc => (
+            Rc | XrcRecv => (
                 M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
                 M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
             ),
-            Uc => (M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN, M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX),
+            Uc | XrcSend => {
+                (M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN, M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX)
+            }
             Ud => (none, M::PKEY_INDEX | M::QKEY),
         },
         (Rtr, Rts) => match t {
             Rc => (
                 M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
+            ),
+            XrcSend => (
+                M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE,
+            ),
+            XrcRecv => (
+                M::TIMEOUT | M::SQ_PSN,
                 M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
             ),
             Uc => (M::SQ_PSN, M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE),
@@ -617,11 +718,36 @@ fn transition(t: QpType, cur: QpState, next: QpState) -> Option<(M, M)> {
                     | M::MIN_RNR_TIMER
                     | M::PATH_MIG_STATE,
             ),
+            XrcSend => (
+                none,
+                M::PORT
+                    | M::AV
+                    | M::TIMEOUT
+                    | M::RETRY_CNT
+                    | M::RNR_RETRY
+                    | M::MAX_QP_RD_ATOMIC
+                    | M::ALT_PATH
+                    | M::ACCESS_FLAGS
+                    | M::PKEY_INDEX
+                    | M::PATH_MIG_STATE,
+            ),
+            XrcRecv => (
+                none,
+                M::PORT
+                    | M::AV
+                    | M::TIMEOUT
+                    | M::MAX_DEST_RD_ATOMIC
+                    | M::ALT_PATH
+                    | M::ACCESS_FLAGS
+                    | M::PKEY_INDEX
+                    | M::MIN_RNR_TIMER
+                    | M::PATH_MIG_STATE,
+            ),
             Uc => (none, M::AV | M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::PATH_MIG_STATE),
             Ud => (none, M::PKEY_INDEX | M::QKEY),
         },
         (Sqe, Rts) => match t {
-            Rc => return None,
+            Rc | XrcSend | XrcRecv => return None,
             Uc => (none, M::CUR_STATE | M::ACCESS_FLAGS),
             Ud => (none, M::CUR_STATE | M::QKEY),
         },
@@ -646,5 +772,14 @@ mod tests {
         assert!(opt.contains(M::QKEY));
         assert!(transition(QpType::Rc, Err, Reset).is_some());
         assert!(transition(QpType::Rc, Rts, Init).is_none());
+        // The kernel's table for the XRC halves (what pyverbs' to_rts sends).
+        let (req, _) = transition(QpType::XrcSend, Init, Rtr).unwrap();
+        assert_eq!(req, M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN);
+        let (req, opt) = transition(QpType::XrcRecv, Rtr, Rts).unwrap();
+        assert_eq!(req, M::TIMEOUT | M::SQ_PSN);
+        assert!(opt.contains(M::MIN_RNR_TIMER) && !opt.contains(M::RETRY_CNT));
+        let (req, _) = transition(QpType::XrcRecv, Init, Rtr).unwrap();
+        assert!(req.contains(M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER));
+        assert!(transition(QpType::XrcSend, Sqe, Rts).is_none());
     }
 }

@@ -1,6 +1,7 @@
 //! The requester: turns send WQEs into request packets (split at the path
 //! MTU), assigns PSNs, sets AckReq, keeps the retransmission and RNR timers,
-//! and rewinds for go-back-N. UD and UC WQEs complete when sent.
+//! and rewinds for go-back-N. UD and UC WQEs complete when sent. An XRC_SEND
+//! QP is an RC requester whose requests name the target's SRQ (XRCETH).
 
 use super::qp::Qp;
 use super::wr::{QpAttr, WrOpcode};
@@ -92,7 +93,7 @@ impl Qp {
         }
         let cursor = self.req.cursor;
         let wqe = self.sq.get(cursor)?;
-        if self.qp_type == QpType::Rc && psn::diff(self.req.psn, self.req.comp_psn) >= MAX_UNACKED_PSNS {
+        if self.qp_type.is_reliable() && psn::diff(self.req.psn, self.req.comp_psn) >= MAX_UNACKED_PSNS {
             return None;
         }
         if !wqe.started {
@@ -100,7 +101,7 @@ impl Qp {
                 return None;
             }
             let op = wqe.wr.opcode;
-            if self.qp_type == QpType::Rc {
+            if self.qp_type.is_reliable() {
                 if wqe.wr.flags.contains(SendFlags::FENCE) && self.req.rd_atomic > 0 {
                     return None;
                 }
@@ -133,7 +134,7 @@ impl Qp {
         }
         let t = self.build_request(ctx, cursor, mtu);
         t.as_ref()?;
-        if self.qp_type == QpType::Rc {
+        if self.qp_type.is_reliable() {
             if psn::diff(self.req.psn, self.req.psn_max) > 0 {
                 self.req.psn_max = self.req.psn;
             }
@@ -158,11 +159,10 @@ impl Qp {
             (c, off + c == len)
         };
         let ud = self.qp_type == QpType::Ud;
-        let opcode = request_opcode(op, first, last, ud);
-        let opcode = if self.qp_type == QpType::Uc { opcode.to_uc() } else { opcode };
+        let opcode = self.wire_opcode(request_opcode(op, first, last, ud));
 
         let mut ack_req = false;
-        if self.qp_type == QpType::Rc {
+        if self.qp_type.is_reliable() {
             self.req.noack += 1;
             if last || self.req.noack > MAX_PKT_PER_ACK {
                 ack_req = true;
@@ -192,6 +192,9 @@ impl Qp {
         });
         let info = opcode.info().expect("request opcodes are in the table");
         use crate::wire::OpFlags as F;
+        if info.flags.contains(F::XRCETH) {
+            h.xrceth = Some(wqe.wr.remote_srqn);
+        }
         if info.flags.contains(F::RETH) {
             let dma_len = if op == WrOpcode::RdmaRead { len - off } else { len };
             h.reth = Some(Reth { va: wqe.wr.remote_addr + off, rkey: wqe.wr.rkey, dma_len: dma_len as u32 });
@@ -247,7 +250,7 @@ impl Qp {
         } else {
             self.req.cursor_off += chunk;
         }
-        if self.qp_type != QpType::Rc && last {
+        if !self.qp_type.is_reliable() && last {
             // Unreliable: complete on transmission.
             let w = self.pop_head().expect("cursor WQE exists");
             if w.signaled {

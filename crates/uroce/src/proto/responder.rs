@@ -4,17 +4,20 @@
 //! responses and atomic ACKs, and handles duplicates as the IBA and rxe do:
 //! re-ACK SEND/WRITE, replay READ from memory, replay atomics from the saved
 //! result, never execute twice. UD receives and UC's silent drops live here
-//! too.
+//! too. An XRC target is an RC responder whose requests each name an SRQ of
+//! its XRC domain: receives come from it and complete on its CQ, and its PD
+//! guards the memory RDMA requests touch.
 
 use super::cq::{InlineRecv, MAX_INLINE_RECV};
 use super::qp::Qp;
-use super::srq::RecvWqe;
+use super::srq::{RecvWqe, SharedRecvQueue};
 use super::{psn, Ctx, Transmit};
 use crate::ib::{AsyncEventType, QpState, QpType, Wc, WcFlags, WcOpcode, WcStatus};
 use crate::mem::{for_each_sge_piece, sge_total, Want};
 use crate::wire::{Aeth, AethKind, Bth, Headers, NakCode, OpFlags as F, Opcode, Packet};
 use std::collections::VecDeque;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// Bytes of the GRH area at the start of a UD receive buffer.
 pub const GRH_LEN: usize = 40;
@@ -39,6 +42,8 @@ struct ReadJob {
     start_psn: u32,
     psn: u32,
     va: u64,
+    /// The PD `rkey` is checked against.
+    pd: u32,
     rkey: u32,
     len: u64,
     off: u64,
@@ -86,6 +91,8 @@ pub(crate) struct Responder {
     /// responses owed for earlier requests, as a responder answers in
     /// order. Later requests are dropped meanwhile.
     failing: Option<AsyncEventType>,
+    /// XRC target: the SRQ the request being executed named.
+    pub(crate) xrc_srq: Option<Arc<SharedRecvQueue>>,
 }
 
 impl Responder {
@@ -196,11 +203,27 @@ impl Qp {
             }
             Err(Refuse::Drop) => {}
         }
+        if self.resp.recv.is_none() && self.resp.write.is_none() {
+            // Between messages an XRC target holds no SRQ.
+            self.resp.xrc_srq = None;
+        }
         ctx.mark_ready(self.qpn);
+    }
+
+    /// The XRC SRQ an XRC request names, if it exists and belongs to this
+    /// target QP's XRC domain.
+    fn xrc_srq(&self, ctx: &Ctx, pkt: &Packet) -> Option<Arc<SharedRecvQueue>> {
+        let srq = ctx.xrc_srqs.get(&pkt.headers.xrceth?)?.upgrade()?;
+        (srq.xrc.as_ref()?.xrcd == self.xrcd?).then_some(srq)
     }
 
     /// Executes the in-sequence request `pkt`; advances the expected PSN.
     fn execute(&mut self, ctx: &mut Ctx, pkt: &Packet, flags: F) -> Result<(), Refuse> {
+        if self.qp_type == QpType::XrcRecv {
+            // An SRQ outside the QP's XRC domain is outside its protection
+            // domain: the request is refused as an R_Key of another PD is.
+            self.resp.xrc_srq = Some(self.xrc_srq(ctx, pkt).ok_or(Refuse::Nak(NakCode::RemoteAccess))?);
+        }
         let uc = self.qp_type == QpType::Uc;
         let bad = |code| if uc { Refuse::Drop } else { Refuse::Nak(code) };
         let h = &pkt.headers;
@@ -277,7 +300,10 @@ impl Qp {
             }
         }
         let pd = self.recv_pd();
-        let inline_limit = if self.scatter_to_cqe { self.recv_cq.inline_limit() } else { 0 };
+        let inline_limit = match self.recv_cq_now() {
+            Some(cq) if self.scatter_to_cqe => cq.inline_limit(),
+            _ => 0,
+        };
         let recv = self.resp.recv.as_mut().expect("a receive WQE is open");
         let off = recv.off;
         let data = pkt.payload;
@@ -319,7 +345,7 @@ impl Qp {
                 // The window is invalidated before the receive completes. A
                 // bad key fails the receive with REM_INV_REQ_ERR and the QP
                 // (rxe sends no NAK: the requester times out).
-                if let Err(e) = ctx.mem.invalidate(rkey, self.pd, self.qpn) {
+                if let Err(e) = ctx.mem.invalidate(rkey, self.remote_pd(), self.qpn) {
                     tracing::warn!(qpn = self.qpn, rkey, "SEND_WITH_INV: {e}");
                     wc.status = WcStatus::RemInvReqErr;
                     self.deliver_recv(ctx, wc, false);
@@ -353,8 +379,8 @@ impl Qp {
             if reth.dma_len > 1 << 31 {
                 return Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::InvalidRequest) });
             }
-            match ctx.mem.resolve_remote(reth.rkey, self.pd, self.qpn, reth.va, reth.dma_len as u64, Want::RemoteWrite)
-            {
+            let pd = self.remote_pd();
+            match ctx.mem.resolve_remote(reth.rkey, pd, self.qpn, reth.va, reth.dma_len as u64, Want::RemoteWrite) {
                 Ok(span) => checked = Some(span),
                 Err(_) => return Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::RemoteAccess) }),
             }
@@ -384,7 +410,7 @@ impl Qp {
             Some(span) if w.off == 0 && data.len() as u64 == w.total => span.write(0, data),
             _ => ctx
                 .mem
-                .resolve_remote(w.rkey, self.pd, self.qpn, w.va + w.off, data.len() as u64, Want::RemoteWrite)
+                .resolve_remote(w.rkey, self.remote_pd(), self.qpn, w.va + w.off, data.len() as u64, Want::RemoteWrite)
                 .and_then(|span| span.write(0, data)),
         };
         match written {
@@ -415,14 +441,16 @@ impl Qp {
             return Err(Refuse::Nak(NakCode::InvalidRequest));
         }
         let len = reth.dma_len as u64;
-        if ctx.mem.resolve_remote(reth.rkey, self.pd, self.qpn, reth.va, len, Want::RemoteRead).is_err() {
+        let pd = self.remote_pd();
+        if ctx.mem.resolve_remote(reth.rkey, pd, self.qpn, reth.va, len, Want::RemoteRead).is_err() {
             return Err(Refuse::Nak(NakCode::RemoteAccess));
         }
         let p = pkt.headers.bth.psn;
         let n = super::requester::num_packets(len, self.mtu());
         self.add_resource(RdResource { first_psn: p, last_psn: psn::add(p, n - 1), kind: RdKind::Read });
         self.resp.msn = psn::add(self.resp.msn, 1);
-        self.resp.out.push_back(Out::Read(ReadJob { start_psn: p, psn: p, va: reth.va, rkey: reth.rkey, len, off: 0 }));
+        let job = ReadJob { start_psn: p, psn: p, va: reth.va, pd, rkey: reth.rkey, len, off: 0 };
+        self.resp.out.push_back(Out::Read(job));
         self.resp.epsn = psn::add(p, n);
         Ok(())
     }
@@ -434,9 +462,9 @@ impl Qp {
         }
         let span = ctx
             .mem
-            .resolve_remote(a.rkey, self.pd, self.qpn, a.va, 8, Want::RemoteAtomic)
+            .resolve_remote(a.rkey, self.remote_pd(), self.qpn, a.va, 8, Want::RemoteAtomic)
             .map_err(|_| Refuse::Nak(NakCode::RemoteAccess))?;
-        let orig = if pkt.headers.bth.opcode == Opcode::RC_COMPARE_SWAP {
+        let orig = if pkt.headers.bth.opcode == self.wire_opcode(Opcode::RC_COMPARE_SWAP) {
             span.compare_swap(a.compare, a.swap_add)
         } else {
             span.fetch_add(a.swap_add)
@@ -460,7 +488,7 @@ impl Qp {
     /// A request with a PSN older than expected.
     fn on_duplicate(&mut self, ctx: &mut Ctx, pkt: &Packet, flags: F) {
         let p = pkt.headers.bth.psn;
-        if self.qp_type != QpType::Rc {
+        if !self.qp_type.is_reliable() {
             return;
         }
         if flags.intersects(F::SEND | F::WRITE) {
@@ -479,7 +507,14 @@ impl Qp {
             (RdKind::Read, true) => {
                 let reth = pkt.headers.reth.expect("READ carries a RETH");
                 let len = reth.dma_len as u64;
-                if ctx.mem.resolve_remote(reth.rkey, self.pd, self.qpn, reth.va, len, Want::RemoteRead).is_err() {
+                let pd = match self.qp_type {
+                    QpType::XrcRecv => match self.xrc_srq(ctx, pkt) {
+                        Some(srq) => srq.pd,
+                        None => return,
+                    },
+                    _ => self.pd,
+                };
+                if ctx.mem.resolve_remote(reth.rkey, pd, self.qpn, reth.va, len, Want::RemoteRead).is_err() {
                     return;
                 }
                 // Replace a replay of the same READ still queued.
@@ -488,6 +523,7 @@ impl Qp {
                     start_psn: p,
                     psn: p,
                     va: reth.va,
+                    pd,
                     rkey: reth.rkey,
                     len,
                     off: 0,
@@ -577,7 +613,7 @@ impl Qp {
                 }
             };
             let mut h = Headers::new(Bth {
-                opcode,
+                opcode: self.wire_opcode(opcode),
                 solicited: false,
                 mig_req: false,
                 pad_count: 0,
@@ -602,11 +638,11 @@ impl Qp {
             };
             let mtu = self.mtu() as u64;
             let chunk = (j.len - j.off).min(mtu);
-            let (pd, qpn) = (self.pd, self.qpn);
+            let qpn = self.qpn;
             let mem = ctx.mem;
             let built = ctx.build(dst, &h, chunk as usize, |buf| {
                 // Re-validated per packet, as rxe's rxe_recheck_mr.
-                mem.resolve_remote(j.rkey, pd, qpn, j.va + j.off, chunk, Want::RemoteRead)?.read(0, buf)
+                mem.resolve_remote(j.rkey, j.pd, qpn, j.va + j.off, chunk, Want::RemoteRead)?.read(0, buf)
             });
             match built {
                 Ok(t) => {

@@ -1,10 +1,13 @@
 //! Receive queues: the per-QP receive queue and the shared receive queue
 //! (SRQ) are the same structure; an SRQ is shared by reference and has the
-//! limit event of `ibv_modify_srq(IBV_SRQ_LIMIT)`.
+//! limit event of `ibv_modify_srq(IBV_SRQ_LIMIT)`. An XRC SRQ also belongs
+//! to an XRC domain and has its own completion queue: XRC target QPs, which
+//! have neither, take receives from the SRQ each request names.
 
+use super::cq::CompletionQueue;
 use crate::ib::Sge;
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// A posted receive.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,20 +22,38 @@ struct Inner {
     limit: u32,
 }
 
-/// A shared receive queue. `handle` is its device-wide number; `pd` the
-/// protection domain its buffers are checked against.
+/// What makes an SRQ an XRC SRQ (`IBV_SRQT_XRC`).
+#[derive(Debug)]
+pub struct XrcSrq {
+    /// The XRC domain: only target QPs of this domain may name the SRQ.
+    pub xrcd: u32,
+    /// Where its receives complete.
+    pub cq: Arc<CompletionQueue>,
+}
+
+/// A shared receive queue. `handle` is its device-wide number (for an XRC
+/// SRQ, the SRQ number requests name); `pd` the protection domain its
+/// buffers (and, for XRC, the memory XRC requests access) are checked
+/// against.
 #[derive(Debug)]
 pub struct SharedRecvQueue {
     pub handle: u32,
     pub pd: u32,
     pub max_wr: u32,
     pub max_sge: u32,
+    pub xrc: Option<XrcSrq>,
     inner: Mutex<Inner>,
 }
 
 impl SharedRecvQueue {
     pub fn new(handle: u32, pd: u32, max_wr: u32, max_sge: u32, limit: u32) -> Self {
-        SharedRecvQueue { handle, pd, max_wr, max_sge, inner: Mutex::new(Inner { queue: VecDeque::new(), limit }) }
+        let inner = Mutex::new(Inner { queue: VecDeque::new(), limit });
+        SharedRecvQueue { handle, pd, max_wr, max_sge, xrc: None, inner }
+    }
+
+    /// The same queue as an XRC SRQ of `xrc.xrcd`.
+    pub fn with_xrc(self, xrc: XrcSrq) -> Self {
+        SharedRecvQueue { xrc: Some(xrc), ..self }
     }
 
     /// Posts a receive; false if the queue is full.

@@ -95,6 +95,8 @@ pub struct SendWr {
     pub compare_add: u64,
     pub swap: u64,
     pub ud: Option<UdDest>,
+    /// XRC_SEND: the SRQ number at the target (`wr.qp_type.xrc.remote_srqn`).
+    pub remote_srqn: u32,
     /// The message itself, for IBV_SEND_INLINE: copied at post time, so the
     /// SGEs' memory and keys are not used.
     pub inline: Option<Vec<u8>>,
@@ -124,6 +126,7 @@ impl SendWr {
             compare_add: 0,
             swap: 0,
             ud: None,
+            remote_srqn: 0,
             inline: None,
             bind: None,
             umr: None,

@@ -47,6 +47,7 @@ pub mod cap {
     pub const N_NOTIFY_CQ: u32 = 1 << 14;
     pub const PORT_ACTIVE_EVENT: u32 = 1 << 10;
     pub const MEM_WINDOW: u32 = 1 << 17;
+    pub const XRC: u32 = 1 << 20;
     pub const MEM_MGT_EXTENSIONS: u32 = 1 << 21;
     pub const MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
 }
@@ -72,6 +73,7 @@ impl DeviceAttr {
                 | cap::N_NOTIFY_CQ
                 | cap::PORT_ACTIVE_EVENT
                 | cap::MEM_WINDOW
+                | cap::XRC
                 | cap::MEM_MGT_EXTENSIONS
                 | cap::MEM_WINDOW_TYPE_2B,
             max_sge: MAX_SGE,

@@ -28,6 +28,8 @@ pub(crate) struct DeviceShared {
     channels: Mutex<HashMap<u32, Weak<ChannelInner>>>,
     async_events: Mutex<VecDeque<AsyncEvent>>,
     async_fd: OwnedFd,
+    /// XRC domains opened through a file, by the file's (device, inode).
+    pub xrcds: Mutex<HashMap<(u64, u64), Weak<super::xrcd::Domain>>>,
 }
 
 impl DeviceShared {
@@ -153,6 +155,7 @@ impl Context {
             channels: Mutex::new(HashMap::new()),
             async_events: Mutex::new(VecDeque::new()),
             async_fd: new_eventfd(libc::EFD_SEMAPHORE)?,
+            xrcds: Mutex::new(HashMap::new()),
         });
         let sink: Arc<dyn EventSink> = dev.clone();
         rt.set_sink(Arc::downgrade(&sink));

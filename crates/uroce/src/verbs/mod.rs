@@ -25,6 +25,7 @@ mod pd;
 pub mod publish;
 mod qp;
 mod srq;
+mod xrcd;
 
 pub use crate::ib::{Access, Gid, Mtu, QpAttrMask, QpState, QpType, SendFlags, Sge, Wc, WcFlags, WcOpcode, WcStatus};
 pub use crate::mem::odp::{Advice, OdpStats};
@@ -40,3 +41,4 @@ pub use mw::MemoryWindow;
 pub use pd::{AddressHandle, IndirectKey, ProtectionDomain};
 pub use qp::{QpInitAttr, QueuePair};
 pub use srq::SharedReceiveQueue;
+pub use xrcd::Xrcd;

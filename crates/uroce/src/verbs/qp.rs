@@ -1,8 +1,12 @@
-//! Queue pairs (`ibv_qp`).
+//! Queue pairs (`ibv_qp`): RC, UC and UD QPs and the XRC_SEND half of XRC
+//! are created in a protection domain, the XRC_RECV half in an XRC domain
+//! ([`super::Xrcd::create_recv_qp`]).
 
+use super::context::Context;
 use super::cq::CompletionQueue;
 use super::pd::{PdInner, ProtectionDomain};
 use super::srq::SharedReceiveQueue;
+use super::xrcd::{Xrcd, XrcdInner};
 use crate::ib::{Error, QpAttrMask, QpState, QpType, Result};
 use crate::proto::cq::CompletionQueue as Ring;
 use crate::proto::qp::QpInit;
@@ -41,15 +45,37 @@ impl<'a> QpInitAttr<'a> {
     pub fn ud(send_cq: &'a CompletionQueue, recv_cq: &'a CompletionQueue) -> Self {
         QpInitAttr { qp_type: QpType::Ud, ..Self::rc(send_cq, recv_cq) }
     }
+
+    /// An XRC_SEND QP: a send queue as [`QpInitAttr::rc`]'s, no receive side
+    /// (`recv_cq` is ignored for this type).
+    pub fn xrc_send(send_cq: &'a CompletionQueue) -> Self {
+        let rc = Self::rc(send_cq, send_cq);
+        QpInitAttr { qp_type: QpType::XrcSend, cap: QpCap { max_recv_wr: 0, max_recv_sge: 0, ..rc.cap }, ..rc }
+    }
+}
+
+/// What a QP was created in, and keeps alive.
+enum Owner {
+    Pd(Arc<PdInner>),
+    Xrcd(Arc<XrcdInner>),
+}
+
+impl Owner {
+    fn ctx(&self) -> &Context {
+        match self {
+            Owner::Pd(pd) => &pd.ctx,
+            Owner::Xrcd(xrcd) => &xrcd.ctx,
+        }
+    }
 }
 
 pub struct QueuePair {
-    pd: Arc<PdInner>,
+    owner: Owner,
     qpn: u32,
     qp_type: QpType,
     cap: QpCap,
-    _send_cq: Arc<Ring>,
-    _recv_cq: Arc<Ring>,
+    _send_cq: Option<Arc<Ring>>,
+    _recv_cq: Option<Arc<Ring>>,
     _srq: Option<Arc<SharedRecvQueue>>,
 }
 
@@ -78,22 +104,42 @@ impl QueuePair {
             scatter_to_cqe: matches!(a.qp_type, QpType::Rc | QpType::Uc)
                 && a.scatter_to_cqe.unwrap_or(pd.inner.ctx.dev.scatter_to_cqe),
         };
-        let qpn = pd.inner.ctx.dev.rt.engine().create_qp(init)?;
+        // What the QP keeps of the attributes (an XRC_SEND QP has no receive side).
+        let (qpn, cap, recv_cq, srq) = {
+            let mut e = pd.inner.ctx.dev.rt.engine();
+            let qpn = e.create_qp(init)?;
+            let q = e.qp(qpn).expect("just created");
+            (qpn, q.cap, q.recv_cq.clone(), q.srq.clone())
+        };
         Ok(QueuePair {
-            pd: pd.inner.clone(),
+            owner: Owner::Pd(pd.inner.clone()),
             qpn,
             qp_type: a.qp_type,
-            cap: a.cap,
-            _send_cq: a.send_cq.ring.clone(),
-            _recv_cq: a.recv_cq.ring.clone(),
-            _srq: a.srq.map(|s| s.queue.clone()),
+            cap,
+            _send_cq: Some(a.send_cq.ring.clone()),
+            _recv_cq: recv_cq,
+            _srq: srq,
+        })
+    }
+
+    pub(crate) fn new_xrc_recv(xrcd: &Xrcd) -> Result<QueuePair> {
+        let ctx = &xrcd.inner.ctx;
+        let qpn = ctx.dev.rt.engine().create_xrc_recv_qp(xrcd.number(), ctx.dev.scatter_to_cqe)?;
+        Ok(QueuePair {
+            owner: Owner::Xrcd(xrcd.inner.clone()),
+            qpn,
+            qp_type: QpType::XrcRecv,
+            cap: QpCap::default(),
+            _send_cq: None,
+            _recv_cq: None,
+            _srq: None,
         })
     }
 
     /// The transport state of the QP, for diagnostics (send queue, PSNs,
     /// responder state, timers).
     pub fn debug_state(&self) -> String {
-        let e = self.pd.ctx.dev.rt.engine();
+        let e = self.owner.ctx().dev.rt.engine();
         let timer = e.poll_timeout().map(|t| t.saturating_duration_since(std::time::Instant::now()));
         let q = e.qp(self.qpn).map(|q| q.debug_state()).unwrap_or_default();
         format!("{q} | next timer in {timer:?}")
@@ -113,12 +159,12 @@ impl QueuePair {
 
     /// `ibv_modify_qp`.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
-        self.pd.ctx.dev.rt.pump(|e, now| e.modify_qp(now, self.qpn, attr, mask))
+        self.owner.ctx().dev.rt.pump(|e, now| e.modify_qp(now, self.qpn, attr, mask))
     }
 
     /// `ibv_query_qp`: the current attributes.
     pub fn query(&self) -> QpAttr {
-        let e = self.pd.ctx.dev.rt.engine();
+        let e = self.owner.ctx().dev.rt.engine();
         let qp = e.qp(self.qpn).expect("a live handle has a QP");
         QpAttr { cap: qp.cap, cur_qp_state: qp.attr.qp_state, ..qp.attr }
     }
@@ -129,19 +175,19 @@ impl QueuePair {
 
     /// `ibv_post_send`.
     pub fn post_send(&self, wr: &SendWr) -> Result<()> {
-        self.pd.ctx.dev.rt.pump(|e, now| e.post_send(now, self.qpn, wr.clone()))
+        self.owner.ctx().dev.rt.pump(|e, now| e.post_send(now, self.qpn, wr.clone()))
     }
 
     /// `ibv_post_recv`.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
-        self.pd.ctx.dev.rt.pump(|e, now| e.post_recv(now, self.qpn, wr.clone()))
+        self.owner.ctx().dev.rt.pump(|e, now| e.post_recv(now, self.qpn, wr.clone()))
     }
 
     /// Posts a list of send WRs with one pass through the device (as one
     /// `ibv_post_send` call with a chained list). On failure, the index of the
     /// first WR not posted (`bad_wr`) and why; the WRs before it are posted.
     pub fn post_send_list(&self, wrs: impl IntoIterator<Item = SendWr>) -> std::result::Result<(), (usize, Error)> {
-        self.pd.ctx.dev.rt.pump(|e, now| {
+        self.owner.ctx().dev.rt.pump(|e, now| {
             for (i, wr) in wrs.into_iter().enumerate() {
                 e.post_send(now, self.qpn, wr).map_err(|err| (i, err))?;
             }
@@ -151,7 +197,7 @@ impl QueuePair {
 
     /// The same for receive WRs.
     pub fn post_recv_list(&self, wrs: impl IntoIterator<Item = RecvWr>) -> std::result::Result<(), (usize, Error)> {
-        self.pd.ctx.dev.rt.pump(|e, now| {
+        self.owner.ctx().dev.rt.pump(|e, now| {
             for (i, wr) in wrs.into_iter().enumerate() {
                 e.post_recv(now, self.qpn, wr).map_err(|err| (i, err))?;
             }
@@ -159,8 +205,10 @@ impl QueuePair {
         })
     }
 
-    /// Moves an RC QP through INIT, RTR and RTS to a peer (`ibv_rc_pingpong`'s
-    /// attributes; access flags for every remote operation).
+    /// Moves a connected QP (RC, UC or either XRC half) through INIT, RTR
+    /// and RTS to a peer (`ibv_rc_pingpong`'s attributes; access flags for
+    /// every remote operation), giving each transition the attributes its
+    /// type requires.
     pub fn connect_rc(&self, remote: &super::Gid, remote_qpn: u32, local_psn: u32, remote_psn: u32) -> Result<()> {
         self.connect_rc_with(remote, remote_qpn, local_psn, remote_psn, 14, 7)
     }
@@ -177,6 +225,7 @@ impl QueuePair {
         retry_cnt: u8,
     ) -> Result<()> {
         use crate::ib::{Access, Mtu};
+        let required = |cur, next| QpAttrMask::STATE | crate::proto::qp::required_attributes(self.qp_type, cur, next);
         let mut a = QpAttr {
             qp_state: QpState::Init,
             pkey_index: 0,
@@ -184,9 +233,9 @@ impl QueuePair {
             qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
             ..QpAttr::default()
         };
-        self.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)?;
+        self.modify(&a, required(QpState::Reset, QpState::Init))?;
         a.qp_state = QpState::Rtr;
-        a.path_mtu = Mtu::Mtu4096.min_by_bytes(self.pd.ctx.dev.mtu);
+        a.path_mtu = Mtu::Mtu4096.min_by_bytes(self.owner.ctx().dev.mtu);
         a.dest_qp_num = remote_qpn;
         a.rq_psn = remote_psn;
         a.max_dest_rd_atomic = 16;
@@ -198,37 +247,20 @@ impl QueuePair {
             port_num: 1,
             ..Default::default()
         };
-        self.modify(
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER,
-        )?;
+        self.modify(&a, required(QpState::Init, QpState::Rtr))?;
         a.qp_state = QpState::Rts;
         a.timeout = timeout;
         a.retry_cnt = retry_cnt;
         a.rnr_retry = 7;
         a.sq_psn = local_psn;
         a.max_rd_atomic = 16;
-        self.modify(
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::MAX_QP_RD_ATOMIC,
-        )
+        self.modify(&a, required(QpState::Rtr, QpState::Rts))
     }
 }
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        let _ = self.pd.ctx.dev.rt.engine().destroy_qp(self.qpn);
+        let _ = self.owner.ctx().dev.rt.engine().destroy_qp(self.qpn);
     }
 }
 

@@ -1,19 +1,48 @@
-//! Shared receive queues (`ibv_srq`).
+//! Shared receive queues (`ibv_srq`), basic and XRC. An XRC SRQ belongs to
+//! an XRC domain, has its own completion queue, and is reachable by its SRQ
+//! number from the requests arriving at the domain's XRC_RECV QPs.
 
+use super::cq::CompletionQueue;
 use super::pd::{PdInner, ProtectionDomain};
+use super::xrcd::{Xrcd, XrcdInner};
 use crate::ib::{Errno, Error, Result};
-use crate::proto::srq::{RecvWqe, SharedRecvQueue as Queue};
+use crate::proto::srq::{RecvWqe, SharedRecvQueue as Queue, XrcSrq};
 use crate::proto::wr::RecvWr;
 use std::sync::Arc;
 
 pub struct SharedReceiveQueue {
     pub(crate) queue: Arc<Queue>,
-    _pd: Arc<PdInner>,
+    pd: Arc<PdInner>,
+    /// An XRC SRQ keeps its domain handle open.
+    _xrcd: Option<Arc<XrcdInner>>,
 }
 
 impl SharedReceiveQueue {
     /// `ibv_create_srq`.
     pub fn new(pd: &ProtectionDomain, max_wr: u32, max_sge: u32, limit: u32) -> Result<SharedReceiveQueue> {
+        let queue = Self::queue(pd, max_wr, max_sge, limit)?;
+        Ok(SharedReceiveQueue { queue: Arc::new(queue), pd: pd.inner.clone(), _xrcd: None })
+    }
+
+    /// `ibv_create_srq_ex` with IBV_SRQT_XRC (see [`Xrcd::create_srq`]).
+    pub(crate) fn new_xrc(
+        pd: &ProtectionDomain,
+        xrcd: &Xrcd,
+        cq: &CompletionQueue,
+        max_wr: u32,
+        max_sge: u32,
+        limit: u32,
+    ) -> Result<SharedReceiveQueue> {
+        let queue = Self::queue(pd, max_wr, max_sge, limit)?;
+        if queue.handle > 0x00FF_FFFF {
+            return Err(Error::new(Errno::ENOMEM, "create_srq: SRQ numbers (24 bits) exhausted"));
+        }
+        let queue = Arc::new(queue.with_xrc(XrcSrq { xrcd: xrcd.number(), cq: cq.ring.clone() }));
+        pd.inner.ctx.dev.rt.engine().register_xrc_srq(&queue);
+        Ok(SharedReceiveQueue { queue, pd: pd.inner.clone(), _xrcd: Some(xrcd.inner.clone()) })
+    }
+
+    fn queue(pd: &ProtectionDomain, max_wr: u32, max_sge: u32, limit: u32) -> Result<Queue> {
         use crate::proto::qp::{MAX_QP_WR, MAX_SGE};
         if max_wr == 0 || max_wr > MAX_QP_WR || max_sge == 0 || max_sge > MAX_SGE {
             return Err(Error::inval("create_srq: max_wr/max_sge out of range"));
@@ -21,15 +50,17 @@ impl SharedReceiveQueue {
         if limit > max_wr {
             return Err(Error::inval("create_srq: srq_limit above max_wr"));
         }
-        let handle = pd.inner.ctx.dev.next_handle();
-        Ok(SharedReceiveQueue {
-            queue: Arc::new(Queue::new(handle, pd.handle(), max_wr, max_sge, limit)),
-            _pd: pd.inner.clone(),
-        })
+        Ok(Queue::new(pd.inner.ctx.dev.next_handle(), pd.handle(), max_wr, max_sge, limit))
     }
 
     pub fn handle(&self) -> u32 {
         self.queue.handle
+    }
+
+    /// `ibv_get_srq_num`: the number XRC requests name this SRQ by (None
+    /// for a basic SRQ: EOPNOTSUPP).
+    pub fn srq_num(&self) -> Option<u32> {
+        self.queue.xrc.as_ref().map(|_| self.queue.handle)
     }
 
     /// `ibv_post_srq_recv`.
@@ -73,12 +104,21 @@ impl SharedReceiveQueue {
         self.queue.is_empty()
     }
 
-    /// Destroys the SRQ, or fails with EBUSY while a QP uses it.
+    /// Destroys the SRQ, or fails with EBUSY while a QP uses it. No QP is
+    /// attached to an XRC SRQ (requests name it), so that one is never busy.
     pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
-        if Arc::strong_count(&self.queue) > 1 {
+        if self.queue.xrc.is_none() && Arc::strong_count(&self.queue) > 1 {
             return Err((self, Error::new(Errno::EBUSY, "destroy_srq: SRQ in use by a QP")));
         }
         Ok(())
+    }
+}
+
+impl Drop for SharedReceiveQueue {
+    fn drop(&mut self) {
+        if self.queue.xrc.is_some() {
+            self.pd.ctx.dev.rt.engine().unregister_xrc_srq(self.queue.handle);
+        }
     }
 }
 
