@@ -262,6 +262,19 @@ impl Span {
         self.atomic(|a| a.fetch_add(add, Ordering::SeqCst), |v| v.wrapping_add(add))
     }
 
+    /// Atomic 8-byte store (RDMA ATOMIC WRITE), ordered after every earlier
+    /// access as rxe's `smp_store_release`.
+    pub fn atomic_write(&self, value: u64) -> Result<(), AccessError> {
+        self.atomic(
+            |a| {
+                a.store(value, Ordering::Release);
+                value
+            },
+            |_| value,
+        )
+        .map(|_| ())
+    }
+
     /// Runs an atomic on the 8 bytes at the span's start: `op` on host
     /// memory, the read-modify-write `next` through a peer client.
     fn atomic(&self, op: impl FnOnce(&AtomicU64) -> u64, next: impl FnOnce(u64) -> u64) -> Result<u64, AccessError> {

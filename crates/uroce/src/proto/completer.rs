@@ -1,10 +1,11 @@
 //! The completer: consumes ACKs, NAKs, READ responses and atomic ACKs for
-//! an RC requester, completes send WQEs in order, and decides retries
-//! (go-back-N on PSN-sequence NAKs, missing responses and timeouts; RNR
-//! waits) and fatal errors (remote NAKs, exhausted retry counters).
+//! an RC or XRC_SEND requester, completes send WQEs in order, and decides
+//! retries (go-back-N on PSN-sequence NAKs, missing responses and timeouts;
+//! RNR waits) and fatal errors (remote NAKs, exhausted retry counters).
 
 use super::qp::Qp;
 use super::requester::ack_timeout;
+use super::wr::WrOpcode;
 use super::{psn, Ctx};
 use crate::ib::{QpState, Wc, WcStatus};
 use crate::mem::{for_each_sge_piece, Want};
@@ -33,7 +34,7 @@ impl Qp {
         let flags = pkt.headers.bth.opcode.info().map(|i| i.flags).unwrap_or(OpFlags::empty());
         let aeth = pkt.headers.aeth;
 
-        if flags.contains(OpFlags::READ) {
+        if flags.contains(OpFlags::READ) && !self.answers_atomic_write(p) {
             if aeth.is_some_and(|a| !matches!(a.kind(), AethKind::Ack { .. })) {
                 self.complete_head_error(ctx, WcStatus::BadRespErr);
                 return;
@@ -123,7 +124,7 @@ impl Qp {
         let mtu = self.mtu() as u64;
         let Some(head) = self.sq.front() else { return };
         if !head.started
-            || head.wr.opcode != super::wr::WrOpcode::RdmaRead
+            || head.wr.opcode != WrOpcode::RdmaRead
             || psn::lt(p, head.first_psn)
             || psn::lt(head.last_psn, p)
         {
@@ -156,7 +157,6 @@ impl Qp {
         self.req.comp_psn = psn::add(p, 1);
         if p == head.last_psn {
             let w = self.pop_head().unwrap();
-            self.req.rd_atomic -= 1;
             if w.signaled {
                 let mut wc = Wc::new(w.wr.wr_id, WcStatus::Success, w.wc_opcode(), self.qpn);
                 wc.byte_len = w.len as u32;
@@ -164,6 +164,13 @@ impl Qp {
             }
         }
         self.forward_progress(ctx);
+    }
+
+    /// Whether `p` is the PSN of a transmitted ATOMIC WRITE. Its answer is a
+    /// zero-length READ RESPONSE ONLY, which acknowledges it and every
+    /// request before it like an ACK (rxe's completer does the same).
+    fn answers_atomic_write(&self, p: u32) -> bool {
+        self.sq.iter().take_while(|w| w.started).any(|w| w.first_psn == p && w.wr.opcode == WrOpcode::AtomicWrite)
     }
 
     fn head_contains(&self, p: u32) -> bool {
@@ -191,7 +198,6 @@ impl Qp {
             return;
         }
         let w = self.pop_head().unwrap();
-        self.req.rd_atomic -= 1;
         self.req.comp_psn = psn::add(p, 1);
         if w.signaled {
             let mut wc = Wc::new(w.wr.wr_id, WcStatus::Success, w.wc_opcode(), self.qpn);

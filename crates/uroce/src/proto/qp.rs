@@ -64,6 +64,7 @@ impl SendWqe {
             WrOpcode::LocalInv => WcOpcode::LocalInv,
             WrOpcode::BindMw => WcOpcode::BindMw,
             WrOpcode::Umr => WcOpcode::Umr,
+            WrOpcode::AtomicWrite => WcOpcode::AtomicWrite,
         }
     }
 }
@@ -484,8 +485,9 @@ impl Qp {
         }
         let allowed = match self.qp_type {
             QpType::Ud => matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendImm),
-            QpType::Uc => !wr.opcode.is_read_or_atomic() && wr.opcode != WrOpcode::SendInv,
-            QpType::Rc | QpType::XrcSend => true,
+            QpType::Uc => !wr.opcode.uses_rd_atomic() && wr.opcode != WrOpcode::SendInv,
+            QpType::Rc => true,
+            QpType::XrcSend => wr.opcode != WrOpcode::AtomicWrite,
             QpType::XrcRecv => unreachable!("has no send queue"),
         };
         if !allowed {
@@ -517,6 +519,11 @@ impl Qp {
             if wr.remote_addr % 8 != 0 {
                 return Err(Error::inval("post_send: atomic remote address not 8-byte aligned"));
             }
+        }
+        // The responder checks an ATOMIC WRITE's alignment (NAK invalid
+        // request), as rxe; its length is what it is.
+        if wr.opcode == WrOpcode::AtomicWrite && len != 8 {
+            return Err(Error::inval("post_send: ATOMIC WRITE writes 8 bytes"));
         }
         if len > MAX_MSG_SIZE {
             return Err(Error::inval("post_send: message larger than max_msg_sz"));
@@ -602,6 +609,9 @@ impl Qp {
     /// after a rewind), transmission continues at the next WQE and PSN.
     pub(crate) fn pop_head(&mut self) -> Option<SendWqe> {
         let w = self.sq.pop_front()?;
+        if w.started && w.wr.opcode.uses_rd_atomic() {
+            self.req.rd_atomic -= 1;
+        }
         if self.req.cursor == 0 {
             self.req.cursor_off = 0;
             if w.started && !w.wr.opcode.is_local() {

@@ -105,7 +105,7 @@ impl Qp {
                 if wqe.wr.flags.contains(SendFlags::FENCE) && self.req.rd_atomic > 0 {
                     return None;
                 }
-                if op.is_read_or_atomic() && self.req.rd_atomic >= (self.attr.max_rd_atomic as u32).max(1) {
+                if op.uses_rd_atomic() && self.req.rd_atomic >= (self.attr.max_rd_atomic as u32).max(1) {
                     return None;
                 }
             }
@@ -128,7 +128,7 @@ impl Qp {
             wqe.started = true;
             wqe.first_psn = first;
             wqe.last_psn = psn::add(first, n - 1);
-            if op.is_read_or_atomic() {
+            if op.uses_rd_atomic() {
                 self.req.rd_atomic += 1;
             }
         }
@@ -393,6 +393,7 @@ fn request_opcode(op: WrOpcode, first: bool, last: bool, ud: bool) -> Opcode {
         (RdmaRead, _, _) => Opcode::RC_READ_REQUEST,
         (AtomicCmpSwp, _, _) => Opcode::RC_COMPARE_SWAP,
         (AtomicFetchAdd, _, _) => Opcode::RC_FETCH_ADD,
+        (AtomicWrite, _, _) => Opcode::RC_ATOMIC_WRITE,
         (LocalInv | BindMw | Umr, _, _) => unreachable!("local operations send no packet"),
     }
 }

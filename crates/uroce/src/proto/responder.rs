@@ -1,9 +1,10 @@
 //! The responder: executes incoming requests in PSN order (SEND into receive
-//! WQEs, WRITE, READ, atomics), checks opcode sequence, lengths, access
-//! rights and keys, answers with ACKs (coalesced), NAKs, RNR NAKs, READ
-//! responses and atomic ACKs, and handles duplicates as the IBA and rxe do:
-//! re-ACK SEND/WRITE, replay READ from memory, replay atomics from the saved
-//! result, never execute twice. UD receives and UC's silent drops live here
+//! WQEs, WRITE, READ, atomics, ATOMIC WRITE), checks opcode sequence,
+//! lengths, access rights and keys, answers with ACKs (coalesced), NAKs, RNR
+//! NAKs, READ responses, atomic ACKs and (for ATOMIC WRITE, as rxe) empty
+//! READ responses, and handles duplicates as the IBA and rxe do: re-ACK
+//! SEND/WRITE, replay READ from memory, replay atomics from the saved
+//! result, re-acknowledge an ATOMIC WRITE, never execute twice. UD receives and UC's silent drops live here
 //! too. An XRC target is an RC responder whose requests each name an SRQ of
 //! its XRC domain: receives come from it and complete on its CQ, and its PD
 //! guards the memory RDMA requests touch.
@@ -34,6 +35,7 @@ struct RdResource {
 enum RdKind {
     Read,
     Atomic { orig: u64 },
+    AtomicWrite,
 }
 
 /// A READ being answered, one packet per poll.
@@ -51,8 +53,19 @@ struct ReadJob {
 
 #[derive(Debug, Clone, Copy)]
 enum Out {
-    Ack { psn: u32, aeth: Aeth },
-    AtomicAck { psn: u32, orig: u64 },
+    Ack {
+        psn: u32,
+        aeth: Aeth,
+    },
+    AtomicAck {
+        psn: u32,
+        orig: u64,
+    },
+    /// A READ RESPONSE ONLY without payload: the acknowledgement of an
+    /// ATOMIC WRITE.
+    EmptyReadResponse {
+        psn: u32,
+    },
     Read(ReadJob),
 }
 
@@ -259,7 +272,7 @@ impl Qp {
         // QP access rights.
         let qa = self.attr.qp_access_flags;
         use crate::ib::Access as A;
-        if (flags.contains(F::WRITE) && !qa.contains(A::REMOTE_WRITE))
+        if (flags.intersects(F::WRITE | F::ATOMIC_WRITE) && !qa.contains(A::REMOTE_WRITE))
             || (flags.contains(F::READ) && !qa.contains(A::REMOTE_READ))
             || (flags.contains(F::ATOMIC) && !qa.contains(A::REMOTE_ATOMIC))
         {
@@ -274,6 +287,8 @@ impl Qp {
             return self.exec_read(ctx, pkt);
         } else if flags.contains(F::ATOMIC) {
             return self.exec_atomic(ctx, pkt);
+        } else if flags.contains(F::ATOMIC_WRITE) {
+            return self.exec_atomic_write(ctx, pkt);
         } else {
             return Err(bad(NakCode::InvalidRequest));
         }
@@ -478,6 +493,35 @@ impl Qp {
         Ok(())
     }
 
+    /// RDMA ATOMIC WRITE (IBA A19), checked in rxe's order: a responder
+    /// resource, the key and range for remote write, a length of 8, then an
+    /// 8-byte-aligned address. The payload is stored as one.
+    fn exec_atomic_write(&mut self, ctx: &mut Ctx, pkt: &Packet) -> Result<(), Refuse> {
+        let reth = pkt.headers.reth.expect("ATOMIC WRITE carries a RETH");
+        if self.resp.max_resources == 0 {
+            return Err(Refuse::Nak(NakCode::InvalidRequest));
+        }
+        let span = ctx
+            .mem
+            .resolve_remote(reth.rkey, self.remote_pd(), self.qpn, reth.va, reth.dma_len as u64, Want::RemoteWrite)
+            .map_err(|_| Refuse::Nak(NakCode::RemoteAccess))?;
+        let value: [u8; 8] = match pkt.payload.try_into() {
+            Ok(v) if reth.dma_len == 8 => v,
+            _ => return Err(Refuse::Nak(NakCode::InvalidRequest)),
+        };
+        if reth.va % 8 != 0 {
+            return Err(Refuse::Nak(NakCode::InvalidRequest));
+        }
+        // The bytes land as they came (rxe stores the payload's u64).
+        span.atomic_write(u64::from_ne_bytes(value)).map_err(|_| Refuse::Nak(NakCode::RemoteAccess))?;
+        let p = pkt.headers.bth.psn;
+        self.add_resource(RdResource { first_psn: p, last_psn: p, kind: RdKind::AtomicWrite });
+        self.resp.msn = psn::add(self.resp.msn, 1);
+        self.resp.out.push_back(Out::EmptyReadResponse { psn: p });
+        self.resp.epsn = psn::add(p, 1);
+        Ok(())
+    }
+
     fn add_resource(&mut self, r: RdResource) {
         if self.resp.resources.len() >= self.resp.max_resources.max(1) {
             self.resp.resources.pop_front();
@@ -531,6 +575,9 @@ impl Qp {
             }
             (RdKind::Atomic { orig }, false) if flags.contains(F::ATOMIC) && res.first_psn == p => {
                 self.resp.out.push_back(Out::AtomicAck { psn: p, orig });
+            }
+            (RdKind::AtomicWrite, false) if flags.contains(F::ATOMIC_WRITE) && res.first_psn == p => {
+                self.resp.out.push_back(Out::EmptyReadResponse { psn: p });
             }
             _ => return,
         }
@@ -594,6 +641,9 @@ impl Qp {
                 Out::Ack { psn, aeth } => (psn, Opcode::RC_ACK, Some(aeth), None, None),
                 Out::AtomicAck { psn, orig } => {
                     (psn, Opcode::RC_ATOMIC_ACK, Some(Aeth::ack(self.resp.msn)), Some(orig), None)
+                }
+                Out::EmptyReadResponse { psn } => {
+                    (psn, Opcode::RC_READ_RESPONSE_ONLY, Some(Aeth::ack(self.resp.msn)), None, None)
                 }
                 Out::Read(j) => {
                     if self.attr.qp_state == QpState::Err {

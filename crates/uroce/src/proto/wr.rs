@@ -21,6 +21,9 @@ pub enum WrOpcode {
     /// `IBV_WR_DRIVER1`: a UMR that sets an indirect key's layout
     /// (`mlx5dv_wr_mr_list` / `mlx5dv_wr_mr_interleaved`).
     Umr = 11,
+    /// RDMA ATOMIC WRITE (IBA 1.5 A19): 8 bytes (from the SGEs or inline)
+    /// written at once to 8-byte-aligned remote memory. RC only.
+    AtomicWrite = 15,
 }
 
 impl WrOpcode {
@@ -38,6 +41,7 @@ impl WrOpcode {
             8 => BindMw,
             9 => SendInv,
             11 => Umr,
+            15 => AtomicWrite,
             _ => return None,
         })
     }
@@ -53,6 +57,12 @@ impl WrOpcode {
     /// Operations that need a response carrying data (READ and atomics).
     pub fn is_read_or_atomic(self) -> bool {
         self == WrOpcode::RdmaRead || self.is_atomic()
+    }
+    /// Operations that take one of the responder's RDMA READ/atomic
+    /// resources, so count against `max_rd_atomic`: READ, the atomics and
+    /// ATOMIC WRITE (as rxe's `check_init_depth`).
+    pub fn uses_rd_atomic(self) -> bool {
+        self.is_read_or_atomic() || self == WrOpcode::AtomicWrite
     }
     /// Operations executed locally, without packets.
     pub fn is_local(self) -> bool {

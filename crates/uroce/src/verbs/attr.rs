@@ -17,6 +17,9 @@ pub struct DeviceAttr {
     pub max_qp: u32,
     pub max_qp_wr: u32,
     pub device_cap_flags: u32,
+    /// `ibv_device_attr_ex.device_cap_flags_ex`: the 32 bits above and the
+    /// extended ones (`IB_UVERBS_DEVICE_*`).
+    pub device_cap_flags_ex: u64,
     pub max_sge: u32,
     pub max_sge_rd: u32,
     pub max_cq: u32,
@@ -50,10 +53,21 @@ pub mod cap {
     pub const XRC: u32 = 1 << 20;
     pub const MEM_MGT_EXTENSIONS: u32 = 1 << 21;
     pub const MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
+    /// `IB_UVERBS_DEVICE_ATOMIC_WRITE` (extended flags only).
+    pub const ATOMIC_WRITE: u64 = 1 << 40;
 }
 
 impl DeviceAttr {
     pub(crate) fn for_device(guid: u64) -> DeviceAttr {
+        let device_cap_flags = cap::BAD_PKEY_CNTR
+            | cap::SYS_IMAGE_GUID
+            | cap::RC_RNR_NAK_GEN
+            | cap::N_NOTIFY_CQ
+            | cap::PORT_ACTIVE_EVENT
+            | cap::MEM_WINDOW
+            | cap::XRC
+            | cap::MEM_MGT_EXTENSIONS
+            | cap::MEM_WINDOW_TYPE_2B;
         DeviceAttr {
             fw_ver: concat!("uroce ", env!("CARGO_PKG_VERSION")).to_string(),
             node_guid: guid,
@@ -67,15 +81,8 @@ impl DeviceAttr {
             hw_ver: 0,
             max_qp: 0x10000,
             max_qp_wr: MAX_QP_WR,
-            device_cap_flags: cap::BAD_PKEY_CNTR
-                | cap::SYS_IMAGE_GUID
-                | cap::RC_RNR_NAK_GEN
-                | cap::N_NOTIFY_CQ
-                | cap::PORT_ACTIVE_EVENT
-                | cap::MEM_WINDOW
-                | cap::XRC
-                | cap::MEM_MGT_EXTENSIONS
-                | cap::MEM_WINDOW_TYPE_2B,
+            device_cap_flags,
+            device_cap_flags_ex: device_cap_flags as u64 | cap::ATOMIC_WRITE,
             max_sge: MAX_SGE,
             max_sge_rd: MAX_SGE,
             max_cq: 0x10000,

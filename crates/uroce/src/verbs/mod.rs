@@ -32,7 +32,7 @@ pub use crate::mem::odp::{Advice, OdpStats};
 pub use crate::mem::{InterleavedEntry, Layout, MwType};
 pub use crate::proto::wr::{AddressVector, QpAttr, QpCap, RecvWr, SendWr, UdDest, WrOpcode};
 pub use crate::proto::{AsyncEvent, EventElement, Stats};
-pub use attr::{DeviceAttr, PortAttr};
+pub use attr::{cap, DeviceAttr, PortAttr};
 pub use config::DeviceConfig;
 pub use context::{CompletionChannel, Context};
 pub use cq::CompletionQueue;
