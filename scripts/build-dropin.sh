@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Builds the drop-in libibverbs.so.1 into target/dropin/ and prints its path.
+# Builds the drop-in libibverbs.so.1 into target/dropin/ (under
+# $CARGO_TARGET_DIR when set) and prints its path.
 # Route: the Rust crate is a staticlib (profile `dropin`: release with
 # panic = "abort"), relinked by cc with a version script so that every export
 # carries its rdma-core symbol version (shared/spec/abi.md §3, route B).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build -q --profile dropin -p uroce-ibverbs
-out=target/dropin
+out="${CARGO_TARGET_DIR:-target}/dropin"
 mkdir -p "$out"
 cc -shared -o "$out/libibverbs.so.1" \
-   -Wl,--whole-archive target/dropin/liburoce_ibverbs.a -Wl,--no-whole-archive \
+   -Wl,--whole-archive "$out/liburoce_ibverbs.a" -Wl,--no-whole-archive \
    -Wl,--version-script=crates/uroce-ibverbs/libibverbs.map \
    -Wl,-soname,libibverbs.so.1 -Wl,-z,now -Wl,--gc-sections \
    -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
 ln -sf libibverbs.so.1 "$out/libibverbs.so"
 mkdir -p "$out/include"
 cp crates/uroce-ibverbs/include/uroce.h "$out/include/"
-echo "$PWD/$out/libibverbs.so.1"
+echo "$(cd "$out" && pwd)/libibverbs.so.1"
