@@ -154,3 +154,24 @@ fn the_requester_posts_only_eight_bytes_on_rc() {
         assert_eq!(e.errno, Errno::EINVAL, "{:?}", qp.qp_type());
     }
 }
+
+#[test]
+fn carries_its_eight_bytes_in_the_wqe_whatever_max_inline_data() {
+    // The ibv_wr_atomic_write path: the value is copied into the work
+    // request, as rxe's provider copies it into the WQE, not inline data.
+    let (a, b) = connected(None);
+    let attr =
+        |cq| QpInitAttr { cap: QpCap { max_inline_data: 0, ..QpInitAttr::rc(cq, cq).cap }, ..QpInitAttr::rc(cq, cq) };
+    let (qa, qb) = (a.pd.create_qp(&attr(&a.cq)).unwrap(), b.pd.create_qp(&attr(&b.cq)).unwrap());
+    qa.connect_rc(&b.ctx.query_gid(0).unwrap(), qb.qp_num(), 1, 2).unwrap();
+    qb.connect_rc(&a.ctx.query_gid(0).unwrap(), qa.qp_num(), 2, 1).unwrap();
+    let dst = b.pd.register(vec![0u8; 8], RW).unwrap();
+    let mut w = SendWr::new(1, WrOpcode::AtomicWrite);
+    (w.remote_addr, w.rkey, w.inline) = (dst.iova(), dst.rkey(), Some(b"8 bytes!".to_vec()));
+    qa.post_send(&w).unwrap();
+    assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);
+    assert_eq!(dst.to_vec(), b"8 bytes!");
+    let mut send = SendWr::new(2, WrOpcode::Send);
+    send.inline = Some(b"8 bytes!".to_vec());
+    assert_eq!(qa.post_send(&send).unwrap_err().errno, Errno::EINVAL, "a SEND's inline data is limited");
+}

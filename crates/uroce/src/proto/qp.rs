@@ -494,12 +494,12 @@ impl Qp {
             return Err(Error::inval(format!("post_send: {:?} not supported on {:?}", wr.opcode, self.qp_type)));
         }
         let len = match &wr.inline {
-            Some(d) => {
-                if d.len() > self.cap.max_inline_data as usize {
-                    return Err(Error::inval("post_send: inline data above max_inline_data"));
-                }
-                d.len() as u64
+            // An ATOMIC WRITE's 8 bytes travel in the WQE itself (rxe's
+            // `dma.atomic_wr`), whatever max_inline_data is.
+            Some(d) if d.len() > self.cap.max_inline_data as usize && wr.opcode != WrOpcode::AtomicWrite => {
+                return Err(Error::inval("post_send: inline data above max_inline_data"));
             }
+            Some(d) => d.len() as u64,
             None => crate::mem::sge_total(&wr.sg_list),
         };
         if wr.opcode == WrOpcode::BindMw && wr.bind.is_none() {
