@@ -18,10 +18,11 @@ pub(crate) unsafe fn sges(list: *const ibv_sge, n: c_int) -> Vec<Sge> {
         .collect()
 }
 
-/// Converts one C send WR; None for an opcode uroce does not execute.
-unsafe fn send_wr(w: &ibv_send_wr, ud: bool) -> Option<SendWr> {
+/// Converts one C send WR for a QP of type `qp_type`; None for an opcode
+/// uroce does not execute.
+unsafe fn send_wr(w: &ibv_send_wr, qp_type: ibv_qp_type) -> Option<SendWr> {
     // SAFETY: the caller's work request.
-    let mut wr = unsafe { send_wr_head(w, ud) }?;
+    let mut wr = unsafe { send_wr_head(w, qp_type) }?;
     // SAFETY: the caller's SGE array.
     wr.sg_list = unsafe { sges(w.sg_list, w.num_sge) };
     if wr.flags.contains(SendFlags::INLINE) && !wr.opcode.is_read_or_atomic() {
@@ -37,7 +38,8 @@ unsafe fn send_wr(w: &ibv_send_wr, ud: bool) -> Option<SendWr> {
 /// conversion behind `ibv_post_send` and the `ibv_wr_*` builders
 /// (`qp_ex.rs`, which passes a WR without SGEs). None for an opcode uroce
 /// does not execute or a BIND_MW without a window.
-pub(crate) unsafe fn send_wr_head(w: &ibv_send_wr, ud: bool) -> Option<SendWr> {
+pub(crate) unsafe fn send_wr_head(w: &ibv_send_wr, qp_type: ibv_qp_type) -> Option<SendWr> {
+    let ud = qp_type == ibv_qp_type_IBV_QPT_UD;
     let opcode = WrOpcode::from_raw(w.opcode)?;
     let mut wr = SendWr::new(w.wr_id, opcode);
     wr.flags = SendFlags::from_bits_retain(w.send_flags);
@@ -58,6 +60,9 @@ pub(crate) unsafe fn send_wr_head(w: &ibv_send_wr, ud: bool) -> Option<SendWr> {
         } else {
             wr.remote_addr = w.wr.rdma.remote_addr;
             wr.rkey = w.wr.rdma.rkey;
+        }
+        if qp_type == ibv_qp_type_IBV_QPT_XRC_SEND {
+            wr.remote_srqn = w.qp_type.xrc.remote_srqn;
         }
     }
     // SAFETY: the caller's work request, as read above.
@@ -92,14 +97,14 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *
     }
     // SAFETY: a QP from ibv_create_qp.
     let q = unsafe { &*(qp as *const UQp) };
-    let ud = q.qp.qp_base.qp_type == ibv_qp_type_IBV_QPT_UD;
+    let qp_type = q.qp.qp_base.qp_type;
     let mut ptrs = Vec::new();
     let mut wrs = Vec::new();
     let mut cur = wr;
     while !cur.is_null() {
         // SAFETY: the caller's linked list.
         let w = unsafe { &*cur };
-        match unsafe { send_wr(w, ud) } {
+        match unsafe { send_wr(w, qp_type) } {
             Some(x) => wrs.push(x),
             None => break,
         }

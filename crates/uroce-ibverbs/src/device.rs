@@ -181,6 +181,10 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     vctx.alloc_parent_domain = Some(crate::domain::alloc_parent_domain);
     vctx.create_qp_ex = Some(crate::qp_ex::create_qp_ex);
     vctx.create_cq_ex = Some(crate::cq_ex::create_cq_ex);
+    vctx.open_xrcd = Some(crate::xrcd::open_xrcd);
+    vctx.close_xrcd = Some(crate::xrcd::close_xrcd);
+    vctx.create_srq_ex = Some(crate::srq::create_srq_ex);
+    vctx.get_srq_num = Some(crate::srq::get_srq_num);
     c.ops.alloc_mw = Some(crate::mw::alloc_mw);
     c.ops.bind_mw = Some(crate::mw::bind_mw);
     c.ops.dealloc_mw = Some(crate::mw::dealloc_mw);
@@ -257,7 +261,7 @@ pub unsafe extern "C" fn ibv_query_device(ctx: *mut ibv_context, attr: *mut ibv_
 
 /// `verbs_context.query_device_ex`, behind verbs.h's inline
 /// `ibv_query_device_ex`: the basic attributes plus the extended ones uroce
-/// has (ODP capabilities; no TSO, RSS or device memory: zero).
+/// has (extended capability flags, ODP capabilities; no TSO or RSS: zero).
 unsafe extern "C" fn query_device_ex(
     ctx: *mut ibv_context,
     _input: *const ibv_query_device_ex_input,
@@ -279,8 +283,9 @@ unsafe extern "C" fn query_device_ex(
         // SAFETY: the field lies inside the caller's `attr_size` bytes.
         unsafe {
             (*attr).phys_port_cnt_ex = 1;
-            (*attr).device_cap_flags_ex = (*attr).orig_attr.device_cap_flags as u64;
+            (*attr).device_cap_flags_ex = UContext::from_ctx(ctx).ctx.query_device().device_cap_flags_ex;
             (*attr).odp_caps = crate::ext::odp_caps();
+            (*attr).xrc_odp_caps = crate::ext::xrc_odp_caps();
             (*attr).max_dm_size = crate::dm::MAX_DM_SIZE;
         }
     }

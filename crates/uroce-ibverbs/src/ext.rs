@@ -57,25 +57,38 @@ pub unsafe extern "C" fn advise_mr(
     }
 }
 
+/// `enum ibv_odp_transport_cap_bits`.
+mod odp {
+    pub const SEND: u32 = 1;
+    pub const RECV: u32 = 1 << 1;
+    pub const WRITE: u32 = 1 << 2;
+    pub const READ: u32 = 1 << 3;
+    pub const ATOMIC: u32 = 1 << 4;
+    pub const SRQ_RECV: u32 = 1 << 5;
+    pub const ATOMIC_WRITE: u32 = 1 << 7;
+}
+
 /// `ibv_device_attr_ex.odp_caps`: what the ODP data path serves, per
 /// transport (every operation: ODP memory is copied through the one span
 /// interface all operations use).
 pub fn odp_caps() -> ibv_odp_caps {
+    use odp::*;
     const SUPPORT: u64 = 1;
     const IMPLICIT: u64 = 2;
-    const SEND: u32 = 1;
-    const RECV: u32 = 1 << 1;
-    const WRITE: u32 = 1 << 2;
-    const READ: u32 = 1 << 3;
-    const ATOMIC: u32 = 1 << 4;
-    const SRQ_RECV: u32 = 1 << 5;
     // SAFETY: plain old data.
     let mut c: ibv_odp_caps = unsafe { std::mem::zeroed() };
     c.general_caps = SUPPORT | IMPLICIT;
-    c.per_transport_caps.rc_odp_caps = SEND | RECV | WRITE | READ | ATOMIC | SRQ_RECV;
+    c.per_transport_caps.rc_odp_caps = SEND | RECV | WRITE | READ | ATOMIC | SRQ_RECV | ATOMIC_WRITE;
     c.per_transport_caps.uc_odp_caps = SEND | RECV | WRITE | SRQ_RECV;
     c.per_transport_caps.ud_odp_caps = SEND | RECV | SRQ_RECV;
     c
+}
+
+/// `ibv_device_attr_ex.xrc_odp_caps`: XRC's operations (its receives are
+/// SRQ receives; no ATOMIC WRITE on XRC).
+pub fn xrc_odp_caps() -> u32 {
+    use odp::*;
+    SEND | WRITE | READ | ATOMIC | SRQ_RECV
 }
 
 #[no_mangle]

@@ -28,3 +28,4 @@ mod qp_ex;
 mod srq;
 mod strings;
 mod stubs;
+mod xrcd;

@@ -364,16 +364,19 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
     }
     // SAFETY: a PD from ibv_alloc_pd and the caller's attributes.
     let (p, a) = unsafe { (&*(pd as *const UPd), &mut *attr) };
+    let Some(qp_type) = qp_type_from(a.qp_type) else {
+        return null(libc::EOPNOTSUPP);
+    };
+    // An XRC_SEND QP has no receive side: its receive CQ may be NULL.
+    let recv_cq = if qp_type == QpType::XrcSend && a.recv_cq.is_null() { a.send_cq } else { a.recv_cq };
+    // SAFETY: CQs of ibv_create_cq(_ex), or NULL.
     let (Some(send), Some(recv)) =
-        (unsafe { (a.send_cq as *const UCq).as_ref() }, unsafe { (a.recv_cq as *const UCq).as_ref() })
+        (unsafe { (a.send_cq as *const UCq).as_ref() }, unsafe { (recv_cq as *const UCq).as_ref() })
     else {
         return null(libc::EINVAL);
     };
     // SAFETY: an SRQ from ibv_create_srq, or NULL.
     let srq = unsafe { (a.srq as *const crate::srq::USrq).as_ref() }.and_then(|s| s.inner.as_ref());
-    let Some(qp_type) = qp_type_from(a.qp_type) else {
-        return null(libc::EOPNOTSUPP);
-    };
     let c = &a.cap;
     let init = QpInitAttr {
         qp_type,
@@ -391,36 +394,55 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
         scatter_to_cqe: None,
     };
     match p.inner.as_ref().unwrap().create_qp(&init) {
-        Ok(qp) => {
-            // SAFETY: ibv_qp_ex is plain old data plus function pointers (NULL).
-            let mut raw: ibv_qp_ex = unsafe { std::mem::zeroed() };
-            let q = &mut raw.qp_base;
-            q.context = p.pd.context;
-            q.qp_context = a.qp_context;
-            q.pd = pd;
-            q.send_cq = a.send_cq;
-            q.recv_cq = a.recv_cq;
-            q.handle = qp.qp_num();
-            q.qp_num = qp.qp_num();
-            q.state = ibv_qp_state_IBV_QPS_RESET as _;
-            q.qp_type = a.qp_type;
-            a.cap.max_send_wr = init.cap.max_send_wr;
-            a.cap.max_recv_wr = init.cap.max_recv_wr;
-            a.cap.max_send_sge = init.cap.max_send_sge;
-            a.cap.max_recv_sge = init.cap.max_recv_sge;
-            crate::qp_ex::set_ops(&mut raw, qp_type, crate::qp_ex::all_ops(qp_type));
-            let b = Box::into_raw(Box::new(UQp { qp: raw, inner: Some(qp), batch: Default::default() }));
-            // SAFETY: fresh allocation.
-            unsafe {
-                mutex_init(&mut (*b).qp.qp_base.mutex);
-                cond_init(&mut (*b).qp.qp_base.cond);
-                let u = UContext::from_ctx(p.pd.context);
-                u.qps.lock().unwrap().insert((*b).qp.qp_base.qp_num, b as usize);
-            }
-            b as *mut ibv_qp
-        }
+        // SAFETY: the caller's PD and attributes.
+        Ok(qp) => unsafe { new_qp(p.pd.context, pd, a, qp) },
         Err(e) => null(fail(&e)),
     }
+}
+
+/// The `ibv_qp` of a created QP, with the `ibv_wr_*` builders of its type,
+/// registered for asynchronous events; the capacities it got are written
+/// back to `a.cap`. `pd` is NULL for an XRC_RECV QP.
+pub(crate) unsafe fn new_qp(
+    ctx: *mut ibv_context,
+    pd: *mut ibv_pd,
+    a: &mut ibv_qp_init_attr,
+    qp: QueuePair,
+) -> *mut ibv_qp {
+    let qp_type = qp.qp_type();
+    // SAFETY: ibv_qp_ex is plain old data plus function pointers (NULL).
+    let mut raw: ibv_qp_ex = unsafe { std::mem::zeroed() };
+    let q = &mut raw.qp_base;
+    q.context = ctx;
+    q.qp_context = a.qp_context;
+    q.pd = pd;
+    // The CQs and SRQ the QP has (an XRC half has not all).
+    if qp_type != QpType::XrcRecv {
+        q.send_cq = a.send_cq;
+    }
+    if !matches!(qp_type, QpType::XrcSend | QpType::XrcRecv) {
+        q.recv_cq = a.recv_cq;
+        q.srq = a.srq;
+    }
+    q.handle = qp.qp_num();
+    q.qp_num = qp.qp_num();
+    q.state = ibv_qp_state_IBV_QPS_RESET as _;
+    q.qp_type = qp_type.to_raw();
+    let cap = qp.cap();
+    a.cap.max_send_wr = cap.max_send_wr;
+    a.cap.max_recv_wr = cap.max_recv_wr;
+    a.cap.max_send_sge = cap.max_send_sge;
+    a.cap.max_recv_sge = cap.max_recv_sge;
+    crate::qp_ex::set_ops(&mut raw, qp_type, crate::qp_ex::all_ops(qp_type));
+    let b = Box::into_raw(Box::new(UQp { qp: raw, inner: Some(qp), batch: Default::default() }));
+    // SAFETY: fresh allocation; the context outlives it.
+    unsafe {
+        mutex_init(&mut (*b).qp.qp_base.mutex);
+        cond_init(&mut (*b).qp.qp_base.cond);
+        let u = UContext::from_ctx(ctx);
+        u.qps.lock().unwrap().insert((*b).qp.qp_base.qp_num, b as usize);
+    }
+    b as *mut ibv_qp
 }
 
 #[no_mangle]

@@ -9,16 +9,19 @@
 //! `wr_complete` posts the batch and `wr_abort` drops it. Errors found while
 //! building are latched and returned by `wr_complete`, which then posts
 //! nothing. Each work request is converted by the same code as
-//! `ibv_post_send`'s (`datapath::send_wr_head`).
+//! `ibv_post_send`'s (`datapath::send_wr_head`). `wr_set_xrc_srqn` names the
+//! target SRQ of an XRC_SEND QP's request; `wr_atomic_write` copies its 8
+//! bytes when called, as rxe's provider does.
 //!
 //! Difference from rxe: the device validates each work request when the
 //! batch is posted; one it refuses (for example a full send queue) fails
 //! `wr_complete` with its errno, and the requests before it are posted.
 
 use crate::datapath::{gather, send_wr_head, ud_dest};
-use crate::errno::null;
+use crate::errno::{fail, null};
 use crate::ffi::*;
 use crate::objects::UQp;
+use crate::xrcd::UXrcd;
 use std::ffi::{c_int, c_void};
 use std::sync::{Mutex, MutexGuard};
 use uroce::ib::{QpType, Sge};
@@ -50,9 +53,12 @@ const WITH_FETCH_ADD: u64 = ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_ATOMIC_F
 const WITH_LOCAL_INV: u64 = ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_LOCAL_INV as u64;
 const WITH_BIND_MW: u64 = ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_BIND_MW as u64;
 const WITH_SEND_INV: u64 = ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_SEND_WITH_INV as u64;
+const WITH_ATOMIC_WRITE: u64 = ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_ATOMIC_WRITE as u64;
 
-/// The send operations of each QP type (rxe's `RXE_SUP_*_QP_SEND_OPS_FLAGS`).
-const RC_OPS: u64 = WITH_RDMA_WRITE
+/// The send operations of each QP type (rxe's `RXE_SUP_*_QP_SEND_OPS_FLAGS`;
+/// XRC_SEND's are RC's but ATOMIC WRITE, which rxe does on RC only).
+const RC_OPS: u64 = XRC_OPS | WITH_ATOMIC_WRITE;
+const XRC_OPS: u64 = WITH_RDMA_WRITE
     | WITH_RDMA_WRITE_IMM
     | WITH_SEND
     | WITH_SEND_IMM
@@ -65,15 +71,18 @@ const RC_OPS: u64 = WITH_RDMA_WRITE
 const UC_OPS: u64 = WITH_RDMA_WRITE | WITH_RDMA_WRITE_IMM | WITH_SEND | WITH_SEND_IMM | WITH_BIND_MW | WITH_SEND_INV;
 const UD_OPS: u64 = WITH_SEND | WITH_SEND_IMM;
 
-/// `ibv_qp_init_attr_ex.comp_mask` bits `create_qp_ex` accepts (rxe's).
+/// `ibv_qp_init_attr_ex.comp_mask` bits `create_qp_ex` accepts (rxe's, and
+/// the XRC domain of an XRC_RECV QP).
 const COMP_MASK_SUP: u32 = ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD
+    | ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_XRCD
     | ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_CREATE_FLAGS
     | ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 
 /// Every send operation a QP type supports.
 pub fn all_ops(t: QpType) -> u64 {
     match t {
-        QpType::Rc | QpType::XrcSend => RC_OPS,
+        QpType::Rc => RC_OPS,
+        QpType::XrcSend => XRC_OPS,
         QpType::Uc => UC_OPS,
         QpType::Ud => UD_OPS,
         QpType::XrcRecv => 0,
@@ -82,7 +91,7 @@ pub fn all_ops(t: QpType) -> u64 {
 
 /// Fills the function pointers of an `ibv_qp_ex`: the builders of `ops`
 /// (`IBV_QP_EX_WITH_*`), and the setters and batch calls every QP has.
-pub fn set_ops(q: &mut ibv_qp_ex, _t: QpType, ops: u64) {
+pub fn set_ops(q: &mut ibv_qp_ex, t: QpType, ops: u64) {
     let has = |f: u64| ops & f != 0;
     q.wr_atomic_cmp_swp = if has(WITH_CMP_SWP) { Some(wr_atomic_cmp_swp) } else { None };
     q.wr_atomic_fetch_add = if has(WITH_FETCH_ADD) { Some(wr_atomic_fetch_add) } else { None };
@@ -95,8 +104,8 @@ pub fn set_ops(q: &mut ibv_qp_ex, _t: QpType, ops: u64) {
     q.wr_send_imm = if has(WITH_SEND_IMM) { Some(wr_send_imm) } else { None };
     q.wr_send_inv = if has(WITH_SEND_INV) { Some(wr_send_inv) } else { None };
     q.wr_send_tso = None;
-    q.wr_atomic_write = None;
-    q.wr_set_xrc_srqn = None;
+    q.wr_atomic_write = if has(WITH_ATOMIC_WRITE) { Some(wr_atomic_write) } else { None };
+    q.wr_set_xrc_srqn = if t == QpType::XrcSend { Some(wr_set_xrc_srqn) } else { None };
     q.wr_set_ud_addr = Some(wr_set_ud_addr);
     q.wr_set_inline_data = Some(wr_set_inline_data);
     q.wr_set_inline_data_list = Some(wr_set_inline_data_list);
@@ -124,6 +133,19 @@ pub unsafe extern "C" fn create_qp_ex(ctx: *mut ibv_context, attr: *mut ibv_qp_i
     let with_ops = a.comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
     if with_ops && a.send_ops_flags & !all_ops(t) != 0 {
         return null(libc::EOPNOTSUPP);
+    }
+    if t == QpType::XrcRecv {
+        // An XRC target is created in an XRC domain, without PD, CQs or queues.
+        // SAFETY: an XRC domain of open_xrcd, or NULL.
+        let xrcd = unsafe { UXrcd::from_ptr(a.xrcd) };
+        let Some(x) = xrcd.filter(|_| a.comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_XRCD != 0) else {
+            return null(libc::EINVAL);
+        };
+        return match x.create_recv_qp() {
+            // SAFETY: ibv_qp_init_attr is the start of ibv_qp_init_attr_ex.
+            Ok(qp) => unsafe { crate::objects::new_qp(ctx, std::ptr::null_mut(), &mut *(attr as *mut _), qp) },
+            Err(e) => null(fail(&e)),
+        };
     }
     if a.comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
         return null(libc::EINVAL);
@@ -169,10 +191,9 @@ unsafe fn build(qp: *mut ibv_qp_ex, opcode: ibv_wr_opcode, fill: impl FnOnce(&mu
     w.send_flags = q.qp.wr_flags;
     w.opcode = opcode;
     fill(&mut w);
-    let ud = q.qp.qp_base.qp_type == ibv_qp_type_IBV_QPT_UD;
     // SAFETY: a work request without SGEs, whose pointers (AH, window, MR)
     // are the caller's objects.
-    match unsafe { send_wr_head(&w, ud) } {
+    match unsafe { send_wr_head(&w, q.qp.qp_base.qp_type) } {
         Some(wr) => p.wrs.push(wr),
         None => p.err = libc::EINVAL,
     }
@@ -222,6 +243,25 @@ unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ibv_qp_ex, rkey: u32, remote_a
             w.wr.atomic.rkey = rkey;
             w.wr.atomic.remote_addr = remote_addr;
             w.wr.atomic.compare_add = add;
+        })
+    }
+}
+
+unsafe extern "C" fn wr_atomic_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, atomic_wr: *const c_void) {
+    if atomic_wr.is_null() {
+        // SAFETY: the caller's QP.
+        return unsafe { set_error(qp, libc::EINVAL) };
+    }
+    // SAFETY: the caller's QP.
+    unsafe {
+        build(qp, ibv_wr_opcode_IBV_WR_ATOMIC_WRITE, |w| {
+            w.wr.rdma.rkey = rkey;
+            w.wr.rdma.remote_addr = remote_addr;
+        });
+        set_last(qp, |_, wr| {
+            // SAFETY: verbs' contract: 8 readable bytes at `atomic_wr`.
+            wr.inline = Some(gather(&[Sge { addr: atomic_wr as u64, length: 8, lkey: 0 }]));
+            Ok(())
         })
     }
 }
@@ -299,6 +339,16 @@ unsafe fn set_error(qp: *mut ibv_qp_ex, e: c_int) {
         if p.err == 0 {
             p.err = e;
         }
+    }
+}
+
+unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, remote_srqn: u32) {
+    // SAFETY: the caller's QP.
+    unsafe {
+        set_last(qp, |_, wr| {
+            wr.remote_srqn = remote_srqn;
+            Ok(())
+        })
     }
 }
 
