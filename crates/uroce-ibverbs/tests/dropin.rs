@@ -21,7 +21,8 @@ fn root() -> PathBuf {
 }
 
 fn dropin_dir() -> PathBuf {
-    let dir = root().join("target/dropin");
+    let dir =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), |t| root().join(t)).join("dropin");
     if !dir.join("libibverbs.so.1").exists() {
         let st = Command::new(root().join("scripts/build-dropin.sh")).status().expect("run build-dropin.sh");
         assert!(st.success(), "build-dropin.sh failed");

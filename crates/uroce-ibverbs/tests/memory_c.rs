@@ -15,7 +15,8 @@ fn odp_mkeys_and_dmabuf_through_the_c_abi() {
         println!("SKIPPED: /usr/include/infiniband/verbs.h missing (Debian package libibverbs-dev)");
         return;
     }
-    let dir = root().join("target/dropin");
+    let dir =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), |t| root().join(t)).join("dropin");
     if !dir.join("libibverbs.so.1").exists() {
         let st = Command::new(root().join("scripts/build-dropin.sh")).status().expect("run build-dropin.sh");
         assert!(st.success(), "build-dropin.sh failed");
