@@ -6,6 +6,7 @@ use crate::ffi::*;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int};
 use std::sync::{Mutex, OnceLock};
+use uroce::ib::{Errno, Gid};
 use uroce::verbs::{Context, DeviceConfig};
 
 /// An `ibv_device` followed by its configuration.
@@ -328,17 +329,30 @@ pub unsafe extern "C" fn ibv_query_gid(ctx: *mut ibv_context, port: u8, index: c
     }
     // SAFETY: our context.
     let u = unsafe { UContext::from_ctx(ctx) };
-    match u.ctx.query_gid(index as u32) {
-        Ok(g) => {
-            // SAFETY: a caller's ibv_gid.
-            unsafe { (*gid).raw = g.0 };
-            0
-        }
+    let raw = match u.ctx.query_gid(index as u32) {
+        Ok(g) => g.0,
+        // An empty entry: libibverbs turns the kernel's ENODATA into success
+        // with the zero GID.
+        Err(e) if e.errno == Errno::ENODATA => [0; 16],
         Err(e) => {
             set_errno(e.errno.0);
-            -1
+            return -1;
         }
-    }
+    };
+    // SAFETY: a caller's ibv_gid.
+    unsafe { (*gid).raw = raw };
+    0
+}
+
+/// The `ibv_gid_entry` of a populated entry of port 1 (all RoCE v2).
+fn gid_entry(index: u32, gid: Gid) -> ibv_gid_entry {
+    // SAFETY: plain old data.
+    let mut e: ibv_gid_entry = unsafe { std::mem::zeroed() };
+    e.gid.raw = gid.0;
+    e.gid_index = index;
+    e.port_num = 1;
+    e.gid_type = ibv_gid_type_IBV_GID_TYPE_ROCE_V2 as _;
+    e
 }
 
 #[no_mangle]
@@ -347,24 +361,27 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     port: u32,
     index: u32,
     entry: *mut ibv_gid_entry,
-    _flags: u32,
+    flags: u32,
     entry_size: usize,
 ) -> c_int {
     if ctx.is_null() || entry.is_null() || port != 1 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
         return libc::EINVAL;
     }
-    // SAFETY: our context; a caller's entry of at least our size.
-    let (u, e) = unsafe { (UContext::from_ctx(ctx), &mut *entry) };
+    // No flag is defined (the kernel refuses any).
+    if flags != 0 {
+        return libc::EINVAL;
+    }
+    // SAFETY: our context.
+    let u = unsafe { UContext::from_ctx(ctx) };
+    // An empty entry is ENODATA, one beyond the table EINVAL (the kernel's
+    // answers).
     match u.ctx.query_gid(index) {
         Ok(g) => {
-            e.gid.raw = g.0;
-            e.gid_index = index;
-            e.port_num = port;
-            e.gid_type = ibv_gid_type_IBV_GID_TYPE_ROCE_V2 as _;
-            e.ndev_ifindex = 0;
+            // SAFETY: a caller's entry of at least our size.
+            unsafe { *entry = gid_entry(index, g) };
             0
         }
-        Err(_) => libc::ENODATA,
+        Err(e) => e.errno.0,
     }
 }
 
@@ -374,10 +391,20 @@ pub unsafe extern "C" fn ibv_query_gid_type(ctx: *mut ibv_context, port: u8, ind
         set_errno(libc::EINVAL);
         return -1;
     }
-    // SAFETY: a caller's out parameter. uroce's GIDs are all RoCE v2
-    // (IBV_GID_TYPE_SYSFS_ROCE_V2 = 1); an empty slot reads as v1 (0), as
-    // the real library does.
-    unsafe { *ty = if index == 0 { 1 } else { 0 } };
+    // SAFETY: our context.
+    let u = unsafe { UContext::from_ctx(ctx) };
+    // uroce's GIDs are all RoCE v2 (IBV_GID_TYPE_SYSFS_ROCE_V2 = 1); an
+    // empty entry reads as IB/RoCE v1 (0), as with libibverbs.
+    let t = match u.ctx.query_gid(index) {
+        Ok(_) => 1,
+        Err(e) if e.errno == Errno::ENODATA => 0,
+        Err(e) => {
+            set_errno(e.errno.0);
+            return -1;
+        }
+    };
+    // SAFETY: a caller's out parameter.
+    unsafe { *ty = t };
     0
 }
 
@@ -444,26 +471,38 @@ pub extern "C" fn ibv_dofork_range(_base: *mut libc::c_void, _size: usize) -> c_
 #[no_mangle]
 pub extern "C" fn verbs_register_driver_34(_ops: *const libc::c_void) {}
 
-/// `_ibv_query_gid_table`: the one GID of the port.
+/// `_ibv_query_gid_table`: the populated entries of every port, empty ones
+/// skipped; -EINVAL when they do not fit. Entries are `entry_size` bytes
+/// apart, each cut to or zero-filled from ours (as the kernel copies them).
 #[no_mangle]
 pub unsafe extern "C" fn _ibv_query_gid_table(
     ctx: *mut ibv_context,
     entries: *mut ibv_gid_entry,
     max_entries: usize,
-    _flags: u32,
+    flags: u32,
     entry_size: usize,
 ) -> isize {
-    if ctx.is_null() || entries.is_null() || entry_size < std::mem::size_of::<ibv_gid_entry>() {
-        return -(libc::EINVAL as isize);
+    let inval = -(libc::EINVAL as isize);
+    if ctx.is_null() || entries.is_null() || max_entries == 0 || entry_size == 0 || flags != 0 {
+        return inval;
     }
-    if max_entries == 0 {
-        return -(libc::EINVAL as isize);
+    // SAFETY: our context.
+    let u = unsafe { UContext::from_ctx(ctx) };
+    let Ok(port) = u.ctx.query_port(1) else { return inval };
+    let found: Vec<ibv_gid_entry> =
+        (0..port.gid_tbl_len).filter_map(|i| u.ctx.query_gid(i).ok().map(|g| gid_entry(i, g))).collect();
+    if found.len() > max_entries {
+        return inval;
     }
-    // SAFETY: forwarded; the caller's array has at least one entry.
-    let rc = unsafe { _ibv_query_gid_ex(ctx, 1, 0, entries, 0, entry_size) };
-    if rc != 0 {
-        -(rc as isize)
-    } else {
-        1
+    let n = entry_size.min(std::mem::size_of::<ibv_gid_entry>());
+    for (i, e) in found.iter().enumerate() {
+        // SAFETY: the caller's array holds `max_entries` entries of
+        // `entry_size` bytes; i < max_entries, and `n` <= entry_size.
+        unsafe {
+            let dst = (entries as *mut u8).add(i * entry_size);
+            std::ptr::copy_nonoverlapping(e as *const ibv_gid_entry as *const u8, dst, n);
+            std::ptr::write_bytes(dst.add(n), 0, entry_size - n);
+        }
     }
+    found.len() as isize
 }

@@ -115,6 +115,12 @@ fn read_eventfd(fd: RawFd) -> Result<()> {
     }
 }
 
+/// Entries in the port's GID table. As on a real RoCE port (rxe has 1024,
+/// mlx5 256), the table is longer than what is populated: uroce fills index
+/// 0 only. Short, so that programs walking the table (perftest's choice of
+/// GID, `ibv_devinfo -v`) stay quick.
+const GID_TABLE_LEN: u32 = 16;
+
 fn registry() -> &'static Mutex<HashMap<String, Weak<DeviceShared>>> {
     static R: OnceLock<Mutex<HashMap<String, Weak<DeviceShared>>>> = OnceLock::new();
     R.get_or_init(Default::default)
@@ -174,13 +180,16 @@ impl Context {
         self.dev.addr
     }
 
-    /// The GID at `index` (the table has one entry: the RoCEv2 GID of the
-    /// address).
+    /// The GID at `index` of the port's table. Index 0 holds the RoCEv2 GID
+    /// of the device's address; the rest of the table
+    /// ([`PortAttr::gid_tbl_len`] entries) is empty: ENODATA, as the kernel
+    /// answers for an unpopulated entry. Beyond the table: EINVAL.
     pub fn query_gid(&self, index: u32) -> Result<Gid> {
-        if index != 0 {
-            return Err(Error::inval("query_gid: index out of range"));
+        match index {
+            0 => Ok(Gid::from_ip(self.dev.addr.ip())),
+            i if i < GID_TABLE_LEN => Err(Error::new(Errno::ENODATA, "query_gid: empty GID entry")),
+            _ => Err(Error::inval("query_gid: index out of range")),
         }
-        Ok(Gid::from_ip(self.dev.addr.ip()))
     }
 
     pub fn query_device(&self) -> DeviceAttr {
@@ -195,7 +204,7 @@ impl Context {
             state: 4,
             max_mtu: Mtu::Mtu4096,
             active_mtu: self.dev.mtu,
-            gid_tbl_len: 1,
+            gid_tbl_len: GID_TABLE_LEN,
             port_cap_flags: 0x0401_0000, // IsCM | IsDeviceManagement-like bits as rxe reports
             max_msg_sz: 0x8000_0000,
             pkey_tbl_len: 1,
