@@ -27,6 +27,8 @@ pub struct UContext {
     pub qps: Mutex<HashMap<u32, usize>>,
     /// SRQ handle → `ibv_srq` pointer, for asynchronous events.
     pub srqs: Mutex<HashMap<u32, usize>>,
+    /// The `cmd_fd` and the objects shared with imported contexts (`import.rs`).
+    pub share: crate::import::Share,
 }
 
 impl UContext {
@@ -157,13 +159,25 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
             return std::ptr::null_mut();
         }
     };
+    let share = match crate::import::Share::open(dev, &ctx) {
+        Ok(s) => s,
+        Err(e) => return null(e),
+    };
+    // SAFETY: a device of our list.
+    unsafe { new_context(dev, ctx, share) }
+}
+
+/// A new context on `dev` (a device of our list) for `ctx`: the
+/// `verbs_context` with the ops table, `cmd_fd` from `share`. Opened by
+/// ibv_open_device, or imported (`import.rs`).
+pub(crate) unsafe fn new_context(dev: *mut ibv_device, ctx: Context, share: crate::import::Share) -> *mut ibv_context {
     // SAFETY: verbs_context is plain old data (pointers and integers); zero
     // is a valid initial value, every op NULL.
     let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
     vctx.sz = std::mem::size_of::<verbs_context>();
     let c = &mut vctx.context;
     c.device = dev;
-    c.cmd_fd = ctx.async_fd();
+    c.cmd_fd = share.cmd_fd();
     c.async_fd = ctx.async_fd();
     c.num_comp_vectors = 1;
     c.abi_compat = VERBS_ABI_IS_EXTENDED;
@@ -195,6 +209,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         cqs: Mutex::new(HashMap::new()),
         qps: Mutex::new(HashMap::new()),
         srqs: Mutex::new(HashMap::new()),
+        share,
     });
     let u = Box::into_raw(u);
     // SAFETY: `u` is a fresh allocation; the mutex lives inside it.

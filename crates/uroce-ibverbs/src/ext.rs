@@ -114,11 +114,12 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
                 pd,
                 addr: offset as *mut libc::c_void,
                 length,
-                handle: mr.lkey(),
+                handle: 0, // named by publish_mr
                 lkey: mr.lkey(),
                 rkey: mr.rkey(),
             };
-            Box::into_raw(Box::new(UMr { mr: raw, inner: Some(mr), dm: None })) as *mut ibv_mr
+            // SAFETY: the PD's context is ours.
+            unsafe { crate::import::publish_mr(UMr { mr: raw, inner: Some(mr), dm: None }) }
         }
         Err(e) => null(fail(&e)),
     }

@@ -22,6 +22,7 @@ mod dm;
 mod domain;
 mod errno;
 mod ext;
+mod import;
 mod mw;
 mod objects;
 mod qp_ex;

@@ -70,11 +70,8 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     // SAFETY: our context.
     let u = unsafe { UContext::from_ctx(ctx) };
     match u.ctx.alloc_pd() {
-        Ok(pd) => {
-            let handle = pd.handle();
-            let b = Box::new(UPd { pd: ibv_pd { context: ctx, handle }, inner: Some(pd), parent_domain: false });
-            Box::into_raw(b) as *mut ibv_pd
-        }
+        // SAFETY: our context.
+        Ok(pd) => unsafe { crate::import::publish_pd(ctx, pd) },
         Err(e) => null(fail(&e)),
     }
 }
@@ -84,7 +81,12 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     if pd.is_null() {
         return libc::EINVAL;
     }
-    // SAFETY: a PD from ibv_alloc_pd.
+    // A PD shared with imported copies (import.rs).
+    // SAFETY: a PD from ibv_alloc_pd or ibv_import_pd.
+    if let Some(rc) = unsafe { crate::import::dealloc_pd(pd) } {
+        return rc;
+    }
+    // SAFETY: as above.
     let p = unsafe { &mut *(pd as *mut UPd) };
     if p.parent_domain {
         // Objects created from it hold the parent PD themselves.
@@ -123,11 +125,12 @@ unsafe fn reg(pd: *mut ibv_pd, addr: *mut libc::c_void, len: usize, iova: u64, a
                 pd,
                 addr,
                 length: len,
-                handle: mr.lkey(),
+                handle: 0, // named by publish_mr
                 lkey: mr.lkey(),
                 rkey: mr.rkey(),
             };
-            Box::into_raw(Box::new(UMr { mr: raw, inner: Some(mr), dm: None })) as *mut ibv_mr
+            // SAFETY: the PD's context is ours.
+            unsafe { crate::import::publish_mr(UMr { mr: raw, inner: Some(mr), dm: None }) }
         }
         Err(e) => null(fail(&e)),
     }
@@ -173,7 +176,12 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     if mr.is_null() {
         return libc::EINVAL;
     }
-    // SAFETY: an MR from ibv_reg_mr.
+    // An MR shared with imported copies (import.rs).
+    // SAFETY: an MR from ibv_reg_mr or ibv_import_mr.
+    if let Some(rc) = unsafe { crate::import::dereg_mr(mr) } {
+        return rc;
+    }
+    // SAFETY: as above.
     let m = unsafe { &mut *(mr as *mut UMr) };
     let Some(inner) = m.inner.take() else { return libc::EINVAL };
     match inner.dereg() {

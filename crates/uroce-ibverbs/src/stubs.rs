@@ -66,11 +66,3 @@ nothing! {
 pub extern "C" fn verbs_allow_disassociate_destroy(_cmd: c_int, _ret: c_int) -> bool {
     false
 }
-
-fail_ptr! {
-    ibv_import_device, ibv_import_pd, ibv_import_mr, ibv_import_dm,
-}
-
-nothing! {
-    ibv_unimport_pd, ibv_unimport_mr, ibv_unimport_dm,
-}

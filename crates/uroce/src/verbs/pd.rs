@@ -97,6 +97,14 @@ impl ProtectionDomain {
         Ok(AddressHandle { av, _pd: self.inner.clone() })
     }
 
+    /// How many handles hold the PD: its clones (this one included) and the
+    /// objects created from it. [`dealloc`](Self::dealloc) needs 1; a caller
+    /// that keeps several clones as equal owners (the C library's imported
+    /// PDs) compares it with the number of clones it holds.
+    pub fn ref_count(&self) -> usize {
+        Arc::strong_count(&self.inner)
+    }
+
     /// Deallocates the PD, or fails with EBUSY while objects use it.
     pub fn dealloc(self) -> std::result::Result<(), (Self, Error)> {
         if Arc::strong_count(&self.inner) > 1 {
