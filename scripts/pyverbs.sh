@@ -31,6 +31,10 @@ for m in "${mods[@]}"; do
     f=$(grep -oE 'failures=[0-9]+' <<<"$out" | grep -oE '[0-9]+' || echo 0)
     e=$(grep -oE 'errors=[0-9]+' <<<"$out" | grep -oE '[0-9]+' || echo 0)
     if [ "$rc" -gt 1 ]; then echo "$m: exit status $rc (crash or timeout)"; e=$((e + 1)); fi
+    # What failed, on standard error (the table stays on standard output).
+    if [ $((f + e)) -gt 0 ]; then
+        awk '/^(ERROR|FAIL):/{p=1} /^-{20,}$/{if(p)n++} p{print} n>=2{p=0;n=0}' <<<"$out" >&2
+    fi
     p=$((t - s - f - e)); [ $p -lt 0 ] && p=0
     printf '%-24s %6d %6d %6d %6d %6d\n' "$m" "$t" "$p" "$s" "$f" "$e"
     T=$((T + t)) P=$((P + p)) S=$((S + s)) F=$((F + f)) E=$((E + e))

@@ -290,12 +290,28 @@ fn start_runtime(cfg: &DeviceConfig, mem: &Arc<Memory>) -> Result<Arc<Runtime>> 
         RuntimeConfig { engine: e, capture: cfg.capture.clone(), busy_poll: cfg.busy_poll, faults }
     };
     if let Some(addr) = cfg.addr {
-        return Runtime::start(mk(addr), mem.clone()).map_err(|e| {
-            Error::new(
-                Errno(e.raw_os_error().unwrap_or(libc::EIO)),
-                format!("cannot bind {addr} port {}: {e} (another process uses it? set UROCE_ADDR)", cfg.port),
-            )
-        });
+        // A device of this process that was just closed may still hold the
+        // address for an instant (its progress thread finishing a round, when
+        // the last reference went away there): retry a bounded while.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        loop {
+            match Runtime::start(mk(addr), mem.clone()) {
+                Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                r => {
+                    return r.map_err(|e| {
+                        Error::new(
+                            Errno(e.raw_os_error().unwrap_or(libc::EIO)),
+                            format!(
+                                "cannot bind {addr} port {}: {e} (another process uses it? set UROCE_ADDR)",
+                                cfg.port
+                            ),
+                        )
+                    })
+                }
+            }
+        }
     }
     for host in 1..=254u8 {
         let addr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, host));
