@@ -191,6 +191,25 @@ bitflags! {
     }
 }
 
+/// Entries in the port's GID table. As on a real RoCE port (rxe has 1024,
+/// mlx5 256), the table is longer than what is populated: uroce fills index
+/// 0 only. Short, so that programs walking the table (perftest's choice of
+/// GID, `ibv_devinfo -v`) stay quick. An empty entry within the table is
+/// ENODATA, an index past it EINVAL, as the kernel's `rdma_get_gid_attr`.
+pub const GID_TABLE_LEN: u32 = 16;
+
+/// The error for source GID index `index` of a table whose first
+/// `populated` entries are set: `None` when the entry is usable.
+pub fn check_sgid_index(index: u32, populated: usize, what: &str) -> Option<Error> {
+    if (index as usize) < populated {
+        None
+    } else if index < GID_TABLE_LEN {
+        Some(Error::new(Errno::ENODATA, format!("{what}: GID entry {index} is empty")))
+    } else {
+        Some(Error::inval(format!("{what}: sgid_index {index} is past the GID table")))
+    }
+}
+
 /// `IBV_ACCESS_OPTIONAL_RANGE`: bits a device without them silently ignores.
 pub const ACCESS_OPTIONAL_RANGE: u32 = 0x3FF0_0000;
 

@@ -302,8 +302,8 @@ impl Qp {
             if !av.is_global || av.dgid.is_zero() {
                 return Err(Error::inval("modify_qp: RoCE address vectors need a GRH with a destination GID"));
             }
-            if av.sgid_index as usize >= ctx.cfg.gids.len() {
-                return Err(Error::inval("modify_qp: sgid_index out of range"));
+            if let Some(e) = crate::ib::check_sgid_index(av.sgid_index.into(), ctx.cfg.gids.len(), "modify_qp") {
+                return Err(e);
             }
             if av.port_num > 1 {
                 return Err(Error::inval("modify_qp: ah_attr.port_num must be 1"));

@@ -115,11 +115,7 @@ fn read_eventfd(fd: RawFd) -> Result<()> {
     }
 }
 
-/// Entries in the port's GID table. As on a real RoCE port (rxe has 1024,
-/// mlx5 256), the table is longer than what is populated: uroce fills index
-/// 0 only. Short, so that programs walking the table (perftest's choice of
-/// GID, `ibv_devinfo -v`) stay quick.
-const GID_TABLE_LEN: u32 = 16;
+use crate::ib::GID_TABLE_LEN;
 
 fn registry() -> &'static Mutex<HashMap<String, Weak<DeviceShared>>> {
     static R: OnceLock<Mutex<HashMap<String, Weak<DeviceShared>>>> = OnceLock::new();

@@ -88,8 +88,9 @@ impl ProtectionDomain {
         if !av.is_global || av.dgid.is_zero() {
             return Err(Error::inval("create_ah: RoCE needs a GRH with a destination GID"));
         }
-        if av.sgid_index != 0 {
-            return Err(Error::inval("create_ah: sgid_index out of range"));
+        let populated = self.context().dev.rt.engine().config().gids.len();
+        if let Some(e) = crate::ib::check_sgid_index(av.sgid_index.into(), populated, "create_ah") {
+            return Err(e);
         }
         if av.port_num > 1 {
             return Err(Error::inval("create_ah: port_num must be 1"));
