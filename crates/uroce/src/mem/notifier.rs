@@ -205,9 +205,13 @@ pub(crate) fn subscribe(r: &Arc<OdpRegion>) {
     }
 }
 
-/// Applies queued events to the subscribed regions.
+/// Applies queued events to the subscribed regions. The state lock is
+/// taken first and held until the events are applied: a concurrent caller
+/// that finds the ring empty must not read the regions while another
+/// thread is still applying the events it took from it.
 pub(crate) fn drain() {
     let Some(n) = notifier() else { return };
+    let mut st = n.state.lock().unwrap();
     let (events, overflow) = {
         let mut ring = n.ring.lock().unwrap();
         if ring.len == 0 && !ring.overflow {
@@ -219,7 +223,6 @@ pub(crate) fn drain() {
         ring.overflow = false;
         (out, o)
     };
-    let mut st = n.state.lock().unwrap();
     let subs: Vec<Arc<OdpRegion>> = st.subscribers.iter().filter_map(Weak::upgrade).collect();
     if overflow {
         st.watched.clear();

@@ -257,6 +257,13 @@ impl Qp {
                 // (a responder that went to ERR then lets it time out).
                 self.retry(ctx);
             }
+            _ if psn::lt(p, self.req.comp_psn) => {
+                // Older than every outstanding request: the answer to a
+                // duplicate (a replayed READ that failed, say) of a request
+                // that completed long ago. It says nothing about the head;
+                // ignore it, as rxe's check_psn does.
+                ctx.stats.rx_duplicates += 1;
+            }
             _ => {
                 let status = match code {
                     NakCode::InvalidRequest => WcStatus::RemInvReqErr,

@@ -385,12 +385,14 @@ impl Qp {
             let wc = Wc::new(w.wr.wr_id, WcStatus::WrFlushErr, w.wc_opcode(), self.qpn);
             self.deliver_send(ctx, wc);
         }
-        while let Some(r) = self.rq.pop_front() {
-            let wc = Wc::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
-            self.deliver_recv(ctx, wc, false);
-        }
+        // The receive a half-received SEND holds was posted before those
+        // still queued: it completes first.
         if let Some(cur) = self.resp.take_current_recv() {
             let wc = Wc::new(cur.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
+            self.deliver_recv(ctx, wc, false);
+        }
+        while let Some(r) = self.rq.pop_front() {
+            let wc = Wc::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
             self.deliver_recv(ctx, wc, false);
         }
         if self.srq.is_some() {

@@ -150,6 +150,14 @@ enum Refuse {
 }
 
 impl Qp {
+    /// The responder's expected PSN. On a reliable QP every request before
+    /// it has been executed and none from it on, so a test can tell on which
+    /// side of an event (a window invalidated by its owner, say) each
+    /// request of the QP fell.
+    pub fn expected_psn(&self) -> u32 {
+        self.resp.epsn
+    }
+
     /// Handles an RC or UC request packet.
     pub(crate) fn on_request(&mut self, ctx: &mut Ctx, pkt: &Packet) {
         if !matches!(self.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) || self.resp.failing.is_some() {
