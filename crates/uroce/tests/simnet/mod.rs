@@ -1,5 +1,11 @@
 //! A seeded, simulated network for driving sans-IO engines: every datagram
-//! may be lost, duplicated, delayed (and so reordered) or corrupted.
+//! may be lost, duplicated, delayed (and so reordered) or corrupted, a
+//! partition may cut the link for a while, and arrivals may come in bursts.
+
+// Guarded, droppable memory for the simulations (not every test uses all
+// of it).
+#[allow(dead_code)]
+pub mod buf;
 
 use std::collections::BinaryHeap;
 use std::net::IpAddr;
@@ -85,6 +91,8 @@ pub struct Fabric {
     seq: u64,
     pub stats: FabricStats,
     first: Option<Instant>,
+    /// Arrivals rounded up to a multiple of this, from the first packet.
+    batch: Option<Duration>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -99,7 +107,26 @@ pub struct FabricStats {
 
 impl Fabric {
     pub fn new(faults: Faults, seed: u64) -> Fabric {
-        Fabric { faults, rng: Rng::new(seed), heap: BinaryHeap::new(), seq: 0, stats: Default::default(), first: None }
+        Fabric {
+            faults,
+            rng: Rng::new(seed),
+            heap: BinaryHeap::new(),
+            seq: 0,
+            stats: Default::default(),
+            first: None,
+            batch: None,
+        }
+    }
+
+    /// Delivers in bursts: every arrival is rounded up to a multiple of
+    /// `tick` after the first packet, so a receiver handles several
+    /// datagrams before it sends anything, as one that batches its receives
+    /// (interrupt coalescing, GRO, `recvmmsg`) does.
+    #[allow(dead_code)] // not every simulation batches
+    pub fn batched(mut self, tick: Duration) -> Fabric {
+        assert!(!tick.is_zero());
+        self.batch = Some(tick);
+        self
     }
 
     pub fn send(&mut self, now: Instant, src: IpAddr, dst: IpAddr, data: Vec<u8>) {
@@ -135,8 +162,15 @@ impl Fabric {
                 delay += Duration::from_nanos(self.rng.below(10 * self.faults.max_delay.as_nanos() as u64 + 1));
             }
             self.seq += 1;
-            self.heap.push(InFlight { at: now + delay, seq: self.seq, src, dst, data });
+            let at = self.arrival(t0, now + delay);
+            self.heap.push(InFlight { at, seq: self.seq, src, dst, data });
         }
+    }
+
+    fn arrival(&self, t0: Instant, at: Instant) -> Instant {
+        let Some(tick) = self.batch else { return at };
+        let ticks = (at - t0).as_nanos().div_ceil(tick.as_nanos());
+        t0 + Duration::from_nanos((ticks * tick.as_nanos()) as u64)
     }
 
     /// The time of the next delivery.
