@@ -1,0 +1,71 @@
+//! Runs a C client of tests/c/ on the drop-in library: compiles it against
+//! Debian's verbs.h (and uroce.h), runs it with the library first on the
+//! loader's path, and checks it printed "all ok". With `check_leaks` it runs
+//! under valgrind's leak checker when valgrind is installed: no error and no
+//! definitely lost block. Returns false (after printing why) when verbs.h is
+//! missing.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// scripts/build-dropin.sh's output directory (under $CARGO_TARGET_DIR when
+/// set), built when the library is missing.
+fn dropin_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), |t| root().join(t));
+    let dir = target.join("dropin");
+    if !dir.join("libibverbs.so.1").exists() {
+        let st = Command::new(root().join("scripts/build-dropin.sh")).status().expect("run build-dropin.sh");
+        assert!(st.success(), "build-dropin.sh failed");
+    }
+    dir
+}
+
+fn have(prog: &str) -> bool {
+    Command::new("sh").args(["-c", &format!("command -v {prog}")]).output().is_ok_and(|o| o.status.success())
+}
+
+/// Compiles and runs `tests/c/<name>.c` with `UROCE_ADDR=addr`.
+pub fn run(name: &str, addr: &str, check_leaks: bool) -> bool {
+    if !std::path::Path::new("/usr/include/infiniband/verbs.h").exists() {
+        println!("SKIPPED: /usr/include/infiniband/verbs.h missing (Debian package libibverbs-dev)");
+        return false;
+    }
+    let dir = dropin_dir();
+    let exe = dir.join(format!("{name}-test"));
+    let cc = Command::new("cc")
+        .args(["-O1", "-g", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(root().join(format!("crates/uroce-ibverbs/tests/c/{name}.c")))
+        .arg("-I")
+        .arg(root().join("crates/uroce-ibverbs/include"))
+        .arg(dir.join("libibverbs.so.1"))
+        .output()
+        .expect("run cc");
+    assert!(cc.status.success(), "cc: {}", String::from_utf8_lossy(&cc.stderr));
+    let valgrind = check_leaks && have("valgrind");
+    if check_leaks && !valgrind {
+        println!("SKIPPED the leak check: valgrind is not installed (Debian package valgrind)");
+    }
+    let mut cmd = if valgrind {
+        let mut c = Command::new("timeout");
+        c.args(["300", "valgrind", "--leak-check=full", "--errors-for-leak-kinds=definite", "--error-exitcode=9"]);
+        c.arg(&exe);
+        c
+    } else {
+        Command::new(&exe)
+    };
+    let out = cmd.env("LD_LIBRARY_PATH", &dir).env("UROCE_ADDR", addr).output().expect("run the C client");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("{text}");
+    assert!(out.status.success(), "{name}-test failed: {text}");
+    assert!(text.contains("all ok"), "{text}");
+    if valgrind {
+        assert!(text.contains("ERROR SUMMARY: 0 errors"), "{text}");
+        assert!(text.contains("definitely lost: 0 bytes") || text.contains("no leaks are possible"), "{text}");
+    }
+    true
+}
