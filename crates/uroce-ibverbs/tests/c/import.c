@@ -26,15 +26,7 @@
 #include <unistd.h>
 #include <infiniband/verbs.h>
 
-#define CHECK(c, ...)                                                     \
-	do {                                                              \
-		if (!(c)) {                                               \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-			fprintf(stderr, __VA_ARGS__);                     \
-			fprintf(stderr, "\n");                            \
-			exit(1);                                          \
-		}                                                         \
-	} while (0)
+#include "check.h"
 
 /* A call that returns NULL and sets errno. */
 #define NULL_ERRNO(call, want)                                                          \

@@ -15,15 +15,7 @@
 #include <infiniband/verbs.h>
 #include "uroce.h"
 
-#define CHECK(c, ...)                                                     \
-	do {                                                              \
-		if (!(c)) {                                               \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-			fprintf(stderr, __VA_ARGS__);                     \
-			fprintf(stderr, "\n");                            \
-			exit(1);                                          \
-		}                                                         \
-	} while (0)
+#include "check.h"
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;

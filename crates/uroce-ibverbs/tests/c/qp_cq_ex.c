@@ -17,15 +17,7 @@
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
 
-#define CHECK(c, ...)                                                     \
-	do {                                                              \
-		if (!(c)) {                                               \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-			fprintf(stderr, __VA_ARGS__);                     \
-			fprintf(stderr, "\n");                            \
-			exit(1);                                          \
-		}                                                         \
-	} while (0)
+#include "check.h"
 
 #define WC_FLAGS                                                                                   \
 	(IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP | \

@@ -19,15 +19,7 @@
 #include <unistd.h>
 #include <infiniband/verbs.h>
 
-#define CHECK(c, ...)                                                     \
-	do {                                                              \
-		if (!(c)) {                                               \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-			fprintf(stderr, __VA_ARGS__);                     \
-			fprintf(stderr, "\n");                            \
-			exit(1);                                          \
-		}                                                         \
-	} while (0)
+#include "check.h"
 
 /* IB_UVERBS_DEVICE_ATOMIC_WRITE: newer than Debian 12's kernel headers. */
 #define DEVICE_ATOMIC_WRITE (1ULL << 40)
