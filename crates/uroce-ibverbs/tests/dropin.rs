@@ -347,6 +347,8 @@ fn valgrind_reports_no_invalid_access_in_rc_pingpong() {
         .args([
             "120",
             "valgrind",
+            // Fair thread scheduling: see tests/c_client/mod.rs.
+            "--fair-sched=yes",
             "--error-exitcode=9",
             "ibv_rc_pingpong",
             "-c",

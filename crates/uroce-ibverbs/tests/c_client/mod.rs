@@ -52,7 +52,19 @@ pub fn run(name: &str, addr: &str, check_leaks: bool) -> bool {
     }
     let mut cmd = if valgrind {
         let mut c = Command::new("timeout");
-        c.args(["300", "valgrind", "--leak-check=full", "--errors-for-leak-kinds=definite", "--error-exitcode=9"]);
+        // --fair-sched=yes: valgrind runs one thread at a time, and its
+        // default (unfair) lock lets a thread spinning on ibv_poll_cq keep it
+        // for seconds while the progress thread, holding the receive lock
+        // the spinner needs, waits (the C clients then saw no completion
+        // for 20 s in about one run in seven).
+        c.args([
+            "300",
+            "valgrind",
+            "--fair-sched=yes",
+            "--leak-check=full",
+            "--errors-for-leak-kinds=definite",
+            "--error-exitcode=9",
+        ]);
         c.arg(&exe);
         c
     } else {
