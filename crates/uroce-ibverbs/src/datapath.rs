@@ -5,11 +5,11 @@ use crate::ffi::*;
 use crate::objects::{UCq, UQp};
 use std::ffi::c_int;
 use uroce::ib::{SendFlags, Sge, Wc};
-use uroce::verbs::{RecvWr, SendWr, UdDest, WrOpcode};
+use uroce::verbs::{RecvWr, SendWr, SgList, UdDest, WrOpcode};
 
-pub(crate) unsafe fn sges(list: *const ibv_sge, n: c_int) -> Vec<Sge> {
+pub(crate) unsafe fn sges(list: *const ibv_sge, n: c_int) -> SgList {
     if list.is_null() || n <= 0 {
-        return Vec::new();
+        return SgList::new();
     }
     // SAFETY: the caller's array of `n` SGEs.
     unsafe { std::slice::from_raw_parts(list, n as usize) }

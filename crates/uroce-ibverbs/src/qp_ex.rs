@@ -415,7 +415,7 @@ unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length
     unsafe {
         set_last(qp, |_, wr| {
             // As rxe: a zero-length SGE is no SGE.
-            wr.sg_list = if length > 0 { vec![Sge { addr, length, lkey }] } else { Vec::new() };
+            wr.sg_list = if length > 0 { uroce::sgl![Sge { addr, length, lkey }] } else { Default::default() };
             wr.inline = None;
             Ok(())
         })
@@ -433,15 +433,9 @@ unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg_list
             if num_sge > max_sge(q) {
                 return Err(libc::ENOSPC);
             }
-            wr.sg_list = if num_sge == 0 {
-                Vec::new()
-            } else {
-                // SAFETY: the caller's array of `num_sge` SGEs.
-                std::slice::from_raw_parts(sg_list, num_sge)
-                    .iter()
-                    .map(|s| Sge { addr: s.addr, length: s.length, lkey: s.lkey })
-                    .collect()
-            };
+            // SAFETY: the caller's array of `num_sge` SGEs (checked against
+            // the QP's maximum, which fits a c_int).
+            wr.sg_list = crate::datapath::sges(sg_list, num_sge as c_int);
             wr.inline = None;
             Ok(())
         })

@@ -8,7 +8,6 @@ use crate::ffi::*;
 use crate::objects::{UCq, UPd};
 use crate::xrcd::UXrcd;
 use std::ffi::c_int;
-use uroce::ib::Sge;
 use uroce::verbs::{RecvWr, SharedReceiveQueue};
 
 #[repr(C)]
@@ -183,15 +182,8 @@ pub unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, 
     while !cur.is_null() {
         // SAFETY: the caller's linked list and SGE arrays.
         let w = unsafe { &*cur };
-        let sges = if w.sg_list.is_null() || w.num_sge <= 0 {
-            Vec::new()
-        } else {
-            // SAFETY: `num_sge` SGEs at `sg_list`.
-            unsafe { std::slice::from_raw_parts(w.sg_list, w.num_sge as usize) }
-                .iter()
-                .map(|s| Sge { addr: s.addr, length: s.length, lkey: s.lkey })
-                .collect()
-        };
+        // SAFETY: `num_sge` SGEs at `sg_list`.
+        let sges = unsafe { crate::datapath::sges(w.sg_list, w.num_sge) };
         if let Err(e) = q.inner.as_ref().unwrap().post_recv(&RecvWr { wr_id: w.wr_id, sg_list: sges }) {
             if !bad.is_null() {
                 // SAFETY: the caller's out parameter.

@@ -30,12 +30,12 @@ fn pingpong(tag: &str, scatter: bool, cqe_size: u32, size: usize, iters: u32) ->
     );
     let send = |mr: &MemoryRegion| {
         let mut w = SendWr::new(1, WrOpcode::Send);
-        w.sg_list = vec![mr.sge(0, size as u32)];
+        w.sg_list = uroce::sgl![mr.sge(0, size as u32)];
         w.flags = SendFlags::empty();
         w
     };
     let (sa, sb) = (send(&ba), send(&bb));
-    let recv = |mr: &MemoryRegion| RecvWr { wr_id: 2, sg_list: vec![mr.sge(2048, size as u32)] };
+    let recv = |mr: &MemoryRegion| RecvWr { wr_id: 2, sg_list: uroce::sgl![mr.sge(2048, size as u32)] };
     let wait_recv = |cq: &CompletionQueue| loop {
         if let Some(wc) = cq.poll_one() {
             if wc.opcode == WcOpcode::Recv {

@@ -38,7 +38,7 @@ fn side(name: &str, ip: u8, port: u16) -> Side {
 fn run(a: &Side, b: &Side, rbuf: &MemoryRegion, len: usize, iters: u32, mut before: impl FnMut(), wr: &SendWr) -> f64 {
     let t = Instant::now();
     for i in 0..iters {
-        b.qp.post_recv(&RecvWr { wr_id: i as u64, sg_list: vec![rbuf.sge(0, len as u32)] }).unwrap();
+        b.qp.post_recv(&RecvWr { wr_id: i as u64, sg_list: uroce::sgl![rbuf.sge(0, len as u32)] }).unwrap();
         before();
         a.qp.post_send(wr).unwrap();
         a.cq.wait(1, T).unwrap();
@@ -81,7 +81,7 @@ fn main() {
             let bounce = a.pd.register(vec![0u8; len], Access::LOCAL_WRITE).unwrap();
             let mut scratch = vec![0u8; len];
             let mut w = SendWr::new(2, WrOpcode::Send);
-            w.sg_list = vec![bounce.sge(0, len as u32)];
+            w.sg_list = uroce::sgl![bounce.sge(0, len as u32)];
             let pack_us = run(
                 &a,
                 &b,
@@ -110,7 +110,7 @@ fn main() {
             };
             key.set_layout(Layout::interleaved(Access::LOCAL_WRITE, n as u32, &[e])).unwrap();
             let mut w = SendWr::new(3, WrOpcode::Send);
-            w.sg_list = vec![uroce::ib::Sge { addr: 0, length: len as u32, lkey: key.lkey() }];
+            w.sg_list = uroce::sgl![uroce::ib::Sge { addr: 0, length: len as u32, lkey: key.lkey() }];
             let key_us = run(&a, &b, &rbuf, len, iters, || {}, &w);
             let expect: Vec<u8> =
                 (0..n).flat_map(|r| std::iter::repeat_n(((r * row + col * c) / c) as u8, c)).collect();

@@ -12,6 +12,14 @@
 //!
 //! [`ib`] holds the verbs vocabulary (enums, flags, errno) shared by all.
 
+/// A scatter/gather list ([`verbs::SgList`]) from its entries, as `vec!`
+/// makes a `Vec`: `sgl![mr.sge(0, 64)]`, `sgl![sge; 3]`.
+#[macro_export]
+macro_rules! sgl {
+    ($e:expr; $n:expr) => { $crate::verbs::SgList::from_elem($e, $n) };
+    ($($e:expr),* $(,)?) => { <$crate::verbs::SgList as ::core::iter::FromIterator<_>>::from_iter([$($e),*]) };
+}
+
 pub mod config;
 pub mod ib;
 pub mod io;
@@ -20,3 +28,8 @@ pub mod proto;
 pub mod runtime;
 pub mod verbs;
 pub mod wire;
+
+/// The README's Rust example, compiled by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

@@ -78,7 +78,7 @@ fn takes_rd_atomic_credits_and_completes_in_order_with_other_requests() {
     a.qp.modify(&QpAttr { qp_state: QpState::Sqd, ..attr }, QpAttrMask::STATE | QpAttrMask::MAX_QP_RD_ATOMIC).unwrap();
     a.qp.modify(&QpAttr { qp_state: QpState::Rts, ..attr }, QpAttrMask::STATE).unwrap();
     assert_eq!(a.qp.query().max_rd_atomic, 1);
-    b.qp.post_recv(&RecvWr { wr_id: 9, sg_list: vec![rx.sge(0, 16)] }).unwrap();
+    b.qp.post_recv(&RecvWr { wr_id: 9, sg_list: uroce::sgl![rx.sge(0, 16)] }).unwrap();
     let mut wrs: Vec<SendWr> = (0..4).map(|i| atomic_write(i, src.sge(i as usize * 8, 8), &dst, i * 8)).collect();
     wrs.insert(2, wr(10, WrOpcode::Send, src.sge(0, 4)));
     a.qp.post_send_list(wrs).unwrap();

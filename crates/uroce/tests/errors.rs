@@ -102,7 +102,7 @@ fn receive_too_small_is_local_length_error_and_nak() {
     let (a, b) = connected(None);
     let tx = a.pd.register(vec![1u8; 100], Access::empty()).unwrap();
     let rx = b.pd.register(vec![0u8; 100], Access::LOCAL_WRITE).unwrap();
-    b.qp.post_recv(&RecvWr { wr_id: 9, sg_list: vec![rx.sge(0, 50)] }).unwrap();
+    b.qp.post_recv(&RecvWr { wr_id: 9, sg_list: uroce::sgl![rx.sge(0, 50)] }).unwrap();
     a.qp.post_send(&wr(1, WrOpcode::Send, tx.sge(0, 100))).unwrap();
     assert_eq!(b.cq.wait(1, Duration::from_secs(5)).unwrap()[0].status, WcStatus::LocLenErr);
     assert_eq!(a.cq.wait(1, Duration::from_secs(5)).unwrap()[0].status, WcStatus::RemInvReqErr);
@@ -116,7 +116,7 @@ fn post_errors_return_errno() {
     let m = a.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
     // RESET: posting a send is EINVAL.
     assert_eq!(a.qp.post_send(&wr(1, WrOpcode::Send, m.sge(0, 8))).unwrap_err().errno, Errno::EINVAL);
-    assert_eq!(a.qp.post_recv(&RecvWr { wr_id: 1, sg_list: vec![] }).unwrap_err().errno, Errno::EINVAL);
+    assert_eq!(a.qp.post_recv(&RecvWr { wr_id: 1, sg_list: uroce::sgl![] }).unwrap_err().errno, Errno::EINVAL);
     // Invalid transitions and missing attributes.
     let rtr = QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() };
     assert_eq!(a.qp.modify(&rtr, QpAttrMask::STATE).unwrap_err().errno, Errno::EINVAL);
@@ -137,13 +137,13 @@ fn post_errors_return_errno() {
     a.qp.modify(&init, m3).unwrap();
     assert_eq!(a.qp.state(), QpState::Init);
     // Too many SGEs, and a queue overflow.
-    a.qp.post_recv(&RecvWr { wr_id: 1, sg_list: vec![m.sge(0, 8)] }).unwrap();
-    let five = RecvWr { wr_id: 2, sg_list: vec![m.sge(0, 8); 5] };
+    a.qp.post_recv(&RecvWr { wr_id: 1, sg_list: uroce::sgl![m.sge(0, 8)] }).unwrap();
+    let five = RecvWr { wr_id: 2, sg_list: uroce::sgl![m.sge(0, 8); 5] };
     assert_eq!(a.qp.post_recv(&five).unwrap_err().errno, Errno::EINVAL);
     for i in 0..255 {
-        a.qp.post_recv(&RecvWr { wr_id: i, sg_list: vec![] }).unwrap();
+        a.qp.post_recv(&RecvWr { wr_id: i, sg_list: uroce::sgl![] }).unwrap();
     }
-    assert_eq!(a.qp.post_recv(&RecvWr { wr_id: 0, sg_list: vec![] }).unwrap_err().errno, Errno::ENOMEM);
+    assert_eq!(a.qp.post_recv(&RecvWr { wr_id: 0, sg_list: uroce::sgl![] }).unwrap_err().errno, Errno::ENOMEM);
     // Registration rules.
     assert_eq!(a.pd.register(vec![0u8; 8], Access::REMOTE_WRITE).unwrap_err().errno, Errno::EINVAL);
     // CQ bounds; destroying a CQ and a PD in use.
@@ -167,7 +167,7 @@ fn atomic_misaligned_or_short_is_einval() {
     f.remote_addr = 0x1004;
     assert_eq!(a.qp.post_send(&f).unwrap_err().errno, Errno::EINVAL);
     f.remote_addr = 0x1000;
-    f.sg_list = vec![m.sge(0, 4)];
+    f.sg_list = uroce::sgl![m.sge(0, 4)];
     assert_eq!(a.qp.post_send(&f).unwrap_err().errno, Errno::EINVAL);
 }
 
@@ -175,7 +175,7 @@ fn atomic_misaligned_or_short_is_einval() {
 fn inline_send_and_uc_write() {
     let (a, b) = connected(None);
     let rx = b.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
-    b.qp.post_recv(&RecvWr { wr_id: 1, sg_list: vec![rx.sge(0, 64)] }).unwrap();
+    b.qp.post_recv(&RecvWr { wr_id: 1, sg_list: uroce::sgl![rx.sge(0, 64)] }).unwrap();
     let mut s = SendWr::new(1, WrOpcode::Send);
     s.inline = Some(b"inline bytes".to_vec());
     a.qp.post_send(&s).unwrap();
@@ -231,10 +231,10 @@ fn post_list_reports_the_first_bad_wr() {
     let (a, b) = connected(None);
     let m = a.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
     let rx = b.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
-    b.qp.post_recv_list((0..2).map(|i| RecvWr { wr_id: i, sg_list: vec![rx.sge(0, 64)] })).unwrap();
+    b.qp.post_recv_list((0..2).map(|i| RecvWr { wr_id: i, sg_list: uroce::sgl![rx.sge(0, 64)] })).unwrap();
     let good = wr(1, WrOpcode::Send, m.sge(0, 8));
     let mut bad = wr(2, WrOpcode::Send, m.sge(0, 8));
-    bad.sg_list = vec![m.sge(0, 1); 5]; // above max_send_sge
+    bad.sg_list = uroce::sgl![m.sge(0, 1); 5]; // above max_send_sge
     let (i, e) = a.qp.post_send_list([good.clone(), bad, good]).unwrap_err();
     assert_eq!((i, e.errno), (1, Errno::EINVAL));
     let wcs = a.cq.wait(1, Duration::from_secs(5)).unwrap();

@@ -272,7 +272,7 @@ fn a_matrix_column_travels_in_one_send_through_an_indirect_lkey() {
         InterleavedEntry { addr: m.iova() + 5 * 4, bytes_count: 4, bytes_skip: (cols * 4 - 4) as u32, lkey: m.lkey() };
     key.set_layout(Layout::interleaved(Access::LOCAL_WRITE, rows as u32, &[col])).unwrap();
     let rbuf = b.pd.register(vec![0u8; rows * 4], Access::LOCAL_WRITE).unwrap();
-    b.qp.post_recv(&RecvWr { wr_id: 1, sg_list: vec![rbuf.sge(0, (rows * 4) as u32)] }).unwrap();
+    b.qp.post_recv(&RecvWr { wr_id: 1, sg_list: uroce::sgl![rbuf.sge(0, (rows * 4) as u32)] }).unwrap();
     let sge = Sge { addr: 0, length: (rows * 4) as u32, lkey: key.lkey() };
     a.qp.post_send(&wr(2, WrOpcode::Send, sge)).unwrap();
     assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);

@@ -15,7 +15,7 @@ const T: Duration = Duration::from_secs(5);
 /// (buffer before b polls, b's completion, buffer after).
 fn exchange(a: &End, b: &End, b_qp: &QueuePair, len: usize, cap: usize) -> (Vec<u8>, Wc, Vec<u8>) {
     let rbuf = b.pd.register(vec![0u8; cap], Access::LOCAL_WRITE).unwrap();
-    b_qp.post_recv(&RecvWr { wr_id: 7, sg_list: vec![rbuf.sge(0, cap as u32)] }).unwrap();
+    b_qp.post_recv(&RecvWr { wr_id: 7, sg_list: uroce::sgl![rbuf.sge(0, cap as u32)] }).unwrap();
     let src = a.pd.register((1..=len as u8).collect(), Access::empty()).unwrap();
     a.qp.post_send(&wr(1, WrOpcode::Send, src.sge(0, len as u32))).unwrap();
     // The sender's completion means the responder has taken the message.
@@ -64,7 +64,7 @@ fn buffers_too_small_or_gone_at_poll_time() {
     // A buffer deregistered between arrival and poll.
     let (a, b, qp) = pair_with_qp(Some(true));
     let rbuf = b.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
-    qp.post_recv(&RecvWr { wr_id: 7, sg_list: vec![rbuf.sge(0, 64)] }).unwrap();
+    qp.post_recv(&RecvWr { wr_id: 7, sg_list: uroce::sgl![rbuf.sge(0, 64)] }).unwrap();
     let src = a.pd.register(vec![9u8; 16], Access::empty()).unwrap();
     a.qp.post_send(&wr(1, WrOpcode::Send, src.sge(0, 16))).unwrap();
     assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);

@@ -37,9 +37,9 @@ fn write_read_send_and_atomics_over_udp() {
 
     // SEND with immediate, multi-SGE on both sides.
     let b_rx = b.pd.register(vec![0u8; 10_000], rw).unwrap();
-    b.qp.post_recv(&RecvWr { wr_id: 77, sg_list: vec![b_rx.sge(0, 3000), b_rx.sge(5000, 5000)] }).unwrap();
+    b.qp.post_recv(&RecvWr { wr_id: 77, sg_list: uroce::sgl![b_rx.sge(0, 3000), b_rx.sge(5000, 5000)] }).unwrap();
     let mut s = SendWr::new(3, WrOpcode::SendImm);
-    s.sg_list = vec![a_mr.sge(0, 1000), a_mr.sge(1000, 6000)];
+    s.sg_list = uroce::sgl![a_mr.sge(0, 1000), a_mr.sge(1000, 6000)];
     s.imm_data = 0xdead_beef;
     a.qp.post_send(&s).unwrap();
     let rc = b.cq.wait(1, T).unwrap()[0];
@@ -111,7 +111,7 @@ fn rnr_then_receive_posted_completes() {
     let b_mr = b.pd.register(vec![0u8; 100], rw).unwrap();
     a.qp.post_send(&wr(1, WrOpcode::Send, a_mr.sge(0, 100))).unwrap();
     std::thread::sleep(Duration::from_millis(20));
-    b.qp.post_recv(&RecvWr { wr_id: 5, sg_list: vec![b_mr.sge(0, 100)] }).unwrap();
+    b.qp.post_recv(&RecvWr { wr_id: 5, sg_list: uroce::sgl![b_mr.sge(0, 100)] }).unwrap();
     assert_eq!(b.cq.wait(1, T).unwrap()[0].wr_id, 5);
     assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);
     assert!(a.ctx.stats().rnr_naks_received >= 1);
@@ -134,7 +134,7 @@ fn ud_send_receive_with_grh() {
         q.modify(&a, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
     }
     let rx = pb.register(vec![0u8; 40 + 100], Access::LOCAL_WRITE).unwrap();
-    qb.post_recv(&RecvWr { wr_id: 1, sg_list: vec![rx.sge(0, 140)] }).unwrap();
+    qb.post_recv(&RecvWr { wr_id: 1, sg_list: uroce::sgl![rx.sge(0, 140)] }).unwrap();
     let tx = pa.register(b"hello over UD".to_vec(), Access::empty()).unwrap();
     let ah = pa
         .create_ah(AddressVector {
@@ -153,7 +153,7 @@ fn ud_send_receive_with_grh() {
     assert!(wc.wc_flags.contains(WcFlags::GRH));
     assert_eq!(&rx.to_vec()[40..53], b"hello over UD");
     // A wrong Q_Key is dropped: no completion.
-    qb.post_recv(&RecvWr { wr_id: 2, sg_list: vec![rx.sge(0, 140)] }).unwrap();
+    qb.post_recv(&RecvWr { wr_id: 2, sg_list: uroce::sgl![rx.sge(0, 140)] }).unwrap();
     s.ud.as_mut().unwrap().remote_qkey = 0x2222;
     qa.post_send(&s).unwrap();
     std::thread::sleep(Duration::from_millis(50));
@@ -172,7 +172,7 @@ fn srq_feeds_two_qps_and_fires_limit() {
     qp2.connect_rc(&a.ctx.query_gid(0).unwrap(), a2.qp_num(), 2, 1).unwrap();
     let rx = b.pd.register(vec![0u8; 64 * 4], Access::LOCAL_WRITE).unwrap();
     for i in 0..4 {
-        srq.post_recv(&RecvWr { wr_id: i, sg_list: vec![rx.sge(64 * i as usize, 64)] }).unwrap();
+        srq.post_recv(&RecvWr { wr_id: i, sg_list: uroce::sgl![rx.sge(64 * i as usize, 64)] }).unwrap();
     }
     srq.set_limit(3).unwrap();
     let tx = a.pd.register(vec![3u8; 64], Access::empty()).unwrap();
@@ -201,14 +201,14 @@ fn completion_channel_wakes_on_armed_cq() {
     a2.connect_rc(&b.ctx.query_gid(0).unwrap(), qp.qp_num(), 1, 2).unwrap();
     qp.connect_rc(&a.ctx.query_gid(0).unwrap(), a2.qp_num(), 2, 1).unwrap();
     let rx = b.pd.register(vec![0u8; 8], Access::LOCAL_WRITE).unwrap();
-    qp.post_recv(&RecvWr { wr_id: 1, sg_list: vec![rx.sge(0, 8)] }).unwrap();
+    qp.post_recv(&RecvWr { wr_id: 1, sg_list: uroce::sgl![rx.sge(0, 8)] }).unwrap();
     cq.req_notify(false).unwrap();
     let tx = a.pd.register(vec![1u8; 8], Access::empty()).unwrap();
     a2.post_send(&wr(1, WrOpcode::Send, tx.sge(0, 8))).unwrap();
     assert_eq!(ch.wait(T).unwrap(), Some(cq.handle()));
     assert_eq!(cq.poll_one().unwrap().wr_id, 1);
     // Not armed: no further event.
-    qp.post_recv(&RecvWr { wr_id: 2, sg_list: vec![rx.sge(0, 8)] }).unwrap();
+    qp.post_recv(&RecvWr { wr_id: 2, sg_list: uroce::sgl![rx.sge(0, 8)] }).unwrap();
     a2.post_send(&wr(2, WrOpcode::Send, tx.sge(0, 8))).unwrap();
     let _ = cq.wait(1, T).unwrap();
     assert_eq!(ch.wait(Duration::from_millis(50)).unwrap(), None);

@@ -106,7 +106,7 @@ fn type2_window_refuses_other_qps_and_send_with_inv_revokes() {
     let k = mw.rkey();
     // SEND_WITH_INV from the peer invalidates it before the receive completes.
     let rx = b.pd.register(vec![0u8; 16], Access::LOCAL_WRITE).unwrap();
-    b.qp.post_recv(&RecvWr { wr_id: 5, sg_list: vec![rx.sge(0, 16)] }).unwrap();
+    b.qp.post_recv(&RecvWr { wr_id: 5, sg_list: uroce::sgl![rx.sge(0, 16)] }).unwrap();
     let mut s = wr(2, WrOpcode::SendInv, src.sge(0, 8));
     s.imm_data = k;
     a.qp.post_send(&s).unwrap();

@@ -267,7 +267,7 @@ fn unmapped_odp_memory_fails_cleanly() {
     let lm = Map::rw(PAGE);
     let lmr = c.pd.register_odp(lm.addr as u64, PAGE as u64, RW).unwrap();
     let rbuf = d.pd.register(vec![0u8; PAGE], Access::LOCAL_WRITE).unwrap();
-    d.qp.post_recv(&RecvWr { wr_id: 5, sg_list: vec![rbuf.sge(0, PAGE as u32)] }).unwrap();
+    d.qp.post_recv(&RecvWr { wr_id: 5, sg_list: uroce::sgl![rbuf.sge(0, PAGE as u32)] }).unwrap();
     lm.unmap();
     c.qp.post_send(&wr(6, WrOpcode::Send, lmr.sge(0, 64))).unwrap();
     assert_eq!(c.cq.wait(1, T).unwrap()[0].status, WcStatus::LocProtErr);
@@ -309,7 +309,7 @@ fn implicit_odp_reaches_any_mapped_buffer() {
     let local = a.pd.register_implicit_odp(Access::LOCAL_WRITE).unwrap();
     let msg = b"implicit lkey".to_vec();
     let rbuf = b.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
-    b.qp.post_recv(&RecvWr { wr_id: 9, sg_list: vec![rbuf.sge(0, 64)] }).unwrap();
+    b.qp.post_recv(&RecvWr { wr_id: 9, sg_list: uroce::sgl![rbuf.sge(0, 64)] }).unwrap();
     let sge = Sge { addr: msg.as_ptr() as u64, length: msg.len() as u32, lkey: local.lkey() };
     a.qp.post_send(&wr(3, WrOpcode::Send, sge)).unwrap();
     assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);
@@ -348,7 +348,7 @@ fn odp_regions_serve_atomics_windows_and_receives() {
     assert_eq!(rdma(&a, WrOpcode::RdmaWrite, src.sge(0, 16), m.addr as u64 + 100, k), WcStatus::Success);
     assert_eq!(&m.bytes()[100..116], &[0x33u8; 16]);
     // A receive into ODP memory.
-    b.qp.post_recv(&RecvWr { wr_id: 3, sg_list: vec![mr.sge(3 * PAGE, 64)] }).unwrap();
+    b.qp.post_recv(&RecvWr { wr_id: 3, sg_list: uroce::sgl![mr.sge(3 * PAGE, 64)] }).unwrap();
     a.qp.post_send(&wr(4, WrOpcode::Send, src.sge(0, 16))).unwrap();
     assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);
     assert_eq!(b.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);

@@ -764,7 +764,7 @@ impl Pair {
         if self.plan.recv_delay.is_none_or(|d| now > t0 + d) {
             while let Some(s) = self.sends.get(self.recvs_posted) {
                 let sge = Sge { addr: self.rbuf.addr() + s.off as u64, length: s.len as u32, lkey: self.rbuf_key };
-                let wr = RecvWr { wr_id: self.recvs_posted as u64, sg_list: vec![sge] };
+                let wr = RecvWr { wr_id: self.recvs_posted as u64, sg_list: uroce::sgl![sge] };
                 nodes[self.resp].engine.post_recv(now, self.resp_qpn, wr).unwrap();
                 self.recvs_posted += 1;
             }
@@ -792,7 +792,7 @@ impl Pair {
         };
         match w.op {
             Op::Send { off, len, invalidate } => {
-                wr.sg_list = vec![sge(&self.src, self.src_key, off, len)];
+                wr.sg_list = uroce::sgl![sge(&self.src, self.src_key, off, len)];
                 if invalidate {
                     wr.opcode = WrOpcode::SendInv;
                     wr.imm_data = self.target_reach.key;
@@ -800,19 +800,19 @@ impl Pair {
             }
             Op::Write { off, len } => {
                 wr.opcode = WrOpcode::RdmaWrite;
-                wr.sg_list = vec![sge(&self.src, self.src_key, off, len)];
+                wr.sg_list = uroce::sgl![sge(&self.src, self.src_key, off, len)];
                 wr.remote_addr = self.target_reach.base + off as u64;
                 wr.rkey = self.target_reach.key;
             }
             Op::Read { off, len, dst } => {
                 wr.opcode = WrOpcode::RdmaRead;
-                wr.sg_list = vec![sge(&self.rdst, self.rdst_key, dst, len)];
+                wr.sg_list = uroce::sgl![sge(&self.rdst, self.rdst_key, dst, len)];
                 wr.remote_addr = self.target_reach.base + (self.plan.region + off) as u64;
                 wr.rkey = self.target_reach.key;
             }
             Op::FetchAdd { add, slot } => {
                 wr.opcode = WrOpcode::AtomicFetchAdd;
-                wr.sg_list = vec![sge(&self.results, self.results_key, 8 * slot, 8)];
+                wr.sg_list = uroce::sgl![sge(&self.results, self.results_key, 8 * slot, 8)];
                 wr.remote_addr = self.counter_reach.base;
                 wr.rkey = self.counter_reach.key;
                 wr.compare_add = add;

@@ -460,7 +460,7 @@ fn make_pair(
 fn post_recvs(resp: &mut Node, p: &mut Pair, now: Instant) {
     while p.recvs_posted < p.sends.len() {
         let (off, len) = p.sends[p.recvs_posted];
-        let sg = vec![Sge { addr: p.rbuf.addr() + off as u64, length: len as u32, lkey: p.rbuf.key }];
+        let sg = uroce::sgl![Sge { addr: p.rbuf.addr() + off as u64, length: len as u32, lkey: p.rbuf.key }];
         let wr_id = p.recvs_posted as u64;
         match &p.xrc_srq {
             Some(srq) => assert!(srq.post(RecvWqe { wr_id, sges: sg }), "XRC SRQ full"),
@@ -474,7 +474,7 @@ fn post_sends(req: &mut Node, counter: (u32, u64), p: &mut Pair, rng: &mut Rng, 
     for (i, op) in p.ops.iter().enumerate() {
         let mut wr = SendWr::new(i as u64, WrOpcode::Send);
         let sge = |buf: &Buf, off: usize, len: usize| {
-            vec![Sge { addr: buf.addr() + off as u64, length: len as u32, lkey: buf.key }]
+            uroce::sgl![Sge { addr: buf.addr() + off as u64, length: len as u32, lkey: buf.key }]
         };
         match *op {
             Op::Send { off, len } => wr.sg_list = sge(&p.src, off, len),

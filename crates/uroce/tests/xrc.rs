@@ -57,8 +57,8 @@ fn sends_reach_the_srq_they_name_and_complete_on_its_cq() {
     assert_ne!(n1, n2);
     let rx1 = b_pd.register(vec![0u8; 64], RW).unwrap();
     let rx2 = b_pd.register(vec![0u8; 20_000], RW).unwrap();
-    srq1.post_recv(&RecvWr { wr_id: 11, sg_list: vec![rx1.sge(0, 64)] }).unwrap();
-    srq2.post_recv(&RecvWr { wr_id: 22, sg_list: vec![rx2.sge(0, 20_000)] }).unwrap();
+    srq1.post_recv(&RecvWr { wr_id: 11, sg_list: uroce::sgl![rx1.sge(0, 64)] }).unwrap();
+    srq2.post_recv(&RecvWr { wr_id: 22, sg_list: uroce::sgl![rx2.sge(0, 20_000)] }).unwrap();
 
     let msg: Vec<u8> = (0..20_000u32).map(|i| (i * 13) as u8).collect();
     let tx = a.pd.register(msg.clone(), RW).unwrap();
@@ -88,7 +88,7 @@ fn sends_reach_the_srq_they_name_and_complete_on_its_cq() {
     a.qp.post_send(&to(n1, wr(3, WrOpcode::Send, tx.sge(0, 8)))).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(50));
     assert!(a.cq.poll_one().is_none());
-    srq1.post_recv(&RecvWr { wr_id: 12, sg_list: vec![rx1.sge(0, 64)] }).unwrap();
+    srq1.post_recv(&RecvWr { wr_id: 12, sg_list: uroce::sgl![rx1.sge(0, 64)] }).unwrap();
     assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);
     assert_eq!(cq1.wait(1, T).unwrap()[0].wr_id, 12);
 }
@@ -180,7 +180,7 @@ fn an_srq_of_another_xrc_domain_is_refused() {
         let cq = b.ctx.create_cq(4, None).unwrap();
         let srq = other.create_srq(&pd, &cq, 4, 1, 0).unwrap();
         let rx = pd.register(vec![0u8; 64], RW).unwrap();
-        srq.post_recv(&RecvWr { wr_id: 1, sg_list: vec![rx.sge(0, 64)] }).unwrap();
+        srq.post_recv(&RecvWr { wr_id: 1, sg_list: uroce::sgl![rx.sge(0, 64)] }).unwrap();
         (srq.srq_num().unwrap(), vec![srq])
     });
 }
@@ -255,7 +255,7 @@ fn xrc_queue_pairs_have_only_their_half() {
     send.modify(&init, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)
         .unwrap();
     let rx = pd.register(vec![0u8; 8], RW).unwrap();
-    let e = send.post_recv(&RecvWr { wr_id: 1, sg_list: vec![rx.sge(0, 8)] }).unwrap_err();
+    let e = send.post_recv(&RecvWr { wr_id: 1, sg_list: uroce::sgl![rx.sge(0, 8)] }).unwrap_err();
     assert_eq!(e.errno, Errno::EINVAL, "no receive queue");
     let rtr = QpAttr {
         qp_state: QpState::Rtr,

@@ -60,7 +60,7 @@ fn demo(a: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     let t = Instant::now();
     let mut w = SendWr::new(1, WrOpcode::RdmaWrite);
-    w.sg_list = vec![src.sge(0, len as u32)];
+    w.sg_list = uroce::sgl![src.sge(0, len as u32)];
     w.remote_addr = dst.iova();
     w.rkey = dst.rkey();
     qa.post_send(&w)?;
@@ -75,7 +75,7 @@ fn demo(a: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     let t = Instant::now();
     let mut r = SendWr::new(2, WrOpcode::RdmaRead);
-    r.sg_list = vec![back.sge(0, len as u32)];
+    r.sg_list = uroce::sgl![back.sge(0, len as u32)];
     r.remote_addr = dst.iova();
     r.rkey = dst.rkey();
     qa.post_send(&r)?;
@@ -89,10 +89,10 @@ fn demo(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let rx = pb.register(vec![0u8; 64], Access::LOCAL_WRITE)?;
-    qb.post_recv(&RecvWr { wr_id: 7, sg_list: vec![rx.sge(0, 64)] })?;
+    qb.post_recv(&RecvWr { wr_id: 7, sg_list: uroce::sgl![rx.sge(0, 64)] })?;
     let msg = pa.register(b"hello from uroce".to_vec(), Access::empty())?;
     let mut s = SendWr::new(3, WrOpcode::SendImm);
-    s.sg_list = vec![msg.sge(0, 16)];
+    s.sg_list = uroce::sgl![msg.sge(0, 16)];
     s.imm_data = 0x1234_5678;
     qa.post_send(&s)?;
     let rc = cqb.wait(1, Duration::from_secs(10))?[0];
@@ -109,7 +109,7 @@ fn demo(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let old = pa.register(vec![0u8; 8], all)?;
     for i in 0..3u64 {
         let mut f = SendWr::new(10 + i, WrOpcode::AtomicFetchAdd);
-        f.sg_list = vec![old.sge(0, 8)];
+        f.sg_list = uroce::sgl![old.sge(0, 8)];
         f.remote_addr = counter.iova();
         f.rkey = counter.rkey();
         f.compare_add = 5;
@@ -126,12 +126,12 @@ fn demo(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         let mut n = 0u64;
         while t.elapsed() < duration {
             let mut w = SendWr::new(100, WrOpcode::RdmaWrite);
-            w.sg_list = vec![src.sge(0, 65536)];
+            w.sg_list = uroce::sgl![src.sge(0, 65536)];
             w.remote_addr = dst.iova();
             w.rkey = dst.rkey();
             qa.post_send(&w)?;
             let mut r = SendWr::new(101, WrOpcode::RdmaRead);
-            r.sg_list = vec![back.sge(0, 65536)];
+            r.sg_list = uroce::sgl![back.sge(0, 65536)];
             r.remote_addr = dst.iova();
             r.rkey = dst.rkey();
             qa.post_send(&r)?;

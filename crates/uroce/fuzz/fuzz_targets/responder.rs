@@ -77,7 +77,7 @@ fuzz_target!(|data: &[u8]| {
     mem.set_layout(ik, 1, Some(uroce::mem::Layout::list(Access::REMOTE_WRITE | Access::LOCAL_WRITE, &sges))).unwrap();
     let recv = uroce::ib::Sge { addr: wa as u64 + 2048, length: 1024, lkey: wk };
     for i in 0..4 {
-        e.post_recv(now, qpn, RecvWr { wr_id: i, sg_list: vec![recv] }).unwrap();
+        e.post_recv(now, qpn, RecvWr { wr_id: i, sg_list: uroce::sgl![recv] }).unwrap();
     }
     let before_r = r.clone();
 

@@ -96,7 +96,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let peer = exchange(&mut sock, &mine)?;
     qp.connect_rc_with(&peer.gid, peer.qpn, psn, peer.psn, timeout as u8, retry as u8)?;
     let rx = pd.register(vec![0u8; 64], Access::LOCAL_WRITE)?;
-    qp.post_recv(&RecvWr { wr_id: 100, sg_list: vec![rx.sge(0, 64)] })?;
+    qp.post_recv(&RecvWr { wr_id: 100, sg_list: uroce::sgl![rx.sge(0, 64)] })?;
     // Both sides are ready: sync.
     sock.write_all(b"R")?;
     sock.read_exact(&mut [0u8; 1])?;
@@ -116,18 +116,18 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         let src = pd.register(data.clone(), all)?;
         let mut w = SendWr::new(1, WrOpcode::RdmaWrite);
-        w.sg_list = vec![src.sge(0, LEN as u32)];
+        w.sg_list = uroce::sgl![src.sge(0, LEN as u32)];
         w.remote_addr = peer.addr;
         w.rkey = peer.rkey;
         qp.post_send(&w)?;
         let mut r = SendWr::new(2, WrOpcode::RdmaRead);
-        r.sg_list = vec![mr.sge(0, LEN as u32)];
+        r.sg_list = uroce::sgl![mr.sge(0, LEN as u32)];
         r.remote_addr = peer.addr;
         r.rkey = peer.rkey;
         qp.post_send(&r)?;
         let msg = pd.register(b"done".to_vec(), Access::empty())?;
         let mut s = SendWr::new(3, WrOpcode::Send);
-        s.sg_list = vec![msg.sge(0, 4)];
+        s.sg_list = uroce::sgl![msg.sge(0, 4)];
         qp.post_send(&s)?;
         let wcs = cq.wait(3, T)?;
         for wc in &wcs {
@@ -190,7 +190,7 @@ fn verified_ops(
             src.write_at(s * SLOT, &source[from..from + len])?;
             let mut w = SendWr::new(s as u64, WrOpcode::RdmaWrite);
             w.flags = SendFlags::empty();
-            w.sg_list = vec![src.sge(s * SLOT, len as u32)];
+            w.sg_list = uroce::sgl![src.sge(s * SLOT, len as u32)];
             w.remote_addr = peer.addr + (s * SLOT) as u64;
             w.rkey = peer.rkey;
             qp.post_send(&w)?;
@@ -198,7 +198,7 @@ fn verified_ops(
         }
         for (s, &(len, _)) in lens.iter().enumerate() {
             let mut r = SendWr::new(1000 + s as u64, WrOpcode::RdmaRead);
-            r.sg_list = vec![back.sge(s * SLOT, len as u32)];
+            r.sg_list = uroce::sgl![back.sge(s * SLOT, len as u32)];
             r.remote_addr = peer.addr + (s * SLOT) as u64;
             r.rkey = peer.rkey;
             qp.post_send(&r)?;

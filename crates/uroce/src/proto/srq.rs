@@ -5,7 +5,6 @@
 //! have neither, take receives from the SRQ each request names.
 
 use super::cq::CompletionQueue;
-use crate::ib::Sge;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
@@ -13,7 +12,7 @@ use std::sync::{Arc, Mutex};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecvWqe {
     pub wr_id: u64,
-    pub sges: Vec<Sge>,
+    pub sges: super::wr::SgList,
 }
 
 #[derive(Debug)]
@@ -114,11 +113,11 @@ mod tests {
     fn limit_fires_once_below_threshold() {
         let q = SharedRecvQueue::new(1, 1, 4, 1, 0);
         for i in 0..4 {
-            assert!(q.post(RecvWqe { wr_id: i, sges: vec![] }));
+            assert!(q.post(RecvWqe { wr_id: i, sges: Default::default() }));
         }
-        assert!(!q.post(RecvWqe { wr_id: 9, sges: vec![] }), "full");
+        assert!(!q.post(RecvWqe { wr_id: 9, sges: Default::default() }), "full");
         q.set_limit(2);
-        assert_eq!(q.take(), (Some(RecvWqe { wr_id: 0, sges: vec![] }), false)); // 3 left
+        assert_eq!(q.take(), (Some(RecvWqe { wr_id: 0, sges: Default::default() }), false)); // 3 left
         assert!(!q.take().1); // 2 left, not below
         assert!(q.take().1); // 1 left < 2
         assert_eq!(q.limit(), 0);

@@ -91,6 +91,11 @@ pub struct UdDest {
     pub remote_qkey: u32,
 }
 
+/// A work request's scatter/gather list: up to two entries live inside the
+/// request, so that the common one-SGE post allocates nothing. Build one
+/// with [`sgl!`](crate::sgl), `collect()` or `SgList::new()`.
+pub type SgList = smallvec::SmallVec<[Sge; 2]>;
+
 /// A send work request. `imm_data` holds the immediate or, for SEND_WITH_INV
 /// and LOCAL_INV, the rkey to invalidate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,7 +103,7 @@ pub struct SendWr {
     pub wr_id: u64,
     pub opcode: WrOpcode,
     pub flags: SendFlags,
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
     pub imm_data: u32,
     pub remote_addr: u64,
     pub rkey: u32,
@@ -129,7 +134,7 @@ impl SendWr {
             wr_id,
             opcode,
             flags: SendFlags::SIGNALED,
-            sg_list: Vec::new(),
+            sg_list: SgList::new(),
             imm_data: 0,
             remote_addr: 0,
             rkey: 0,
@@ -148,7 +153,7 @@ impl SendWr {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecvWr {
     pub wr_id: u64,
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
 }
 
 /// `struct ibv_qp_cap`.

@@ -48,7 +48,7 @@ pub fn connected(capture: Option<std::path::PathBuf>) -> (End, End) {
 
 pub fn wr(id: u64, op: WrOpcode, sge: Sge) -> SendWr {
     let mut w = SendWr::new(id, op);
-    w.sg_list = vec![sge];
+    w.sg_list = uroce::sgl![sge];
     w
 }
 

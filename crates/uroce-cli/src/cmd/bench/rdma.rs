@@ -170,7 +170,7 @@ impl Endpoint {
     }
 
     fn repost(&self, qp: &QueuePair, i: usize, size: usize, n: usize) -> Res<()> {
-        let wr = RecvWr { wr_id: i as u64, sg_list: vec![self.buf.sge(self.slot, size)] };
+        let wr = RecvWr { wr_id: i as u64, sg_list: uroce::sgl![self.buf.sge(self.slot, size)] };
         qp.post_recv_list(std::iter::repeat_n(wr, n)).map_err(|(_, e)| e)?;
         Ok(())
     }
@@ -216,7 +216,7 @@ fn send_wr(spec: &Spec, ep: &Endpoint, peer: &Peer, qi: usize, k: u64, signaled:
     };
     let mut w = SendWr::new((qi as u64) << 32 | k, opcode);
     w.flags = if signaled { SendFlags::SIGNALED } else { SendFlags::empty() };
-    w.sg_list = vec![ep.buf.sge(local, len)];
+    w.sg_list = uroce::sgl![ep.buf.sge(local, len)];
     if spec.op != Op::Send {
         w.remote_addr = remote;
         w.rkey = peer.rkey;
