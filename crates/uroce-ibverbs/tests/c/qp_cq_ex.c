@@ -18,6 +18,7 @@
 #include <infiniband/verbs.h>
 
 #include "check.h"
+#include "connect.h"
 
 #define WC_FLAGS                                                                                   \
 	(IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP | \
@@ -95,36 +96,6 @@ static struct comp wait_comp(struct ibv_cq_ex *c)
 	struct comp x;
 	wait_comps(c, &x, 1);
 	return x;
-}
-
-static void connect_qp(struct ibv_qp *q, uint32_t dest)
-{
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
-				 .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-						    IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC };
-	CHECK(ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0, "INIT");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = dest;
-	a.rq_psn = 0;
-	a.max_dest_rd_atomic = 4;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = gid;
-	a.ah_attr.grh.hop_limit = 64;
-	a.ah_attr.port_num = 1;
-	CHECK(ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-					   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0, "RTR");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.sq_psn = 0;
-	a.max_rd_atomic = 4;
-	CHECK(ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-					   IBV_QP_MAX_QP_RD_ATOMIC) == 0, "RTS");
 }
 
 static struct ibv_qp *create_qp_ex(enum ibv_qp_type t, struct ibv_cq_ex *c, uint64_t ops)
@@ -223,8 +194,8 @@ int main(void)
 		qx[i] = ibv_qp_to_qp_ex(qp[i]);
 		CHECK(qx[i] && &qx[i]->qp_base == qp[i], "qp_to_qp_ex");
 	}
-	connect_qp(qp[0], qp[1]->qp_num);
-	connect_qp(qp[1], qp[0]->qp_num);
+	connect_qp(qp[0], qp[1]->qp_num, &gid);
+	connect_qp(qp[1], qp[0]->qp_num, &gid);
 
 	enum { LEN = 4096 };
 	static uint8_t a[LEN] __attribute__((aligned(64))), b[LEN] __attribute__((aligned(64)));

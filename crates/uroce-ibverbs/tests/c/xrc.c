@@ -20,6 +20,7 @@
 #include <infiniband/verbs.h>
 
 #include "check.h"
+#include "connect.h"
 
 /* IB_UVERBS_DEVICE_ATOMIC_WRITE: newer than Debian 12's kernel headers. */
 #define DEVICE_ATOMIC_WRITE (1ULL << 40)
@@ -41,41 +42,6 @@ static struct ibv_wc wait_wc(struct ibv_cq *cq)
 	}
 	CHECK(0, "no completion");
 	return wc;
-}
-
-/* INIT, RTR, RTS with exactly the attributes the QP type requires (the
- * kernel's qp_state_table, as pyverbs' to_rts sends them). */
-static void connect_qp(struct ibv_qp *q, uint32_t dest)
-{
-	int rc_like = q->qp_type == IBV_QPT_RC || q->qp_type == IBV_QPT_XRC_RECV;
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
-				 .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-						    IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC };
-	CHECK(ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0, "INIT");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = dest;
-	a.max_dest_rd_atomic = 4;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = gid;
-	a.ah_attr.grh.hop_limit = 64;
-	a.ah_attr.port_num = 1;
-	int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-	if (rc_like)
-		rtr |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-	CHECK(ibv_modify_qp(q, &a, rtr) == 0, "RTR of type %d", q->qp_type);
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 4;
-	int rts = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN;
-	if (q->qp_type != IBV_QPT_XRC_RECV)
-		rts |= IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
-	CHECK(ibv_modify_qp(q, &a, rts) == 0, "RTS of type %d", q->qp_type);
 }
 
 static struct ibv_srq *xrc_srq(struct ibv_xrcd *xrcd, struct ibv_cq *cq)
@@ -201,10 +167,10 @@ static void xrc_traffic(void)
 	iax.send_ops_flags = IBV_QP_EX_WITH_ATOMIC_WRITE;
 	CHECK(!ibv_create_qp_ex(ctx, &iax) && errno == EOPNOTSUPP, "ATOMIC WRITE on XRC: errno %d", errno);
 	struct ibv_qp *tgt1 = xrc_recv_qp(xrcd), *tgt2 = xrc_recv_qp(xrcd);
-	connect_qp(ini1, tgt1->qp_num);
-	connect_qp(tgt1, ini1->qp_num);
-	connect_qp(ini2, tgt2->qp_num);
-	connect_qp(tgt2, ini2->qp_num);
+	connect_qp(ini1, tgt1->qp_num, &gid);
+	connect_qp(tgt1, ini1->qp_num, &gid);
+	connect_qp(ini2, tgt2->qp_num, &gid);
+	connect_qp(tgt2, ini2->qp_num, &gid);
 
 	char *buf = calloc(1, 4096);
 	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
@@ -267,8 +233,8 @@ static void atomic_write(void)
 	CHECK(q[0] && q[1], "create RC with ATOMIC WRITE: %s", strerror(errno));
 	a.qp_type = IBV_QPT_UC;
 	CHECK(!ibv_create_qp_ex(ctx, &a) && errno == EOPNOTSUPP, "ATOMIC WRITE on UC: errno %d", errno);
-	connect_qp(q[0], q[1]->qp_num);
-	connect_qp(q[1], q[0]->qp_num);
+	connect_qp(q[0], q[1]->qp_num, &gid);
+	connect_qp(q[1], q[0]->qp_num, &gid);
 	uint64_t *mem = aligned_alloc(64, 64);
 	memset(mem, 0, 64);
 	struct ibv_mr *mr = ibv_reg_mr(pd, mem, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
