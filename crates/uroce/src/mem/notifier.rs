@@ -212,6 +212,11 @@ pub(crate) fn subscribe(r: &Arc<OdpRegion>) {
 pub(crate) fn drain() {
     let Some(n) = notifier() else { return };
     let mut st = n.state.lock().unwrap();
+    apply_pending(n, &mut st);
+}
+
+/// The body of [`drain`], with the state lock held.
+fn apply_pending(n: &Notifier, st: &mut State) {
     let (events, overflow) = {
         let mut ring = n.ring.lock().unwrap();
         if ring.len == 0 && !ring.overflow {
@@ -245,6 +250,14 @@ pub(crate) fn drain() {
 pub(crate) fn watch(start: u64, end: u64) -> bool {
     let Some(n) = notifier() else { return false };
     let mut st = n.state.lock().unwrap();
+    // Events not yet applied may say that part of the range was unmapped
+    // since it was registered (the registration went with the old mapping):
+    // apply them first, or a stale `watched` entry would hide a new mapping
+    // at the same address, e.g. memory another thread freed and this one got
+    // back from `mmap`. (The kernel holds `munmap` until the reader thread
+    // has read the event, which it then puts in the ring: what remains is
+    // the reader's few instructions between the two.)
+    apply_pending(n, &mut st);
     if st.watched.contains(start, end) {
         return true;
     }
