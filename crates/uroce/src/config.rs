@@ -21,6 +21,7 @@
 //! mtu = 4096                 # active MTU in bytes (default: from the interface)
 //! gid_type = "RoCEv2"        # the only type uroce speaks
 //! busy_poll = false
+//! send_in_place = true       # payloads leave straight from registered memory
 //! scatter_to_cqe = true      # inline receive
 //! cqe_size = 64              # 64 or 128
 //! faults = "loss=0.01"       # testing only: inject faults into received packets
@@ -72,6 +73,7 @@ pub struct DeviceEntry {
     pub scatter_to_cqe: Option<bool>,
     pub cqe_size: Option<u32>,
     pub ipv4_any_id: Option<bool>,
+    pub send_in_place: Option<bool>,
     /// Fault injection for testing (see `uroce::io::faults`).
     pub faults: Option<String>,
 }

@@ -1,6 +1,6 @@
 //! The runtime of one device: engine, socket, progress thread, capture.
 
-use super::socket::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+use super::socket::{Datagram, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 use super::{Capture, RoceSocket};
 use crate::mem::Memory;
 use crate::proto::{Engine, EngineConfig, Event, Transmit};
@@ -210,32 +210,32 @@ impl Runtime {
         let mut runs = Vec::new();
         let mut i = 0;
         while i < out.len() {
-            let (dst, seg) = (out[i].dst, out[i].data.len());
+            let (dst, seg) = (out[i].dst, out[i].len());
             let mut j = i + 1;
             let mut bytes = seg;
             while j < out.len()
                 && j - i < GSO_MAX_SEGMENTS
                 && out[j].dst == dst
-                && out[j].data.len() <= seg
-                && bytes + out[j].data.len() <= GSO_MAX_BYTES
+                && out[j].len() <= seg
+                && bytes + out[j].len() <= GSO_MAX_BYTES
             {
-                bytes += out[j].data.len();
+                bytes += out[j].len();
                 j += 1;
-                if out[j - 1].data.len() < seg {
+                if out[j - 1].len() < seg {
                     break; // a shorter segment ends a GSO send
                 }
             }
             if dst.is_ipv4() {
                 for (k, t) in out[i..j].iter_mut().enumerate().skip(1) {
-                    crate::wire::icrc::set_ipv4_id(&mut t.data, k as u16);
+                    t.set_ipv4_id(k as u16);
                 }
             }
             self.record_sent(&out[i..j]);
             runs.push(i..j);
             i = j;
         }
-        let segs: Vec<&[u8]> = out.iter().map(|t| t.data.as_slice()).collect();
-        let groups: Vec<(SocketAddr, &[&[u8]])> = runs.into_iter().map(|r| (out[r.start].dst, &segs[r])).collect();
+        let segs: Vec<Datagram> = out.iter().map(|t| Datagram::new(t.parts())).collect();
+        let groups: Vec<(SocketAddr, &[Datagram])> = runs.into_iter().map(|r| (out[r.start].dst, &segs[r])).collect();
         self.send_with_retry(&groups);
     }
 
@@ -248,12 +248,12 @@ impl Runtime {
                 let id = if t.dst.is_ipv4() { k as u16 } else { 0 };
                 let ip =
                     IpInfo { src: local.ip(), dst: t.dst.ip(), sport: local.port(), dport: t.dst.port(), ipv4_id: id };
-                c.record(&ip, &t.data);
+                c.record(&ip, &t.bytes());
             }
         }
     }
 
-    fn send_with_retry(&self, mut groups: &[(SocketAddr, &[&[u8]])]) {
+    fn send_with_retry(&self, mut groups: &[(SocketAddr, &[Datagram])]) {
         let mut attempt = 0;
         while !groups.is_empty() && attempt < 64 {
             match self.socket.send_groups(groups) {

@@ -11,6 +11,7 @@
 //! UDP GRO: one `recvmsg` may return several datagrams back to back, with
 //! their size in a `UDP_GRO` control message.
 
+use smallvec::SmallVec;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::io;
 use std::net::SocketAddr;
@@ -23,6 +24,40 @@ pub struct RoceSocket {
     /// UDP GSO works (cleared after the kernel refuses it once).
     gso: std::sync::atomic::AtomicBool,
     gro: bool,
+}
+
+/// One datagram to send, in up to three pieces that the kernel gathers
+/// (a packet's headers, its payload straight from registered memory, its
+/// pad and ICRC), or in one.
+#[derive(Debug, Clone, Copy)]
+pub struct Datagram<'a> {
+    parts: [&'a [u8]; 3],
+}
+
+impl<'a> Datagram<'a> {
+    pub fn new(parts: [&'a [u8]; 3]) -> Datagram<'a> {
+        Datagram { parts }
+    }
+
+    pub fn one(bytes: &'a [u8]) -> Datagram<'a> {
+        Datagram { parts: [bytes, &[], &[]] }
+    }
+
+    pub fn len(&self) -> usize {
+        self.parts.iter().map(|p| p.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The iovecs of datagrams' non-empty pieces, in order.
+fn iovecs<'a>(segs: &'a [Datagram<'a>]) -> impl Iterator<Item = libc::iovec> + 'a {
+    segs.iter()
+        .flat_map(|d| d.parts.iter())
+        .filter(|p| !p.is_empty())
+        .map(|p| libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() })
 }
 
 /// Most groups in one `sendmmsg`.
@@ -85,51 +120,60 @@ impl RoceSocket {
     /// Sends `segs` (equal lengths except a shorter last one) to `dst` in one
     /// call with UDP GSO; falls back to one send per segment. Returns how
     /// many segments went out (all, or those before an error).
-    pub fn send_segments(&self, segs: &[&[u8]], dst: SocketAddr) -> io::Result<usize> {
+    pub fn send_segments(&self, segs: &[Datagram<'_>], dst: SocketAddr) -> io::Result<usize> {
         use std::sync::atomic::Ordering;
+        let addr = SockAddr::from(dst);
         if segs.len() == 1 || !self.gso.load(Ordering::Relaxed) {
             for (i, s) in segs.iter().enumerate() {
-                if let Err(e) = self.send_to(s, dst) {
+                if let Err(e) =
+                    self.sendmsg(&mut iovecs(std::slice::from_ref(s)).collect::<SmallVec<[_; 3]>>(), &addr, None)
+                {
                     return if i == 0 { Err(e) } else { Ok(i) };
                 }
             }
             return Ok(segs.len());
         }
-        let seg = segs[0].len() as u16;
-        let mut iov: Vec<libc::iovec> =
-            segs.iter().map(|s| libc::iovec { iov_base: s.as_ptr() as *mut libc::c_void, iov_len: s.len() }).collect();
-        let addr = SockAddr::from(dst);
+        match self.sendmsg(&mut iovecs(segs).collect::<Vec<_>>(), &addr, Some(segs[0].len() as u16)) {
+            Ok(_) => Ok(segs.len()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EIO) | Some(libc::ENOPROTOOPT)) => {
+                tracing::warn!("UDP GSO refused ({e}); sending one datagram per call");
+                self.gso.store(false, Ordering::Relaxed);
+                self.send_segments(segs, dst)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One `sendmsg` of the bytes `iov` gathers to `addr`, as UDP GSO
+    /// segments of `gso` bytes when given.
+    fn sendmsg(&self, iov: &mut [libc::iovec], addr: &SockAddr, gso: Option<u16>) -> io::Result<usize> {
         // CMSG space for one u16.
         let mut cbuf = [0u64; 4];
         // SAFETY: msghdr is plain old data; every pointer set below refers to
-        // live locals (`iov`, `addr`, `cbuf`) that outlive the sendmsg call,
-        // and the control message is written inside `cbuf` through the
-        // CMSG_* macros, which respect its length.
+        // live values (`iov` over the caller's buffers, `addr`, `cbuf`) that
+        // outlive the sendmsg call, and the control message is written inside
+        // `cbuf` through the CMSG_* macros, which respect its length.
         let r = unsafe {
             let mut msg: libc::msghdr = std::mem::zeroed();
             msg.msg_name = addr.as_ptr() as *mut libc::c_void;
             msg.msg_namelen = addr.len();
             msg.msg_iov = iov.as_mut_ptr();
             msg.msg_iovlen = iov.len() as _;
-            msg.msg_control = cbuf.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(2) as _;
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_UDP;
-            (*c).cmsg_type = libc::UDP_SEGMENT;
-            (*c).cmsg_len = libc::CMSG_LEN(2) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, seg);
+            if let Some(seg) = gso {
+                msg.msg_control = cbuf.as_mut_ptr().cast();
+                msg.msg_controllen = libc::CMSG_SPACE(2) as _;
+                let c = libc::CMSG_FIRSTHDR(&msg);
+                (*c).cmsg_level = libc::SOL_UDP;
+                (*c).cmsg_type = libc::UDP_SEGMENT;
+                (*c).cmsg_len = libc::CMSG_LEN(2) as _;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, seg);
+            }
             libc::sendmsg(self.sock.as_raw_fd(), &msg, 0)
         };
         if r < 0 {
-            let e = io::Error::last_os_error();
-            if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EIO) | Some(libc::ENOPROTOOPT)) {
-                tracing::warn!("UDP GSO refused ({e}); sending one datagram per call");
-                self.gso.store(false, Ordering::Relaxed);
-                return self.send_segments(segs, dst);
-            }
-            return Err(e);
+            return Err(io::Error::last_os_error());
         }
-        Ok(segs.len())
+        Ok(r as usize)
     }
 
     /// Sends several groups in one `sendmmsg`: each group's segments (equal
@@ -137,7 +181,7 @@ impl RoceSocket {
     /// GSO send, or as a plain datagram when it has one segment. Returns how
     /// many groups went out; an error only when the first one failed. Without
     /// GSO, falls back to [`RoceSocket::send_segments`] per group.
-    pub fn send_groups(&self, groups: &[(SocketAddr, &[&[u8]])]) -> io::Result<usize> {
+    pub fn send_groups(&self, groups: &[(SocketAddr, &[Datagram<'_>])]) -> io::Result<usize> {
         use std::sync::atomic::Ordering;
         if groups.is_empty() {
             return Ok(0);
@@ -148,11 +192,12 @@ impl RoceSocket {
         }
         let n = groups.len().min(SEND_GROUPS);
         let addrs: Vec<SockAddr> = groups[..n].iter().map(|&(dst, _)| SockAddr::from(dst)).collect();
-        let mut iov: Vec<libc::iovec> = groups[..n]
-            .iter()
-            .flat_map(|&(_, segs)| segs.iter())
-            .map(|s| libc::iovec { iov_base: s.as_ptr() as *mut libc::c_void, iov_len: s.len() })
-            .collect();
+        let mut iov = Vec::with_capacity(groups[..n].iter().map(|g| g.1.len()).sum());
+        let mut ends = Vec::with_capacity(n);
+        for &(_, segs) in &groups[..n] {
+            iov.extend(iovecs(segs));
+            ends.push(iov.len());
+        }
         // CMSG space for one u16 per group.
         let mut cbufs = vec![[0u64; 4]; n];
         // SAFETY: mmsghdr is plain old data; all-zero is a valid value.
@@ -162,11 +207,11 @@ impl RoceSocket {
             let h = &mut hdrs[k].msg_hdr;
             h.msg_name = addrs[k].as_ptr() as *mut libc::c_void;
             h.msg_namelen = addrs[k].len();
-            // SAFETY: `at + segs.len() <= iov.len()`: `iov` holds every
-            // group's segments in order.
+            // SAFETY: `at <= ends[k] <= iov.len()`: `iov` holds every group's
+            // pieces in order, group k's ending at `ends[k]`.
             h.msg_iov = unsafe { iov.as_mut_ptr().add(at) };
-            h.msg_iovlen = segs.len() as _;
-            at += segs.len();
+            h.msg_iovlen = (ends[k] - at) as _;
+            at = ends[k];
             if segs.len() > 1 {
                 h.msg_control = cbufs[k].as_mut_ptr().cast();
                 // SAFETY: the control buffer is CMSG_SPACE(2) bytes of
@@ -182,7 +227,7 @@ impl RoceSocket {
             }
         }
         // SAFETY: the `n` headers point at live locals (`addrs`, `iov` over
-        // the callers' segments, `cbufs`) that outlive the call.
+        // the callers' buffers, `cbufs`) that outlive the call.
         let r = unsafe { libc::sendmmsg(self.sock.as_raw_fd(), hdrs.as_mut_ptr(), n as _, 0) };
         if r < 0 {
             let e = io::Error::last_os_error();

@@ -29,7 +29,7 @@ pub use mr::{Backing, MemoryRegion};
 pub use mw::{inc_rkey, BindError, BindRequest, MemoryWindow, MwType, MW_INDEX_BASE};
 pub use odp::{Advice, OdpCounters, OdpStats};
 pub use pin::PinTable;
-pub use span::Span;
+pub use span::{HostBytes, Span};
 
 use crate::ib::{Access, Errno, Error, Result, Sge};
 use std::sync::{Arc, Mutex, RwLock};

@@ -152,6 +152,46 @@ impl Drop for Piece {
     }
 }
 
+/// A run of pinned host memory inside a registered region, which stays
+/// registered while this lives: deregistration waits for it, so the bytes
+/// remain the application's registered buffer until the value is dropped
+/// (after the kernel has copied them out, for a send in place).
+#[derive(Debug)]
+pub struct HostBytes {
+    addr: usize,
+    piece: Piece,
+}
+
+impl HostBytes {
+    /// The first byte's address in this process.
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    pub fn len(&self) -> usize {
+        self.piece.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.piece.len == 0
+    }
+
+    /// The bytes, read in place.
+    ///
+    /// # Safety
+    /// The application may write its buffer at any time (a verbs contract
+    /// violation while a send is outstanding, but not one that may corrupt
+    /// uroce): the caller only reads the slice once, to checksum it, and
+    /// tolerates any bytes.
+    pub(crate) unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: [addr, addr + len) lies inside a registered, pinned region
+        // (checked by `Memory::resolve`), which its registrant keeps mapped
+        // until deregistration, and deregistration waits while `piece`
+        // holds the region.
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.piece.len) }
+    }
+}
+
 /// A checked, in-bounds piece of registered memory (see the module docs).
 #[derive(Debug, Default)]
 pub struct Span {
@@ -177,6 +217,20 @@ impl Span {
             Ok(self.pieces.pop().unwrap())
         } else {
             Err(self)
+        }
+    }
+
+    /// The span as one run of pinned host memory, if that is what it is:
+    /// bytes the device may hand to the kernel to send straight from the
+    /// application's buffer. ODP and peer memory, and spans of several pieces
+    /// or cells, come back unchanged (they are copied).
+    pub(crate) fn into_host_bytes(self) -> Result<HostBytes, Span> {
+        match self.into_single() {
+            Ok(piece) => match piece.place {
+                Place::Host(addr) => Ok(HostBytes { addr, piece }),
+                _ => Err(Span::one(piece)),
+            },
+            Err(span) => Err(span),
         }
     }
 

@@ -27,17 +27,62 @@ pub use engine::{Engine, EngineConfig, QpSummary};
 pub use stats::Stats;
 
 use crate::ib::AsyncEventType;
-use crate::mem::{AccessError, Memory};
+use crate::mem::{AccessError, HostBytes, Memory, Span};
 use crate::wire::{self, Headers, IpInfo};
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
-/// A packet to send: the UDP payload (BTH … ICRC) and where it goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A packet to send and where it goes. Its UDP payload (BTH … ICRC) is
+/// `data`; for a packet sent in place ([`EngineConfig::send_in_place`]) it is
+/// `data[..at]` (the headers), the application's registered bytes, then
+/// `data[at..]` (pad and ICRC), the kernel gathering the three.
+#[derive(Debug)]
 pub struct Transmit {
     pub dst: SocketAddr,
     pub data: Vec<u8>,
+    /// The payload left in registered memory, and where it goes in `data`.
+    pub in_place: Option<(usize, HostBytes)>,
+}
+
+impl Transmit {
+    /// The UDP payload's length.
+    pub fn len(&self) -> usize {
+        self.data.len() + self.in_place.as_ref().map_or(0, |(_, b)| b.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The UDP payload in its three pieces (the last two empty unless the
+    /// payload is sent in place).
+    pub(crate) fn parts(&self) -> [&[u8]; 3] {
+        match &self.in_place {
+            // SAFETY: the bytes are only handed to the kernel (or copied)
+            // and any content is acceptable (see `HostBytes::as_slice`).
+            Some((at, b)) => [&self.data[..*at], unsafe { b.as_slice() }, &self.data[*at..]],
+            None => [&self.data, &[], &[]],
+        }
+    }
+
+    /// The UDP payload as one slice (gathered when sent in place).
+    pub fn bytes(&self) -> std::borrow::Cow<'_, [u8]> {
+        match self.in_place {
+            Some(_) => std::borrow::Cow::Owned(self.parts().concat()),
+            None => std::borrow::Cow::Borrowed(&self.data),
+        }
+    }
+
+    /// Rewrites the ICRC for an IPv4 Identification of `id` instead of 0
+    /// (the k-th segment of a UDP GSO send carries ID k).
+    pub fn set_ipv4_id(&mut self, id: u16) {
+        let len = self.len();
+        let n = self.data.len();
+        if n >= 4 {
+            wire::icrc::rewrite_for_ipv4_id(&mut self.data[n - 4..], len, id);
+        }
+    }
 }
 
 /// What an asynchronous event is about.
@@ -75,6 +120,11 @@ pub enum Event {
     /// An armed completion queue got a completion: signal its channel.
     CompletionNotify(u32),
 }
+
+/// Payloads shorter than this are copied into the packet even when they
+/// could be sent in place: below it, the copy costs less than the kernel's
+/// handling of two more iovecs.
+pub const IN_PLACE_MIN: usize = 1024;
 
 /// What the state machines of a QP may use while handling one input: the
 /// time, the device's memory and configuration, and the engine's outputs.
@@ -118,6 +168,38 @@ impl Ctx<'_> {
         data.truncate(len);
         self.stats.tx_packets += 1;
         self.stats.tx_bytes += len as u64;
-        Ok(Transmit { dst: SocketAddr::new(dst, self.cfg.port), data })
+        Ok(Transmit { dst: SocketAddr::new(dst, self.cfg.port), data, in_place: None })
+    }
+
+    /// Builds one packet to `dst` whose payload is all of `span`: sent in
+    /// place when the engine may and the span is one run of pinned host
+    /// memory of at least [`IN_PLACE_MIN`] bytes, else copied.
+    pub fn build_from(&mut self, dst: IpAddr, headers: &Headers, span: Span) -> Result<Transmit, AccessError> {
+        let span = if self.cfg.send_in_place && span.len() >= IN_PLACE_MIN {
+            match span.into_host_bytes() {
+                Ok(bytes) => return Ok(self.build_in_place(dst, headers, bytes)),
+                Err(span) => span,
+            }
+        } else {
+            span
+        };
+        self.build(dst, headers, span.len(), |buf| span.read(0, buf))
+    }
+
+    fn build_in_place(&mut self, dst: IpAddr, headers: &Headers, payload: HostBytes) -> Transmit {
+        let hdr_len = headers.header_len();
+        let mut data = self.spare.pop().unwrap_or_default();
+        data.clear();
+        data.resize(wire::packet_len(hdr_len, payload.len()) - payload.len(), 0);
+        let n = headers.emit(&mut data).expect("opcode table and headers agree");
+        debug_assert_eq!(n, hdr_len);
+        let ip = IpInfo { src: self.cfg.addr, dst, sport: self.cfg.port, dport: self.cfg.port, ipv4_id: 0 };
+        // SAFETY: read once, for the ICRC; any content is acceptable (see
+        // `HostBytes::as_slice`).
+        let len = wire::finish_packet_around(&mut data, hdr_len, unsafe { payload.as_slice() }, &ip)
+            .expect("buffer sized by packet_len");
+        self.stats.tx_packets += 1;
+        self.stats.tx_bytes += len as u64;
+        Transmit { dst: SocketAddr::new(dst, self.cfg.port), data, in_place: Some((hdr_len, payload)) }
     }
 }

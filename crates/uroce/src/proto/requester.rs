@@ -221,15 +221,21 @@ impl Qp {
         let pd = self.pd;
         let mem = ctx.mem;
         let wr = &wqe.wr;
-        let built = ctx.build(dst_ip, &h, chunk as usize, |buf| match &wr.inline {
-            Some(d) => {
-                buf.copy_from_slice(&d[off as usize..(off + chunk) as usize]);
-                Ok(())
-            }
-            None => for_each_sge_piece(mem, pd, &wr.sg_list, off, chunk, Want::LocalRead, |span, at, n| {
-                span.read(0, &mut buf[at as usize..at as usize + n])
+        let built = match (&wr.inline, wr.sg_list.as_slice()) {
+            // One SGE: its span, sent in place where it can be.
+            (None, [sge]) if chunk > 0 => mem
+                .resolve(sge.lkey, pd, sge.addr + off, chunk, Want::LocalRead)
+                .and_then(|span| ctx.build_from(dst_ip, &h, span)),
+            _ => ctx.build(dst_ip, &h, chunk as usize, |buf| match &wr.inline {
+                Some(d) => {
+                    buf.copy_from_slice(&d[off as usize..(off + chunk) as usize]);
+                    Ok(())
+                }
+                None => for_each_sge_piece(mem, pd, &wr.sg_list, off, chunk, Want::LocalRead, |span, at, n| {
+                    span.read(0, &mut buf[at as usize..at as usize + n])
+                }),
             }),
-        });
+        };
         let t = match built {
             Ok(t) => t,
             Err(_) => {

@@ -698,10 +698,10 @@ impl Qp {
             let chunk = (j.len - j.off).min(mtu);
             let qpn = self.qpn;
             let mem = ctx.mem;
-            let built = ctx.build(dst, &h, chunk as usize, |buf| {
-                // Re-validated per packet, as rxe's rxe_recheck_mr.
-                mem.resolve_remote(j.rkey, j.pd, qpn, j.va + j.off, chunk, Want::RemoteRead)?.read(0, buf)
-            });
+            // Re-validated per packet, as rxe's rxe_recheck_mr.
+            let built = mem
+                .resolve_remote(j.rkey, j.pd, qpn, j.va + j.off, chunk, Want::RemoteRead)
+                .and_then(|span| ctx.build_from(dst, &h, span));
             match built {
                 Ok(t) => {
                     if j.off + chunk < j.len {

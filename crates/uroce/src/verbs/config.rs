@@ -35,6 +35,9 @@ pub struct DeviceConfig {
     pub capture: Option<PathBuf>,
     pub busy_poll: bool,
     pub ipv4_any_id: bool,
+    /// Send payloads of pinned host memory in place, without copying them
+    /// into the packet (`UROCE_SEND_IN_PLACE=0` copies, for comparison).
+    pub send_in_place: bool,
     /// Inline receive (scatter-to-CQE) for QPs that do not choose.
     pub scatter_to_cqe: bool,
     /// CQE size: 64 (messages ≤ 32 bytes travel inline) or 128 (≤ 64).
@@ -53,6 +56,7 @@ impl Default for DeviceConfig {
             capture: None,
             busy_poll: false,
             ipv4_any_id: false,
+            send_in_place: true,
             scatter_to_cqe: true,
             cqe_size: 64,
             faults: None,
@@ -113,6 +117,7 @@ impl DeviceConfig {
             capture: file.capture.file.as_deref().map(expand_pid),
             busy_poll: d.busy_poll.unwrap_or(base.busy_poll),
             ipv4_any_id: d.ipv4_any_id.unwrap_or(base.ipv4_any_id),
+            send_in_place: d.send_in_place.unwrap_or(base.send_in_place),
             scatter_to_cqe: d.scatter_to_cqe.unwrap_or(base.scatter_to_cqe),
             cqe_size: d.cqe_size.unwrap_or(base.cqe_size),
             faults: d.faults.clone(),
@@ -144,6 +149,9 @@ impl DeviceConfig {
         }
         if let Some(v) = var("UROCE_IPV4_ANY_ID") {
             c.ipv4_any_id = v == "1";
+        }
+        if let Some(v) = var("UROCE_SEND_IN_PLACE") {
+            c.send_in_place = v != "0";
         }
         if let Some(v) = var("UROCE_FAULTS") {
             c.faults = Some(v);

@@ -75,6 +75,22 @@ pub fn compute(ip: &IpInfo, without_icrc: &[u8]) -> [u8; 4] {
     h.finalize().to_le_bytes()
 }
 
+/// [`compute`] over a UDP payload given in pieces, in order (the first
+/// holds at least the BTH), without its ICRC.
+pub fn compute_parts(ip: &IpInfo, parts: &[&[u8]]) -> [u8; 4] {
+    let Some((first, rest)) = parts.split_first() else { return [0; 4] };
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    if first.len() < 12 {
+        return compute(ip, &parts.concat());
+    }
+    let mut h = hasher_over_headers(ip, len + 4, first);
+    h.update(&first[12..]);
+    for p in rest {
+        h.update(p);
+    }
+    h.finalize().to_le_bytes()
+}
+
 /// Whether the last four bytes of `udp_payload` are its correct ICRC.
 pub fn verify(ip: &IpInfo, udp_payload: &[u8]) -> bool {
     let n = udp_payload.len();
@@ -131,11 +147,19 @@ fn ipv4_id_columns(udp_payload_len: usize) -> [u32; 16] {
 /// (the k-th segment of a UDP GSO send carries ID k).
 pub fn set_ipv4_id(udp_payload: &mut [u8], id: u16) {
     let n = udp_payload.len();
-    if n < 16 || id == 0 {
+    if n >= 16 {
+        rewrite_for_ipv4_id(&mut udp_payload[n - 4..], n, id);
+    }
+}
+
+/// [`set_ipv4_id`] given just the ICRC's four bytes and the length of the
+/// UDP payload they end (for a packet whose payload is elsewhere).
+pub fn rewrite_for_ipv4_id(icrc: &mut [u8], udp_payload_len: usize, id: u16) {
+    if udp_payload_len < 16 || id == 0 || icrc.len() != 4 {
         return;
     }
-    let icrc = u32::from_le_bytes(udp_payload[n - 4..].try_into().unwrap()) ^ ipv4_id_delta(n, id);
-    udp_payload[n - 4..].copy_from_slice(&icrc.to_le_bytes());
+    let v = u32::from_le_bytes(icrc[..4].try_into().unwrap()) ^ ipv4_id_delta(udp_payload_len, id);
+    icrc.copy_from_slice(&v.to_le_bytes());
 }
 
 /// The IPv4 ID in `0..=max` that makes the ICRC match, if one does: the

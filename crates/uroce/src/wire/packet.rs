@@ -193,6 +193,22 @@ pub fn finish_packet(buf: &mut [u8], hdr_len: usize, payload_len: usize, ip: &Ip
     Ok(total)
 }
 
+/// [`finish_packet`] for a payload that stays elsewhere (sent in place):
+/// `buf` holds the headers (`hdr_len` bytes) and room for the pad and ICRC
+/// only; writes them for a packet whose payload is `payload`. Returns the
+/// whole packet's length.
+pub fn finish_packet_around(buf: &mut [u8], hdr_len: usize, payload: &[u8], ip: &IpInfo) -> Result<usize, WireError> {
+    let pad = pad_len(payload.len());
+    if buf.len() < hdr_len + pad + ICRC_LEN || hdr_len < BTH_LEN {
+        return Err(WireError::BufferTooSmall);
+    }
+    buf[hdr_len..hdr_len + pad].fill(0);
+    buf[1] = (buf[1] & !0x30) | ((pad as u8) << 4);
+    let c = icrc::compute_parts(ip, &[&buf[..hdr_len], payload, &buf[hdr_len..hdr_len + pad]]);
+    buf[hdr_len + pad..hdr_len + pad + ICRC_LEN].copy_from_slice(&c);
+    Ok(packet_len(hdr_len, payload.len()))
+}
+
 /// Emits headers, copies the payload and finishes the packet.
 pub fn build_packet(h: &Headers, payload: &[u8], ip: &IpInfo, buf: &mut [u8]) -> Result<usize, WireError> {
     let hdr_len = h.header_len();
