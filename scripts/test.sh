@@ -2,7 +2,7 @@
 # The whole uroce test suite: installs what it needs (Debian packages) when
 # missing, builds everything, runs every test, and ends with one summary line.
 # Usage: scripts/test.sh            (from anywhere in the repository)
-# Env:   UROCE_SIM_SEEDS=N          seeds for the simulated fabric (default 200)
+# Env:   UROCE_SIM_SEEDS=N          seeds for the simulated fabric (default 300)
 #        UROCE_NO_INSTALL=1         never call apt-get
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1,11 +1,15 @@
 //! A seeded, simulated network for driving sans-IO engines: every datagram
 //! may be lost, duplicated, delayed (and so reordered) or corrupted, a
 //! partition may cut the link for a while, and arrivals may come in bursts.
+//! This file owns the fabric and the seeded random numbers; the modules
+//! below own what the simulation puts on either side of it.
 
-// Guarded, droppable memory for the simulations (not every test uses all
-// of it).
-#[allow(dead_code)]
+/// Guarded buffers in shared memfd mappings, whose pages can be dropped.
 pub mod buf;
+/// One reliable connection between the two nodes, RC or XRC.
+pub mod conn;
+/// One engine with its memory and completion queues.
+pub mod node;
 
 use std::collections::BinaryHeap;
 use std::net::IpAddr;
@@ -122,7 +126,6 @@ impl Fabric {
     /// `tick` after the first packet, so a receiver handles several
     /// datagrams before it sends anything, as one that batches its receives
     /// (interrupt coalescing, GRO, `recvmmsg`) does.
-    #[allow(dead_code)] // not every simulation batches
     pub fn batched(mut self, tick: Duration) -> Fabric {
         assert!(!tick.is_zero());
         self.batch = Some(tick);

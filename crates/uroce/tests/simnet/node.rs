@@ -1,0 +1,61 @@
+//! A simulated node: one sans-IO engine at an IP address, its memory, and
+//! its completion queues: one for every QP's send completions and the RC
+//! receives, one for the receives of its XRC SRQs. It hands what the
+//! engine transmits to the fabric; the simulation delivers to it.
+
+use super::Fabric;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+use uroce::ib::{Mtu, QpState};
+use uroce::mem::Memory;
+use uroce::proto::cq::CompletionQueue;
+use uroce::proto::{Engine, EngineConfig};
+
+/// The protection domain of every QP, SRQ and key.
+pub const PD: u32 = 1;
+/// The RoCEv2 UDP port of every node.
+pub const PORT: u16 = 4791;
+/// Inline receive: SENDs up to this size travel in their completions.
+const INLINE_RECV: usize = 32;
+
+pub struct Node {
+    pub ip: IpAddr,
+    pub engine: Engine,
+    pub mem: Arc<Memory>,
+    /// Send completions of every QP, and receives of RC QPs.
+    pub cq: Arc<CompletionQueue>,
+    /// The CQ of this node's XRC SRQs: the receives of its XRC_RECV QPs
+    /// complete here, never on `cq`.
+    pub xrc_cq: Arc<CompletionQueue>,
+    /// The number the next XRC SRQ gets.
+    next_srqn: u32,
+}
+
+impl Node {
+    pub fn new(ip: IpAddr, mtu: Mtu) -> Node {
+        let mem = Memory::new();
+        let engine = Engine::new(EngineConfig::new(ip, PORT, mtu), mem.clone());
+        // Inline receive on for both: small SENDs travel in their completions.
+        let cq = Arc::new(CompletionQueue::with_inline(1, 1 << 16, Some(mem.clone()), INLINE_RECV));
+        let xrc_cq = Arc::new(CompletionQueue::with_inline(2, 1 << 16, Some(mem.clone()), INLINE_RECV));
+        Node { ip, engine, mem, cq, xrc_cq, next_srqn: 0x100 }
+    }
+
+    /// A fresh XRC SRQ number of this node.
+    pub fn next_srqn(&mut self) -> u32 {
+        self.next_srqn += 1;
+        self.next_srqn - 1
+    }
+
+    /// Hands every packet the engine has to the fabric.
+    pub fn transmit(&mut self, now: Instant, fabric: &mut Fabric) {
+        while let Some(t) = self.engine.poll_transmit(now) {
+            fabric.send(now, self.ip, t.dst.ip(), t.data);
+        }
+    }
+
+    pub fn qp_state(&self, qpn: u32) -> QpState {
+        self.engine.qp(qpn).map_or(QpState::Reset, |q| q.state())
+    }
+}
