@@ -275,7 +275,7 @@ fn post_umr(qp: *mut ibv_qp, wr_id: u64, send_flags: u32, mkey: *mut UMkey, layo
     let mut wr = SendWr::new(wr_id, WrOpcode::Umr);
     wr.flags = uroce::ib::SendFlags::from_bits_retain(send_flags);
     // SAFETY: checked non-null above.
-    wr.umr = Some(uroce::proto::wr::Umr { key: unsafe { (*mkey).lkey }, layout });
+    wr.umr = Some(Box::new(uroce::proto::wr::Umr { key: unsafe { (*mkey).lkey }, layout }));
     match inner.post_send(&wr) {
         Ok(()) => 0,
         Err(e) => e.errno.0,

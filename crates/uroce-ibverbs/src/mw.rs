@@ -82,14 +82,14 @@ pub unsafe fn bind_wr(w: &ibv_send_wr, wr: &mut SendWr) -> bool {
     let Some(umw) = (unsafe { (bm.mw as *mut UMw).as_mut() }) else { return false };
     let mr_key = unsafe { (bm.bind_info.mr as *const UMr).as_ref() }.map_or(0, |m| m.mr.lkey);
     wr.opcode = WrOpcode::BindMw;
-    wr.bind = Some(BindRequest {
+    wr.bind = Some(Box::new(BindRequest {
         mw_key: umw.inner.rkey(),
         new_key: bm.rkey,
         mr_key,
         addr: bm.bind_info.addr,
         len: bm.bind_info.length,
         access: Access::from_bits_retain(bm.bind_info.mw_access_flags),
-    });
+    }));
     // The consumer reads mw->rkey after the bind completes: it names the
     // window with the requested tag (shared/spec/memory.md §4.1).
     umw.mw.rkey = (umw.inner.rkey() & !0xff) | (bm.rkey & 0xff);

@@ -290,7 +290,7 @@ fn umr_through_the_send_queue() {
     let key = b.pd.create_indirect_key(4).unwrap();
     let umr = |id: u64, sges: &[Sge]| {
         let mut w = SendWr::new(id, WrOpcode::Umr);
-        w.umr = Some(uroce::proto::wr::Umr { key: key.lkey(), layout: Layout::list(rw, sges) });
+        w.umr = Some(Box::new(uroce::proto::wr::Umr { key: key.lkey(), layout: Layout::list(rw, sges) }));
         w
     };
     b.qp.post_send(&umr(1, &[y.sge(0, 8), x.sge(0, 8)])).unwrap();

@@ -522,14 +522,14 @@ fn bind_window(node: &mut Node, qpn: u32, now: Instant, buf: &Buf, region_key: u
     let key = inc_rkey(mw.key());
     let mut wr = SendWr::new(OWNER_WR_ID, WrOpcode::BindMw);
     wr.flags = SendFlags::empty();
-    wr.bind = Some(BindRequest {
+    wr.bind = Some(Box::new(BindRequest {
         mw_key: mw.key(),
         new_key: key,
         mr_key: region_key,
         addr: buf.addr(),
         len: buf.len() as u64,
         access: REMOTE,
-    });
+    }));
     node.engine.post_send(now, qpn, wr).unwrap();
     // The bind runs when the send queue is polled; no request is posted
     // yet, so nothing is sent.
@@ -793,14 +793,14 @@ impl Pair {
         let new_key = matches!(self.plan.invalidation, Some(Invalidation::Rebind { .. })).then(|| {
             let mut bind = SendWr::new(OWNER_WR_ID, WrOpcode::BindMw);
             bind.flags = SendFlags::empty();
-            bind.bind = Some(BindRequest {
+            bind.bind = Some(Box::new(BindRequest {
                 mw_key: key,
                 new_key: inc_rkey(key),
                 mr_key: self.target_region.expect("a window has a region"),
                 addr: self.target.addr() + self.plan.region as u64,
                 len: self.plan.region as u64,
                 access: Access::REMOTE_READ,
-            });
+            }));
             node.engine.post_send(now, self.conn.resp_qpn, bind).unwrap();
             inc_rkey(key)
         });

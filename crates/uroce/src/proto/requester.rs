@@ -275,11 +275,11 @@ impl Qp {
         let wr = &self.sq[cursor].wr;
         let r = match wr.opcode {
             WrOpcode::BindMw => {
-                let req = wr.bind.expect("checked at post");
+                let req = **wr.bind.as_ref().expect("checked at post");
                 ctx.mem.bind_mw(self.pd, self.qpn, &req).map(|_| ())
             }
             WrOpcode::Umr => {
-                let umr = wr.umr.clone().expect("checked at post");
+                let umr = *wr.umr.clone().expect("checked at post");
                 ctx.mem.umr(umr.key, self.pd, umr.layout)
             }
             _ => ctx.mem.invalidate(wr.imm_data, self.pd, self.qpn),

@@ -116,9 +116,9 @@ pub struct SendWr {
     /// SGEs' memory and keys are not used.
     pub inline: Option<Vec<u8>>,
     /// BIND_MW: the window, its new key, the region and the range.
-    pub bind: Option<crate::mem::BindRequest>,
+    pub bind: Option<Box<crate::mem::BindRequest>>,
     /// UMR: the indirect key and the layout to give it.
-    pub umr: Option<Umr>,
+    pub umr: Option<Box<Umr>>,
 }
 
 /// A UMR work request's payload.

@@ -40,14 +40,14 @@ impl MemoryWindow {
     /// of `mr` with `access`, giving the window a key with tag `tag`.
     pub fn bind_wr(&self, wr_id: u64, tag: u8, mr: &MemoryRegion, addr: u64, len: u64, access: Access) -> SendWr {
         let mut wr = SendWr::new(wr_id, WrOpcode::BindMw);
-        wr.bind = Some(BindRequest {
+        wr.bind = Some(Box::new(BindRequest {
             mw_key: self.rkey(),
             new_key: (self.rkey() & !0xff) | tag as u32,
             mr_key: mr.lkey(),
             addr,
             len,
             access,
-        });
+        }));
         wr
     }
 }
@@ -77,8 +77,14 @@ impl QueuePair {
         let new_key = inc_rkey(mw.rkey());
         let mut wr = SendWr::new(wr_id, WrOpcode::BindMw);
         wr.flags = flags;
-        wr.bind =
-            Some(BindRequest { mw_key: mw.rkey(), new_key, mr_key: mr.map_or(0, |m| m.lkey()), addr, len, access });
+        wr.bind = Some(Box::new(BindRequest {
+            mw_key: mw.rkey(),
+            new_key,
+            mr_key: mr.map_or(0, |m| m.lkey()),
+            addr,
+            len,
+            access,
+        }));
         self.post_send(&wr)?;
         Ok(new_key)
     }
