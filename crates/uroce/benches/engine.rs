@@ -122,7 +122,7 @@ fn run(size: usize, iters: u64) -> Duration {
     while done < iters {
         let room = (DEPTH - (posted - done)).min(iters - posted);
         if room >= SIGNAL_EVERY || (room > 0 && posted + room == iters) {
-            for k in posted + 1..=posted + room {
+            let wrs = (posted + 1..=posted + room).map(|k| {
                 let mut wr = SendWr::new(k, WrOpcode::RdmaWrite);
                 wr.sg_list = uroce::sgl![sge];
                 wr.remote_addr = dst.as_ptr() as u64;
@@ -130,8 +130,9 @@ fn run(size: usize, iters: u64) -> Duration {
                 if k % SIGNAL_EVERY != 0 && k != iters {
                     wr.flags = uroce::ib::SendFlags::empty();
                 }
-                a.e.post_send(now, aq, wr).unwrap();
-            }
+                wr
+            });
+            a.e.post_send_list(now, aq, wrs).unwrap();
             posted += room;
         }
         deliver(&mut a, &mut b, now);

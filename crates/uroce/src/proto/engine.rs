@@ -226,6 +226,41 @@ impl Engine {
             .unwrap_or_else(|| Err(Error::inval("post_send: no such QP")))
     }
 
+    /// Posts a list of send WRs in order, stopping at the first refused
+    /// one: `Err((i, e))` says that WR `i` (and none after it) was refused,
+    /// the ones before it posted. One QP lookup and one accounting pass for
+    /// the list, as `ibv_post_send` of a chained list is one doorbell.
+    pub fn post_send_list(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> std::result::Result<(), (usize, Error)> {
+        self.with_qp(now, qpn, |qp, ctx| {
+            for (i, wr) in wrs.into_iter().enumerate() {
+                qp.post_send(ctx, wr).map_err(|e| (i, e))?;
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|| Err((0, Error::inval("post_send: no such QP"))))
+    }
+
+    /// [`Engine::post_send_list`] for receive WRs.
+    pub fn post_recv_list(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        wrs: impl IntoIterator<Item = RecvWr>,
+    ) -> std::result::Result<(), (usize, Error)> {
+        self.with_qp(now, qpn, |qp, ctx| {
+            for (i, wr) in wrs.into_iter().enumerate() {
+                qp.post_recv(ctx, wr).map_err(|e| (i, e))?;
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|| Err((0, Error::inval("post_recv: no such QP"))))
+    }
+
     pub fn post_recv(&mut self, now: Instant, qpn: u32, wr: RecvWr) -> Result<()> {
         self.with_qp(now, qpn, |qp, ctx| qp.post_recv(ctx, wr))
             .unwrap_or_else(|| Err(Error::inval("post_recv: no such QP")))

@@ -187,22 +187,12 @@ impl QueuePair {
     /// `ibv_post_send` call with a chained list). On failure, the index of the
     /// first WR not posted (`bad_wr`) and why; the WRs before it are posted.
     pub fn post_send_list(&self, wrs: impl IntoIterator<Item = SendWr>) -> std::result::Result<(), (usize, Error)> {
-        self.owner.ctx().dev.rt.pump(|e, now| {
-            for (i, wr) in wrs.into_iter().enumerate() {
-                e.post_send(now, self.qpn, wr).map_err(|err| (i, err))?;
-            }
-            Ok(())
-        })
+        self.owner.ctx().dev.rt.pump(|e, now| e.post_send_list(now, self.qpn, wrs))
     }
 
     /// The same for receive WRs.
     pub fn post_recv_list(&self, wrs: impl IntoIterator<Item = RecvWr>) -> std::result::Result<(), (usize, Error)> {
-        self.owner.ctx().dev.rt.pump(|e, now| {
-            for (i, wr) in wrs.into_iter().enumerate() {
-                e.post_recv(now, self.qpn, wr).map_err(|err| (i, err))?;
-            }
-            Ok(())
-        })
+        self.owner.ctx().dev.rt.pump(|e, now| e.post_recv_list(now, self.qpn, wrs))
     }
 
     /// Moves a connected QP (RC, UC or either XRC half) through INIT, RTR
