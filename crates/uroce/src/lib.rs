@@ -17,7 +17,12 @@
 #[macro_export]
 macro_rules! sgl {
     ($e:expr; $n:expr) => { $crate::verbs::SgList::from_elem($e, $n) };
-    ($($e:expr),* $(,)?) => { <$crate::verbs::SgList as ::core::iter::FromIterator<_>>::from_iter([$($e),*]) };
+    ($($e:expr),* $(,)?) => {{
+        #[allow(unused_mut)]
+        let mut list = $crate::verbs::SgList::new();
+        $(list.push($e);)*
+        list
+    }};
 }
 
 pub mod config;
