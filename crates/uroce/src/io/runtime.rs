@@ -1,10 +1,11 @@
 //! The runtime of one device: engine, socket, progress thread, capture.
 
-use super::socket::{Datagram, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+use super::socket::{Datagram, RecvBatch, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 use super::{Capture, RoceSocket};
 use crate::mem::Memory;
 use crate::proto::{Engine, EngineConfig, Event, Transmit};
 use crate::wire::IpInfo;
+use smallvec::SmallVec;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -62,6 +63,29 @@ const TICK: Duration = Duration::from_millis(1);
 /// Datagrams handled per engine lock.
 const RX_BATCH: usize = 64;
 
+/// What an engine pass does with the plain ACKs that an application
+/// thread's receive held back (see [`Runtime::try_progress`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Send them: the progress thread and explicit flushes, which bound how
+    /// long an ACK waits.
+    Flush,
+    /// Keep them (posts and other calls): the application's answer leaves
+    /// first, and the ACKs while it waits for the next reply.
+    Keep,
+    /// Send them, and hold this pass's own packets if they are all plain
+    /// ACKs (an application thread's receive): an ACK waits one pass at most.
+    HoldNew,
+}
+
+/// The receiving side's reusable storage.
+struct RxState {
+    batch: RecvBatch,
+    /// The datagrams in its filled buffers: (buffer, offset, length, sender, largest IPv4
+    /// ID the sender used).
+    got: Vec<(usize, usize, usize, SocketAddr, u16)>,
+}
+
 /// The sending side's reusable storage.
 #[derive(Default)]
 struct TxState {
@@ -69,12 +93,15 @@ struct TxState {
     out: Vec<Transmit>,
     /// Buffers of sent packets, handed back to the engine on its next pass.
     sent: Vec<Vec<u8>>,
+    /// Plain ACKs made by an application thread's receive, sent first by
+    /// the next pass of any thread (see [`Runtime::try_progress`]).
+    held: Vec<Transmit>,
 }
 
 pub struct Runtime {
     engine: Mutex<Engine>,
     /// Receive buffers; holding the lock makes a thread the receiver.
-    rx: Mutex<Vec<Vec<u8>>>,
+    rx: Mutex<RxState>,
     socket: RoceSocket,
     /// Held while a thread runs the engine and sends what it produced, so
     /// that packets leave in the order the engine made them.
@@ -90,6 +117,12 @@ pub struct Runtime {
     sleeping_until: Mutex<Option<Instant>>,
     /// When an application thread last polled for completions.
     app_poll_at: AtomicInstant,
+    /// Whether `TxState::held` has packets (read without the lock).
+    acks_held: AtomicBool,
+    /// The engine's earliest timer as of its last pass, so that an empty
+    /// poll needs no engine lock (timers armed outside a pass are the
+    /// progress thread's to find).
+    next_deadline: AtomicInstant,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -116,7 +149,7 @@ impl Runtime {
         };
         let rt = Arc::new(Runtime {
             engine: Mutex::new(Engine::new(cfg.engine, mem)),
-            rx: Mutex::new((0..RX_BATCH).map(|_| vec![0u8; 65536]).collect()),
+            rx: Mutex::new(RxState { batch: RecvBatch::new(RX_BATCH, 65536), got: Vec::with_capacity(RX_BATCH) }),
             socket,
             tx: Mutex::new(TxState::default()),
             wake,
@@ -128,6 +161,8 @@ impl Runtime {
             shutdown: AtomicBool::new(false),
             sleeping_until: Mutex::new(None),
             app_poll_at: AtomicInstant::default(),
+            acks_held: AtomicBool::new(false),
+            next_deadline: AtomicInstant::default(),
             thread: Mutex::new(None),
         });
         let weak = Arc::downgrade(&rt);
@@ -150,11 +185,18 @@ impl Runtime {
     }
 
     /// Runs `f` on the engine, then sends what it produced and delivers its
-    /// events.
+    /// events. ACKs held back by an application thread's receive stay held
+    /// (see [`Runtime::try_progress`]).
     pub fn pump<R>(&self, f: impl FnOnce(&mut Engine, Instant) -> R) -> R {
+        self.pump_with(Held::Keep, f)
+    }
+
+    fn pump_with<R>(&self, held: Held, f: impl FnOnce(&mut Engine, Instant) -> R) -> R {
         let mut tx = self.tx.lock().unwrap();
         let now = Instant::now();
         let mut out = std::mem::take(&mut tx.out);
+        out.append(&mut tx.held);
+        let earlier = out.len();
         let mut events = Vec::new();
         let (r, deadline) = {
             let mut e = self.engine.lock().unwrap();
@@ -170,6 +212,17 @@ impl Runtime {
             }
             (r, e.poll_timeout())
         };
+        let made = &out[earlier..];
+        match held {
+            Held::Flush => {}
+            Held::Keep => tx.held.extend(out.drain(..earlier)),
+            Held::HoldNew if !made.is_empty() && made.iter().all(Transmit::is_plain_ack) => {
+                tx.held.extend(out.drain(earlier..))
+            }
+            Held::HoldNew => {}
+        }
+        self.acks_held.store(!tx.held.is_empty(), Ordering::Release);
+        self.next_deadline.store(deadline, Ordering::Relaxed);
         self.send_all(&mut out);
         tx.sent.extend(out.drain(..).map(|t| t.data));
         tx.out = out;
@@ -207,7 +260,7 @@ impl Runtime {
     /// GSO needs equal segments but for a shorter last one, and a
     /// multi-packet message's FIRST packet is 16 bytes longer (its RETH).
     fn send_all(&self, out: &mut [Transmit]) {
-        let mut runs = Vec::new();
+        let mut runs: SmallVec<[std::ops::Range<usize>; 8]> = SmallVec::new();
         let mut i = 0;
         while i < out.len() {
             let (dst, seg) = (out[i].dst, out[i].len());
@@ -234,8 +287,9 @@ impl Runtime {
             runs.push(i..j);
             i = j;
         }
-        let segs: Vec<Datagram> = out.iter().map(|t| Datagram::new(t.parts())).collect();
-        let groups: Vec<(SocketAddr, &[Datagram])> = runs.into_iter().map(|r| (out[r.start].dst, &segs[r])).collect();
+        let segs: SmallVec<[Datagram; 8]> = out.iter().map(|t| Datagram::new(t.parts())).collect();
+        let groups: SmallVec<[(SocketAddr, &[Datagram]); 8]> =
+            runs.into_iter().map(|r| (out[r.start].dst, &segs[r])).collect();
         self.send_with_retry(&groups);
     }
 
@@ -299,6 +353,7 @@ impl Runtime {
 
     /// Stops the progress thread (also done on drop).
     pub fn shutdown(&self) {
+        self.flush_held();
         self.shutdown.store(true, Ordering::SeqCst);
         self.wake();
         let h = self.thread.lock().unwrap().take();
@@ -323,38 +378,59 @@ impl Runtime {
     /// pollers of an empty CQ: with busy-polling applications on few cores,
     /// waiting for the progress thread to be scheduled would cost
     /// milliseconds. Returns whether anything was received.
+    ///
+    /// The plain ACKs this makes are held until the application's next
+    /// receive pass (its next empty poll, typically after it has posted its
+    /// answer to what it just received), or the progress thread's next
+    /// wake-up, at most `APP_POLL_GRACE` (0.5 ms) away while the application polls.
+    /// An ACK sent at once would cost the application a system call between
+    /// the data's arrival and its view of it, and one more before its
+    /// answer leaves; a NIC sends it beside the host's work, and uroce's
+    /// host is the application thread.
     pub fn try_progress(&self) -> bool {
-        self.app_poll_at.store(Some(Instant::now()), Ordering::Relaxed);
-        let Ok(mut bufs) = self.rx.try_lock() else { return false };
-        self.receive(&mut bufs)
+        let now = Instant::now();
+        self.app_poll_at.store(Some(now), Ordering::Relaxed);
+        let Ok(mut rx) = self.rx.try_lock() else { return false };
+        self.receive(&mut rx, now, Held::HoldNew)
     }
 
-    fn receive(&self, bufs: &mut [Vec<u8>]) -> bool {
-        // (buffer, offset, length, sender, largest IPv4 ID the sender used)
-        let mut got: Vec<(usize, usize, usize, SocketAddr, u16)> = Vec::with_capacity(RX_BATCH);
+    /// Sends the ACKs that an application thread's receive held.
+    pub fn flush_held(&self) {
+        if self.acks_held.load(Ordering::Acquire) {
+            self.pump_with(Held::Flush, |_, _| {});
+        }
+    }
+
+    /// Receives what the socket holds and runs the engine on it, on due
+    /// timers and on held ACKs; `now` is the caller's recent clock reading.
+    fn receive(&self, rx: &mut RxState, now: Instant, held: Held) -> bool {
+        let RxState { batch, got } = rx;
+        got.clear();
+        if let Err(e) = self.socket.recv_batch(batch) {
+            tracing::debug!("receive failed: {e}");
+        }
         let local = self.socket.local_addr();
-        for (b, buf) in bufs.iter_mut().enumerate() {
-            match self.socket.recv_gro(buf) {
-                Ok((n, from, None)) => got.push((b, 0, n, from, 0)),
-                Ok((n, from, Some(seg))) => {
+        for (b, r) in batch.filled().iter().enumerate() {
+            match r.seg {
+                None => got.push((b, 0, r.len, r.from, 0)),
+                Some(seg) => {
                     // GRO merged datagrams: split them. For IPv4 the j-th was
                     // sent with an ID of at most j (see wire::icrc); the
                     // engine finds which while it checks the ICRC.
-                    for (j, off) in (0..n).step_by(seg).enumerate() {
-                        let max_id = if from.is_ipv4() { j.min(GSO_MAX_SEGMENTS - 1) as u16 } else { 0 };
-                        got.push((b, off, seg.min(n - off), from, max_id));
+                    for (j, off) in (0..r.len).step_by(seg).enumerate() {
+                        let max_id = if r.from.is_ipv4() { j.min(GSO_MAX_SEGMENTS - 1) as u16 } else { 0 };
+                        got.push((b, off, seg.min(r.len - off), r.from, max_id));
                     }
                 }
-                Err(_) => break,
             }
         }
         let guard = self.capturing.load(Ordering::Acquire).then(|| self.capture.read().unwrap());
         if let Some(c) = guard.as_deref().and_then(|c| c.as_ref()) {
-            for &(b, off, n, from, max_id) in &got {
+            for &(b, off, n, from, max_id) in got.iter() {
                 let mut ip =
                     IpInfo { src: from.ip(), dst: local.ip(), sport: from.port(), dport: local.port(), ipv4_id: 0 };
                 // The pcap needs the real ID for the ICRC to check out.
-                let data = &bufs[b][off..off + n];
+                let data = &batch.bytes(b)[off..off + n];
                 ip.ipv4_id = crate::wire::icrc::find_ipv4_id(&ip, data, max_id).unwrap_or(0);
                 c.record(&ip, data);
             }
@@ -363,17 +439,16 @@ impl Runtime {
         if let Some(f) = &self.faults {
             // Through the fault layer: owned copies, some dropped, held back,
             // duplicated or corrupted.
-            let now = Instant::now();
             let mut owned = Vec::with_capacity(got.len());
             f.release(now, &mut owned);
-            for &(b, off, n, from, id) in &got {
-                f.receive(now, from, id, &bufs[b][off..off + n], &mut owned);
+            for &(b, off, n, from, id) in got.iter() {
+                f.receive(now, from, id, &batch.bytes(b)[off..off + n], &mut owned);
             }
-            let due = self.engine.lock().unwrap().poll_timeout().is_some_and(|t| t <= now);
-            if owned.is_empty() && !due {
+            let due = self.next_deadline.load(Ordering::Relaxed).is_some_and(|t| t <= now);
+            if owned.is_empty() && !due && !self.acks_held.load(Ordering::Acquire) {
                 return !got.is_empty();
             }
-            self.pump(|e, now| {
+            self.pump_with(held, |e, now| {
                 for (from, id, data) in &owned {
                     e.handle_datagram(now, *from, local.ip(), data, *id);
                 }
@@ -383,13 +458,13 @@ impl Runtime {
             });
             return true;
         }
-        let due = self.engine.lock().unwrap().poll_timeout().is_some_and(|t| t <= Instant::now());
-        if got.is_empty() && !due {
+        let due = self.next_deadline.load(Ordering::Relaxed).is_some_and(|t| t <= now);
+        if got.is_empty() && !due && !self.acks_held.load(Ordering::Acquire) {
             return false;
         }
-        self.pump(|e, now| {
-            for &(b, off, n, from, id) in &got {
-                e.handle_datagram(now, from, local.ip(), &bufs[b][off..off + n], id);
+        self.pump_with(held, |e, now| {
+            for &(b, off, n, from, id) in got.iter() {
+                e.handle_datagram(now, from, local.ip(), &batch.bytes(b)[off..off + n], id);
             }
             if e.poll_timeout().is_some_and(|t| t <= now) {
                 e.handle_timeout(now);
@@ -418,6 +493,7 @@ impl Runtime {
             // either sees this sleep (and wakes us for an earlier deadline)
             // or changed the engine before we looked.
             let e = self.engine.lock().unwrap();
+            self.next_deadline.store(e.poll_timeout(), Ordering::Relaxed);
             // With timers pending, wake at least every TICK: then a new,
             // later deadline (a retransmission timer armed by a post) needs
             // no eventfd wake-up, which on two cores costs the poster a
@@ -455,10 +531,11 @@ impl Runtime {
         if self.shutdown.load(Ordering::SeqCst) {
             return false;
         }
-        let got = {
-            let mut bufs = self.rx.lock().unwrap();
-            self.receive(&mut bufs)
-        };
+        // An application thread holding the receive lock is receiving, and
+        // its pass handles due timers and held ACKs too: do not queue behind
+        // it.
+        let rx = if app_polling { self.rx.try_lock().ok() } else { Some(self.rx.lock().unwrap()) };
+        let got = rx.is_some_and(|mut rx| self.receive(&mut rx, Instant::now(), Held::Flush));
         if self.busy_poll && !got {
             std::hint::spin_loop();
         }

@@ -7,9 +7,9 @@
 //! up to 64 equal packets, each group for one destination, in one
 //! `sendmmsg` with UDP GSO (`UDP_SEGMENT`); each packet stays a datagram of
 //! its own on the wire, the k-th of a group with IPv4 ID k (the caller fixes
-//! its ICRC). The socket receives with
-//! UDP GRO: one `recvmsg` may return several datagrams back to back, with
-//! their size in a `UDP_GRO` control message.
+//! its ICRC). The socket receives with UDP GRO into a [`RecvBatch`], all
+//! that is queued in one `recvmmsg`: each buffer may hold several datagrams
+//! back to back, their size in a `UDP_GRO` control message.
 
 use smallvec::SmallVec;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
@@ -17,13 +17,56 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 
+/// One buffer filled by [`RoceSocket::recv_batch`]: `len` bytes from
+/// `from`; with GRO, datagrams of `seg` bytes back to back (the last may be
+/// shorter).
+#[derive(Debug, Clone, Copy)]
+pub struct Received {
+    pub len: usize,
+    pub from: SocketAddr,
+    pub seg: Option<usize>,
+}
+
+/// The `UDP_GRO` segment size in a received message's control data.
+///
+/// # Safety
+/// `msg` is a header the kernel filled: `msg_control` valid for
+/// `msg_controllen` bytes.
+unsafe fn gro_segment(msg: &libc::msghdr) -> Option<usize> {
+    let mut seg = None;
+    // SAFETY: the caller's guarantee; the CMSG_* macros stay within
+    // `msg_controllen`.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
+                seg = Some(std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const u16) as usize);
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+    seg
+}
+
+/// The sender's address in a received message header.
+///
+/// # Safety
+/// `msg.msg_name` points at a `sockaddr_storage` the kernel filled for
+/// `msg_namelen` bytes.
+unsafe fn sockaddr(msg: &libc::msghdr) -> Option<SocketAddr> {
+    // SAFETY: the caller's guarantee.
+    let storage = unsafe { *(msg.msg_name as *const libc::sockaddr_storage) };
+    // SAFETY: `storage` holds `msg_namelen` bytes of a socket address.
+    let addr = unsafe { SockAddr::new(storage, msg.msg_namelen) };
+    addr.as_socket()
+}
+
 #[derive(Debug)]
 pub struct RoceSocket {
     sock: Socket,
     local: SocketAddr,
     /// UDP GSO works (cleared after the kernel refuses it once).
     gso: std::sync::atomic::AtomicBool,
-    gro: bool,
 }
 
 /// One datagram to send, in up to three pieces that the kernel gathers
@@ -94,8 +137,8 @@ impl RoceSocket {
         }
         let one: libc::c_int = 1;
         // SAFETY: setsockopt reads one c_int. Failure (an old kernel) only
-        // means datagrams arrive one per call.
-        let gro = unsafe {
+        // means datagrams arrive one per buffer.
+        unsafe {
             libc::setsockopt(
                 sock.as_raw_fd(),
                 libc::SOL_UDP,
@@ -103,10 +146,10 @@ impl RoceSocket {
                 (&one as *const libc::c_int).cast(),
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
             )
-        } == 0;
+        };
         sock.bind(&SockAddr::from(addr))?;
         let local = sock.local_addr()?.as_socket().ok_or_else(|| io::Error::other("not an IP socket"))?;
-        Ok(RoceSocket { sock, local, gso: std::sync::atomic::AtomicBool::new(true), gro })
+        Ok(RoceSocket { sock, local, gso: std::sync::atomic::AtomicBool::new(true) })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -241,55 +284,96 @@ impl RoceSocket {
         Ok(r as usize)
     }
 
-    /// Receives without blocking: a datagram, or with GRO several of
-    /// `Some(size)` bytes each back to back (the last may be shorter).
-    pub fn recv_gro(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr, Option<usize>)> {
-        if !self.gro {
-            let (n, from) = self.recv_from(buf)?;
-            return Ok((n, from, None));
+    /// Receives without blocking into as many of `batch`'s buffers as the
+    /// socket has datagrams (or GRO batches) for, in one `recvmmsg`; the
+    /// filled ones are then `batch.filled()`. An empty socket fills none.
+    pub fn recv_batch(&self, batch: &mut RecvBatch) -> io::Result<()> {
+        batch.filled.clear();
+        for m in batch.msgs.iter_mut() {
+            // The kernel shortens both to what it wrote.
+            m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as _;
+            m.msg_hdr.msg_controllen = std::mem::size_of::<Control>() as _;
         }
-        // SAFETY: sockaddr_storage is plain old data.
-        let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        let mut cbuf = [0u64; 8];
-        // SAFETY: msghdr is plain old data; its pointers refer to live locals
-        // (`from`, `iov` over `buf`, `cbuf`) for the duration of recvmsg,
-        // which writes at most their stated lengths. Control messages are
-        // read with the CMSG_* macros within `msg_controllen`.
-        unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
-            msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as _;
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = cbuf.as_mut_ptr().cast();
-            msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
-            let n = libc::recvmsg(self.sock.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT);
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let mut seg = None;
-            let mut c = libc::CMSG_FIRSTHDR(&msg);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
-                    seg = Some(std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const u16) as usize);
-                }
-                c = libc::CMSG_NXTHDR(&msg, c);
-            }
-            let addr = SockAddr::new(from, msg.msg_namelen);
-            let from = addr.as_socket().ok_or_else(|| io::Error::other("not an IP peer"))?;
-            Ok((n as usize, from, seg.filter(|&s| s > 0 && s < n as usize)))
+        // SAFETY: every header points into `batch`'s own buffers, of the
+        // lengths it states (see `RecvBatch::new`); the kernel writes within
+        // them.
+        let got = unsafe {
+            libc::recvmmsg(
+                self.sock.as_raw_fd(),
+                batch.msgs.as_mut_ptr(),
+                batch.msgs.len() as _,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if got < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::WouldBlock { Ok(()) } else { Err(e) };
         }
+        for m in &batch.msgs[..got as usize] {
+            let len = m.msg_len as usize;
+            // SAFETY: the kernel filled this header's control buffer within
+            // `msg_controllen`, and its name within `msg_namelen`.
+            let (seg, from) = unsafe { (gro_segment(&m.msg_hdr), sockaddr(&m.msg_hdr)) };
+            let from = from.ok_or_else(|| io::Error::other("not an IP peer"))?;
+            batch.filled.push(Received { len, from, seg: seg.filter(|&s| s > 0 && s < len) });
+        }
+        Ok(())
+    }
+}
+
+/// Room for the `UDP_GRO` control message.
+type Control = [u64; 8];
+
+/// Receive buffers and the `recvmmsg` headers that point into them, set up
+/// once: a receive only resets two lengths per header.
+pub struct RecvBatch {
+    bufs: Vec<Vec<u8>>,
+    /// Where `msgs` point (senders' addresses, control messages, iovecs
+    /// over `bufs`): never read through these fields, only kept alive.
+    _names: Box<[libc::sockaddr_storage]>,
+    _controls: Box<[Control]>,
+    _iovs: Box<[libc::iovec]>,
+    msgs: Box<[libc::mmsghdr]>,
+    filled: Vec<Received>,
+}
+
+// SAFETY: the raw pointers in `iovs` and `msgs` point only into this
+// struct's own heap allocations, which move with it; they are used only
+// through `&mut self`.
+unsafe impl Send for RecvBatch {}
+
+impl RecvBatch {
+    /// `n` buffers of `size` bytes.
+    pub fn new(n: usize, size: usize) -> RecvBatch {
+        let mut bufs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; size]).collect();
+        // SAFETY: sockaddr_storage is plain old data; all zero is valid.
+        let mut names: Box<[libc::sockaddr_storage]> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
+        let mut controls: Box<[Control]> = vec![[0u64; 8]; n].into_boxed_slice();
+        let mut iovs: Box<[libc::iovec]> =
+            bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }).collect();
+        let msgs = (0..n)
+            .map(|i| {
+                // SAFETY: mmsghdr is plain old data; all zero is valid.
+                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                m.msg_hdr.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
+                m.msg_hdr.msg_iov = &mut iovs[i];
+                m.msg_hdr.msg_iovlen = 1;
+                m.msg_hdr.msg_control = controls[i].as_mut_ptr().cast();
+                m
+            })
+            .collect();
+        RecvBatch { bufs, _names: names, _controls: controls, _iovs: iovs, msgs, filled: Vec::with_capacity(n) }
     }
 
-    /// Receives one datagram without blocking.
-    pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
-        // SAFETY: `MaybeUninit<u8>` has the layout of u8, and socket2 only
-        // writes initialised bytes into the slice.
-        let uninit = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
-        let (n, from) = self.sock.recv_from(uninit)?;
-        let from = from.as_socket().ok_or_else(|| io::Error::other("not an IP peer"))?;
-        Ok((n, from))
+    /// What the last receive filled, a buffer each, in order.
+    pub fn filled(&self) -> &[Received] {
+        &self.filled
+    }
+
+    /// The bytes of the `i`-th filled buffer.
+    pub fn bytes(&self, i: usize) -> &[u8] {
+        &self.bufs[i][..self.filled[i].len]
     }
 }
 

@@ -16,12 +16,12 @@
 //!   access goes through the current page tables, RDMA after `munmap` +
 //!   `mmap` at the same address sees the new memory, never the old pages.
 //! * **The device's translation** is modelled as the set of pages the device
-//!   has touched ([`RangeSet`] of page numbers). A page entering it is a
+//!   has touched (`RangeSet` of page numbers). A page entering it is a
 //!   page fault (`page_faults`, one `page_faults_handled` per access that
 //!   added pages) or a prefetch (`page_prefetch`).
 //! * **Invalidation** comes from a process-wide userfaultfd registered in
 //!   write-protect mode over the pages the device touched (see
-//!   [`super::notifier`]): `munmap`, `mremap`, `MADV_DONTNEED`/`MADV_FREE` and
+//!   `mem::notifier`): `munmap`, `mremap`, `MADV_DONTNEED`/`MADV_FREE` and
 //!   `mmap(MAP_FIXED)` over them produce events that drop the pages from the
 //!   translation (`page_invalidations`, `page_invalidations_handled`).
 //! * **Atomics** need the 8 bytes in place: the page is populated writable

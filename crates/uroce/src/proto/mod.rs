@@ -74,6 +74,17 @@ impl Transmit {
         }
     }
 
+    /// Whether this is a plain positive acknowledgement: an RC or XRC
+    /// ACKNOWLEDGE whose AETH syndrome is ACK (not an RNR NAK or NAK). Only
+    /// the peer's requester waits for one, so the I/O layer may hold it
+    /// briefly to send it with the next packets (see `io::runtime`).
+    pub fn is_plain_ack(&self) -> bool {
+        let op = self.data.first().map(|&b| wire::Opcode(b));
+        let syndrome = self.data.get(wire::Bth::LEN).copied();
+        matches!(op, Some(o) if o == wire::Opcode::RC_ACK || o == wire::Opcode::RC_ACK.to_xrc())
+            && syndrome.is_some_and(|s| matches!(wire::Aeth { syndrome: s, msn: 0 }.kind(), wire::AethKind::Ack { .. }))
+    }
+
     /// Rewrites the ICRC for an IPv4 Identification of `id` instead of 0
     /// (the k-th segment of a UDP GSO send carries ID k).
     pub fn set_ipv4_id(&mut self, id: u16) {

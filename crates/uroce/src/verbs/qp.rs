@@ -250,7 +250,11 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        let _ = self.owner.ctx().dev.rt.engine().destroy_qp(self.qpn);
+        let rt = &self.owner.ctx().dev.rt;
+        // What it acknowledged leaves before it goes (an application often
+        // destroys its QPs right after its last receive, then exits).
+        rt.flush_held();
+        let _ = rt.engine().destroy_qp(self.qpn);
     }
 }
 

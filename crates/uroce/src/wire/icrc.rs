@@ -121,7 +121,7 @@ pub fn verify(ip: &IpInfo, udp_payload: &[u8]) -> bool {
 /// How the ICRC of an IPv4 packet of `udp_payload_len` bytes changes when
 /// its IP Identification goes from 0 to `id`. The CRC is affine over GF(2),
 /// so the change depends only on the length and the ID, not the contents:
-/// the XOR of one column per set ID bit (see [`ipv4_id_columns`]).
+/// the XOR of one column per set ID bit (see `ipv4_id_columns`).
 pub fn ipv4_id_delta(udp_payload_len: usize, id: u16) -> u32 {
     if id == 0 || udp_payload_len < 16 {
         return 0;
