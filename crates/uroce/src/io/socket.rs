@@ -234,17 +234,19 @@ impl RoceSocket {
             return self.send_segments(segs, dst).map(|_| 1);
         }
         let n = groups.len().min(SEND_GROUPS);
-        let addrs: Vec<SockAddr> = groups[..n].iter().map(|&(dst, _)| SockAddr::from(dst)).collect();
-        let mut iov = Vec::with_capacity(groups[..n].iter().map(|g| g.1.len()).sum());
-        let mut ends = Vec::with_capacity(n);
+        // Inline room for the common case (a few groups: a reply and the
+        // ACKs beside it), so that a small send allocates nothing.
+        let addrs: SmallVec<[SockAddr; 4]> = groups[..n].iter().map(|&(dst, _)| SockAddr::from(dst)).collect();
+        let mut iov: SmallVec<[libc::iovec; 12]> = SmallVec::new();
+        let mut ends: SmallVec<[usize; 4]> = SmallVec::new();
         for &(_, segs) in &groups[..n] {
             iov.extend(iovecs(segs));
             ends.push(iov.len());
         }
         // CMSG space for one u16 per group.
-        let mut cbufs = vec![[0u64; 4]; n];
+        let mut cbufs: SmallVec<[[u64; 4]; 4]> = smallvec::smallvec![[0u64; 4]; n];
         // SAFETY: mmsghdr is plain old data; all-zero is a valid value.
-        let mut hdrs: Vec<libc::mmsghdr> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
+        let mut hdrs: SmallVec<[libc::mmsghdr; 4]> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
         let mut at = 0;
         for (k, &(_, segs)) in groups[..n].iter().enumerate() {
             let h = &mut hdrs[k].msg_hdr;
