@@ -60,7 +60,8 @@ impl AtomicInstant {
 
 /// Longest sleep while timers are pending (their granularity).
 const TICK: Duration = Duration::from_millis(1);
-/// Datagrams handled per engine lock.
+/// Receive buffers filled per `recvmmsg` (each may hold a GRO batch), all
+/// handled under one engine lock.
 const RX_BATCH: usize = 64;
 
 /// What an engine pass does with the plain ACKs that an application
@@ -93,8 +94,8 @@ struct TxState {
     out: Vec<Transmit>,
     /// Buffers of sent packets, handed back to the engine on its next pass.
     sent: Vec<Vec<u8>>,
-    /// Plain ACKs made by an application thread's receive, sent first by
-    /// the next pass of any thread (see [`Runtime::try_progress`]).
+    /// Plain ACKs made by an application thread's receive, sent by its next
+    /// receive pass or a flush (see [`Runtime::try_progress`]).
     held: Vec<Transmit>,
 }
 
