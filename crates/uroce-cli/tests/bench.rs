@@ -1,7 +1,7 @@
 //! `uroce bench`: short runs as a user would make them (two processes on
-//! loopback), the JSON they write, and a gross-regression guard on the
-//! bandwidth ratio to the raw UDP baseline of the same run. Ratios only,
-//! never absolute times: the machine may be small and busy.
+//! loopback), the JSON they write, and gross-regression guards on the
+//! bandwidth and latency ratios to the raw UDP baselines of the same run.
+//! Ratios only, never absolute times: the machine may be small and busy.
 
 use serde_json::Value;
 use std::process::Command;
@@ -105,4 +105,33 @@ fn write_64k_bandwidth_ratio_above_floor() {
         ));
     }
     panic!("64 KiB WRITE bandwidth below {FLOOR} × the raw UDP baseline in three runs: {seen:?}");
+}
+
+/// Gross regression guard: the 64 B RDMA WRITE half round trip must stay
+/// below a high ceiling of the raw UDP busy-poll half round trip of the same
+/// run (the target is 1.25; 1.7-1.9 on the development machine). An ACK left
+/// waiting for a retransmission timeout, or a poller that no longer drives
+/// the device, costs milliseconds: hundreds of times the ceiling. The best
+/// of up to three counts.
+#[test]
+fn write_64b_latency_ratio_below_ceiling() {
+    const CEILING: f64 = 20.0;
+    let mut seen = Vec::new();
+    for attempt in 0..3 {
+        let v = bench(
+            &format!("lat-guard{attempt}"),
+            &["--op", "write", "--metric", "lat", "--size", "64", "--iters", "2000"],
+        );
+        let r = &results(&v)[0];
+        let ratio = r["ratio"].as_f64().unwrap();
+        if ratio < CEILING {
+            return;
+        }
+        seen.push(format!(
+            "{:.2} us = {ratio:.1} × raw UDP {:.2} us",
+            r["result"].as_f64().unwrap(),
+            r["baseline"].as_f64().unwrap()
+        ));
+    }
+    panic!("64 B WRITE latency above {CEILING} × the raw UDP baseline in three runs: {seen:?}");
 }
