@@ -35,12 +35,6 @@ const MAX_SLEEP: Duration = Duration::from_millis(200);
 /// How long after an application poll the progress thread leaves the
 /// socket to the application.
 const APP_POLL_GRACE: Duration = Duration::from_micros(500);
-/// An application that polls a CQ but has received nothing for this long
-/// is not the one draining the socket.
-const APP_RECEIVE_STALE: Duration = Duration::from_micros(100);
-/// How long the progress thread watches the socket itself after it found
-/// packets waiting that such an application left there.
-const WATCH_FOR_APP: Duration = Duration::from_millis(100);
 
 /// An `Option<Instant>` readable without a lock (nanoseconds since a
 /// process-wide origin; 0 = none).
@@ -124,11 +118,6 @@ pub struct Runtime {
     sleeping_until: Mutex<Option<Instant>>,
     /// When an application thread last polled for completions.
     app_poll_at: AtomicInstant,
-    /// When an application thread's poll last received something.
-    app_received_at: AtomicInstant,
-    /// Until when the progress thread watches the socket although an
-    /// application polls (see `progress_once`).
-    watch_until: AtomicInstant,
     /// Whether `TxState::held` has packets (read without the lock).
     acks_held: AtomicBool,
     /// The engine's earliest timer as of its last pass, so that an empty
@@ -173,8 +162,6 @@ impl Runtime {
             shutdown: AtomicBool::new(false),
             sleeping_until: Mutex::new(None),
             app_poll_at: AtomicInstant::default(),
-            app_received_at: AtomicInstant::default(),
-            watch_until: AtomicInstant::default(),
             acks_held: AtomicBool::new(false),
             next_deadline: AtomicInstant::default(),
             thread: Mutex::new(None),
@@ -405,11 +392,7 @@ impl Runtime {
         let now = Instant::now();
         self.app_poll_at.store(Some(now), Ordering::Relaxed);
         let Ok(mut rx) = self.rx.try_lock() else { return false };
-        let got = self.receive(&mut rx, now, Held::HoldNew);
-        if got {
-            self.app_received_at.store(Some(now), Ordering::Relaxed);
-        }
-        got
+        self.receive(&mut rx, now, Held::HoldNew)
     }
 
     /// Sends the ACKs that an application thread's receive held.
@@ -504,11 +487,8 @@ impl Runtime {
         let now = Instant::now();
         // While an application thread polls a CQ of this device it receives
         // for us (`try_progress`): leave the socket to it instead of waking
-        // on every packet and fighting over the locks, unless it has been
-        // seen to leave packets waiting.
-        let watching = self.watch_until.load(Ordering::Relaxed).is_some_and(|t| now < t);
-        let app_polling =
-            !watching && self.app_poll_at.load(Ordering::Relaxed).is_some_and(|t| now < t + APP_POLL_GRACE);
+        // on every packet and fighting over the locks.
+        let app_polling = self.app_poll_at.load(Ordering::Relaxed).is_some_and(|t| now < t + APP_POLL_GRACE);
         let timeout = {
             // Computed and published under the engine lock, so that `pump`
             // either sees this sleep (and wakes us for an earlier deadline)
@@ -556,17 +536,7 @@ impl Runtime {
         // its pass handles due timers and held ACKs too: do not queue behind
         // it.
         let rx = if app_polling { self.rx.try_lock().ok() } else { Some(self.rx.lock().unwrap()) };
-        let now = Instant::now();
-        let got = rx.is_some_and(|mut rx| self.receive(&mut rx, now, Held::Flush));
-        // Packets were waiting for us although an application polls a CQ:
-        // it polls now and then but waits for its data elsewhere (perftest's
-        // write latency test spins on the buffer, polling only for its own
-        // send completions). Watch the socket for it a while.
-        let app_active = self.app_poll_at.load(Ordering::Relaxed).is_some_and(|t| now < t + APP_POLL_GRACE);
-        let app_stale = self.app_received_at.load(Ordering::Relaxed).is_none_or(|t| now > t + APP_RECEIVE_STALE);
-        if got && app_active && app_stale {
-            self.watch_until.store(Some(now + WATCH_FOR_APP), Ordering::Relaxed);
-        }
+        let got = rx.is_some_and(|mut rx| self.receive(&mut rx, Instant::now(), Held::Flush));
         if self.busy_poll && !got {
             std::hint::spin_loop();
         }
