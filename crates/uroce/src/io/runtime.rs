@@ -64,20 +64,31 @@ const TICK: Duration = Duration::from_millis(1);
 /// handled under one engine lock.
 const RX_BATCH: usize = 64;
 
-/// What an engine pass does with the plain ACKs that an application
-/// thread's receive held back (see [`Runtime::try_progress`]).
+/// What an engine pass does with the plain ACKs that receive passes held
+/// back (see [`Runtime::try_progress`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Held {
-    /// Send them: the progress thread and explicit flushes, which bound how
-    /// long an ACK waits.
+    /// Send them: explicit flushes, and the progress thread while no
+    /// application calls in.
     Flush,
-    /// Keep them (posts and other calls): the application's answer leaves
-    /// first, and the ACKs while it waits for the next reply.
+    /// Posts and other calls: send them right after this pass's packets,
+    /// in the same system call (the application's answer, then the ACKs);
+    /// keep them if it made none.
     Keep,
-    /// Send them, and hold this pass's own packets if they are all plain
-    /// ACKs (an application thread's receive): an ACK waits one pass at most.
+    /// A receive pass while an application calls in: hold this pass's own
+    /// packets if they are all plain ACKs (and the application is seen to
+    /// answer what it receives); keep those held earlier for at most
+    /// [`ACK_HOLD_MAX`].
     HoldNew,
 }
+
+/// Longest a held ACK waits for the application to post its answer.
+const ACK_HOLD_MAX: Duration = Duration::from_micros(20);
+/// Longest the progress thread sleeps while ACKs are held.
+const ACK_HOLD_WAIT: Duration = Duration::from_micros(200);
+/// An application that polled a CQ this recently is taken to call again
+/// soon: the progress thread holds ACKs for it.
+const APP_ACTIVE: Duration = Duration::from_millis(2);
 
 /// The receiving side's reusable storage.
 struct RxState {
@@ -94,9 +105,16 @@ struct TxState {
     out: Vec<Transmit>,
     /// Buffers of sent packets, handed back to the engine on its next pass.
     sent: Vec<Vec<u8>>,
-    /// Plain ACKs made by an application thread's receive, sent by its next
-    /// receive pass or a flush (see [`Runtime::try_progress`]).
+    /// Plain ACKs made by receive passes while an application calls in
+    /// (see [`Runtime::try_progress`]), and since when the oldest waits.
     held: Vec<Transmit>,
+    held_since: Option<Instant>,
+    /// Whether the application answers what it receives (it posted within
+    /// ACK_HOLD_MAX of the last receive that made ACKs): only then are ACKs
+    /// held. A receiver that never posts gets its ACKs out at once.
+    expect_answer: bool,
+    /// When a receive pass last sent the ACKs it made without holding them.
+    acks_sent_at: Option<Instant>,
 }
 
 pub struct Runtime {
@@ -120,6 +138,9 @@ pub struct Runtime {
     app_poll_at: AtomicInstant,
     /// Whether `TxState::held` has packets (read without the lock).
     acks_held: AtomicBool,
+    /// When a receive pass should send the held ACKs, if no answer of the
+    /// application's has taken them along before.
+    held_due: AtomicInstant,
     /// The engine's earliest timer as of its last pass, so that an empty
     /// poll needs no engine lock (timers armed outside a pass are the
     /// progress thread's to find).
@@ -152,7 +173,7 @@ impl Runtime {
             engine: Mutex::new(Engine::new(cfg.engine, mem)),
             rx: Mutex::new(RxState { batch: RecvBatch::new(RX_BATCH, 65536), got: Vec::with_capacity(RX_BATCH) }),
             socket,
-            tx: Mutex::new(TxState::default()),
+            tx: Mutex::new(TxState { expect_answer: true, ..TxState::default() }),
             wake,
             sink: RwLock::new(None),
             capturing: AtomicBool::new(capture.is_some()),
@@ -163,6 +184,7 @@ impl Runtime {
             sleeping_until: Mutex::new(None),
             app_poll_at: AtomicInstant::default(),
             acks_held: AtomicBool::new(false),
+            held_due: AtomicInstant::default(),
             next_deadline: AtomicInstant::default(),
             thread: Mutex::new(None),
         });
@@ -214,14 +236,50 @@ impl Runtime {
             (r, e.poll_timeout())
         };
         let made = &out[earlier..];
-        match held {
-            Held::Flush => {}
-            Held::Keep => tx.held.extend(out.drain(..earlier)),
-            Held::HoldNew if !made.is_empty() && made.iter().all(Transmit::is_plain_ack) => {
-                tx.held.extend(out.drain(earlier..))
+        let only_acks = !made.is_empty() && made.iter().all(Transmit::is_plain_ack);
+        let (keep_earlier, hold_made) = match held {
+            Held::Flush => (false, false),
+            Held::Keep if made.is_empty() => (true, false),
+            Held::Keep => {
+                tx.expect_answer |= tx.acks_sent_at.is_some_and(|t| now < t + ACK_HOLD_MAX);
+                // The answer first, then the ACKs, in one system call: the
+                // peer sees its data before the ACK it may be waiting on
+                // (unless this pass made responses, which follow the ACKs).
+                if earlier > 0 && out[earlier..].iter().all(Transmit::is_request) {
+                    out.rotate_left(earlier);
+                }
+                (false, false)
             }
-            Held::HoldNew => {}
+            Held::HoldNew => {
+                let young = tx.held_since.is_some_and(|t| now < t + ACK_HOLD_MAX);
+                if earlier > 0 && !young {
+                    // Waited in vain: this application does not answer.
+                    tx.expect_answer = false;
+                }
+                let hold_made = only_acks && tx.expect_answer;
+                if only_acks && !hold_made {
+                    tx.acks_sent_at = Some(now);
+                }
+                // Responses go at once, after the ACKs before them.
+                (young && (made.is_empty() || hold_made), hold_made)
+            }
+        };
+        // `tx.held` is empty here; what it gets stays in the order made.
+        if keep_earlier {
+            tx.held.extend(out.drain(..earlier));
+        } else {
+            tx.held_since = None;
         }
+        if hold_made {
+            let from = if keep_earlier { 0 } else { earlier };
+            tx.held.extend(out.drain(from..));
+        }
+        if tx.held.is_empty() {
+            tx.held_since = None;
+        } else if tx.held_since.is_none() {
+            tx.held_since = Some(now);
+        }
+        self.held_due.store(tx.held_since.map(|t| t + ACK_HOLD_MAX), Ordering::Relaxed);
         self.acks_held.store(!tx.held.is_empty(), Ordering::Release);
         self.next_deadline.store(deadline, Ordering::Relaxed);
         self.send_all(&mut out);
@@ -392,7 +450,7 @@ impl Runtime {
         let now = Instant::now();
         self.app_poll_at.store(Some(now), Ordering::Relaxed);
         let Ok(mut rx) = self.rx.try_lock() else { return false };
-        self.receive(&mut rx, now, Held::HoldNew)
+        self.receive(&mut rx, now, true)
     }
 
     /// Sends the ACKs that an application thread's receive held.
@@ -404,12 +462,17 @@ impl Runtime {
 
     /// Receives what the socket holds and runs the engine on it, on due
     /// timers and on held ACKs; `now` is the caller's recent clock reading.
-    fn receive(&self, rx: &mut RxState, now: Instant, held: Held) -> bool {
+    fn receive(&self, rx: &mut RxState, now: Instant, hold_acks: bool) -> bool {
         let RxState { batch, got } = rx;
         got.clear();
         if let Err(e) = self.socket.recv_batch(batch) {
             tracing::debug!("receive failed: {e}");
         }
+        let held = if hold_acks { Held::HoldNew } else { Held::Flush };
+        // A pass for held ACKs alone only when they are to go: while they
+        // wait, an empty poll stays cheap.
+        let send_held = self.acks_held.load(Ordering::Acquire)
+            && (!hold_acks || self.held_due.load(Ordering::Relaxed).is_some_and(|t| t <= now));
         let local = self.socket.local_addr();
         for (b, r) in batch.filled().iter().enumerate() {
             match r.seg {
@@ -446,7 +509,7 @@ impl Runtime {
                 f.receive(now, from, id, &batch.bytes(b)[off..off + n], &mut owned);
             }
             let due = self.next_deadline.load(Ordering::Relaxed).is_some_and(|t| t <= now);
-            if owned.is_empty() && !due && !self.acks_held.load(Ordering::Acquire) {
+            if owned.is_empty() && !due && !send_held {
                 return !got.is_empty();
             }
             self.pump_with(held, |e, now| {
@@ -460,7 +523,7 @@ impl Runtime {
             return true;
         }
         let due = self.next_deadline.load(Ordering::Relaxed).is_some_and(|t| t <= now);
-        if got.is_empty() && !due && !self.acks_held.load(Ordering::Acquire) {
+        if got.is_empty() && !due && !send_held {
             return false;
         }
         self.pump_with(held, |e, now| {
@@ -508,6 +571,10 @@ impl Runtime {
             if app_polling {
                 timeout = timeout.min(APP_POLL_GRACE);
             }
+            if !app_polling && self.acks_held.load(Ordering::Acquire) {
+                // (While the application polls, its own passes send them.)
+                timeout = timeout.min(ACK_HOLD_WAIT);
+            }
             if !self.busy_poll {
                 *self.sleeping_until.lock().unwrap() = Some(now + timeout);
             }
@@ -536,7 +603,16 @@ impl Runtime {
         // its pass handles due timers and held ACKs too: do not queue behind
         // it.
         let rx = if app_polling { self.rx.try_lock().ok() } else { Some(self.rx.lock().unwrap()) };
-        let got = rx.is_some_and(|mut rx| self.receive(&mut rx, Instant::now(), Held::Flush));
+        // While an application calls in, its next receive pass is near: hold
+        // the plain ACKs of this pass for it too (this thread sends them
+        // itself after at most ACK_HOLD_WAIT), so that they leave after the
+        // application's answer. An application that spins on its buffer and
+        // polls a CQ only for its own send completions (perftest's
+        // `ib_write_lat`) then finds the peer's next message received by
+        // the time its completion comes, instead of waiting for this thread.
+        let now = Instant::now();
+        let app_active = self.app_poll_at.load(Ordering::Relaxed).is_some_and(|t| now < t + APP_ACTIVE);
+        let got = rx.is_some_and(|mut rx| self.receive(&mut rx, now, app_active));
         if self.busy_poll && !got {
             std::hint::spin_loop();
         }

@@ -85,6 +85,15 @@ impl Transmit {
             && syndrome.is_some_and(|s| matches!(wire::Aeth { syndrome: s, msn: 0 }.kind(), wire::AethKind::Ack { .. }))
     }
 
+    /// Whether this is a request (from a requester), not an ACK or a
+    /// response.
+    pub fn is_request(&self) -> bool {
+        self.data
+            .first()
+            .and_then(|&b| wire::Opcode(b).info())
+            .is_some_and(|i| !i.flags.contains(wire::OpFlags::RESPONSE))
+    }
+
     /// Rewrites the ICRC for an IPv4 Identification of `id` instead of 0
     /// (the k-th segment of a UDP GSO send carries ID k).
     pub fn set_ipv4_id(&mut self, id: u16) {
