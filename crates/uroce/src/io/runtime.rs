@@ -208,8 +208,8 @@ impl Runtime {
     }
 
     /// Runs `f` on the engine, then sends what it produced and delivers its
-    /// events. ACKs held back by an application thread's receive stay held
-    /// (see [`Runtime::try_progress`]).
+    /// events. Held ACKs (see [`Runtime::try_progress`]) go right after what
+    /// it produced, or stay held if it produced nothing.
     pub fn pump<R>(&self, f: impl FnOnce(&mut Engine, Instant) -> R) -> R {
         self.pump_with(Held::Keep, f)
     }
@@ -438,14 +438,14 @@ impl Runtime {
     /// waiting for the progress thread to be scheduled would cost
     /// milliseconds. Returns whether anything was received.
     ///
-    /// The plain ACKs this makes are held until the application's next
-    /// receive pass (its next empty poll, typically after it has posted its
-    /// answer to what it just received), or the progress thread's next
-    /// wake-up, at most `APP_POLL_GRACE` (0.5 ms) away while the application polls.
-    /// An ACK sent at once would cost the application a system call between
-    /// the data's arrival and its view of it, and one more before its
-    /// answer leaves; a NIC sends it beside the host's work, and uroce's
-    /// host is the application thread.
+    /// The plain ACKs this makes are held (see `Held`): the application's
+    /// next post sends them right after its own packets, in the same system
+    /// call; not taken along within `ACK_HOLD_MAX` (20 µs), they go with the
+    /// next receive pass, and the progress thread sends what is held when it
+    /// wakes. An ACK sent at once would cost the application a system call
+    /// between the data's arrival and its view of it, and would reach the
+    /// peer before the answer; a NIC sends it beside the host's work, and
+    /// uroce's host is the application thread.
     pub fn try_progress(&self) -> bool {
         let now = Instant::now();
         self.app_poll_at.store(Some(now), Ordering::Relaxed);
