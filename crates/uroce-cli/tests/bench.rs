@@ -79,59 +79,49 @@ fn lat_json_has_median_p99_and_pingpong_baseline() {
     }
 }
 
+/// Runs `args` until the ratio of its one result to the raw UDP baseline
+/// passes `ok`, at most three times (other work on a small machine can
+/// starve one run); panics with what it saw otherwise.
+fn guard(name: &str, args: &[&str], ok: impl Fn(f64) -> bool, what: &str) {
+    let mut seen = Vec::new();
+    for attempt in 0..3 {
+        let v = bench(&format!("{name}{attempt}"), args);
+        let r = &results(&v)[0];
+        let ratio = r["ratio"].as_f64().unwrap();
+        if ok(ratio) {
+            return;
+        }
+        seen.push(format!("{} {} = {ratio:.3} × raw UDP {}", r["result"], r["unit"], r["baseline"]));
+    }
+    panic!("{what} in three runs: {seen:?}");
+}
+
 /// Gross regression guard: 64 KiB RDMA WRITE bandwidth on one QP must stay
 /// above a low floor of the raw UDP GSO+GRO throughput measured in the same
 /// run (the target is 0.8; this only catches a data path that collapsed).
-/// Other work on a small machine can starve one run: the best of up to
-/// three counts.
 #[test]
 fn write_64k_bandwidth_ratio_above_floor() {
     const FLOOR: f64 = 0.05;
-    let mut seen = Vec::new();
-    for attempt in 0..3 {
-        let v = bench(
-            &format!("guard{attempt}"),
-            &["--op", "write", "--metric", "bw", "--sizes", "65536", "--iters", "3000"],
-        );
-        let r = &results(&v)[0];
-        let ratio = r["ratio"].as_f64().unwrap();
-        if ratio > FLOOR {
-            return;
-        }
-        seen.push(format!(
-            "{:.3} Gb/s = {ratio:.3} × raw UDP {:.3} Gb/s",
-            r["result"].as_f64().unwrap(),
-            r["baseline"].as_f64().unwrap()
-        ));
-    }
-    panic!("64 KiB WRITE bandwidth below {FLOOR} × the raw UDP baseline in three runs: {seen:?}");
+    guard(
+        "guard",
+        &["--op", "write", "--metric", "bw", "--sizes", "65536", "--iters", "3000"],
+        |r| r > FLOOR,
+        &format!("64 KiB WRITE bandwidth below {FLOOR} × the raw UDP baseline"),
+    );
 }
 
 /// Gross regression guard: the 64 B RDMA WRITE half round trip must stay
 /// below a high ceiling of the raw UDP busy-poll half round trip of the same
 /// run (the target is 1.25; 1.7-1.9 on the development machine). An ACK left
 /// waiting for a retransmission timeout, or a poller that no longer drives
-/// the device, costs milliseconds: hundreds of times the ceiling. The best
-/// of up to three counts.
+/// the device, costs milliseconds: hundreds of times the ceiling.
 #[test]
 fn write_64b_latency_ratio_below_ceiling() {
     const CEILING: f64 = 20.0;
-    let mut seen = Vec::new();
-    for attempt in 0..3 {
-        let v = bench(
-            &format!("lat-guard{attempt}"),
-            &["--op", "write", "--metric", "lat", "--size", "64", "--iters", "2000"],
-        );
-        let r = &results(&v)[0];
-        let ratio = r["ratio"].as_f64().unwrap();
-        if ratio < CEILING {
-            return;
-        }
-        seen.push(format!(
-            "{:.2} us = {ratio:.1} × raw UDP {:.2} us",
-            r["result"].as_f64().unwrap(),
-            r["baseline"].as_f64().unwrap()
-        ));
-    }
-    panic!("64 B WRITE latency above {CEILING} × the raw UDP baseline in three runs: {seen:?}");
+    guard(
+        "lat-guard",
+        &["--op", "write", "--metric", "lat", "--size", "64", "--iters", "2000"],
+        |r| r < CEILING,
+        &format!("64 B WRITE latency above {CEILING} × the raw UDP baseline"),
+    );
 }
