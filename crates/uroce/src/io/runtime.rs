@@ -136,10 +136,9 @@ pub struct Runtime {
     sleeping_until: Mutex<Option<Instant>>,
     /// When an application thread last polled for completions.
     app_poll_at: AtomicInstant,
-    /// Whether `TxState::held` has packets (read without the lock).
-    acks_held: AtomicBool,
     /// When a receive pass should send the held ACKs, if no answer of the
-    /// application's has taken them along before.
+    /// application's has taken them along before; `None` while none are
+    /// held (read without the transmit lock).
     held_due: AtomicInstant,
     /// The engine's earliest timer as of its last pass, so that an empty
     /// poll needs no engine lock (timers armed outside a pass are the
@@ -183,7 +182,6 @@ impl Runtime {
             shutdown: AtomicBool::new(false),
             sleeping_until: Mutex::new(None),
             app_poll_at: AtomicInstant::default(),
-            acks_held: AtomicBool::new(false),
             held_due: AtomicInstant::default(),
             next_deadline: AtomicInstant::default(),
             thread: Mutex::new(None),
@@ -279,8 +277,7 @@ impl Runtime {
         } else if tx.held_since.is_none() {
             tx.held_since = Some(now);
         }
-        self.held_due.store(tx.held_since.map(|t| t + ACK_HOLD_MAX), Ordering::Relaxed);
-        self.acks_held.store(!tx.held.is_empty(), Ordering::Release);
+        self.held_due.store(tx.held_since.map(|t| t + ACK_HOLD_MAX), Ordering::Release);
         self.next_deadline.store(deadline, Ordering::Relaxed);
         self.send_all(&mut out);
         tx.sent.extend(out.drain(..).map(|t| t.data));
@@ -453,9 +450,14 @@ impl Runtime {
         self.receive(&mut rx, now, true)
     }
 
+    /// Whether ACKs are held (see [`Runtime::try_progress`]).
+    fn acks_held(&self) -> bool {
+        self.held_due.load(Ordering::Acquire).is_some()
+    }
+
     /// Sends the ACKs that an application thread's receive held.
     pub fn flush_held(&self) {
-        if self.acks_held.load(Ordering::Acquire) {
+        if self.acks_held() {
             self.pump_with(Held::Flush, |_, _| {});
         }
     }
@@ -471,8 +473,10 @@ impl Runtime {
         let held = if hold_acks { Held::HoldNew } else { Held::Flush };
         // A pass for held ACKs alone only when they are to go: while they
         // wait, an empty poll stays cheap.
-        let send_held = self.acks_held.load(Ordering::Acquire)
-            && (!hold_acks || self.held_due.load(Ordering::Relaxed).is_some_and(|t| t <= now));
+        let send_held = match self.held_due.load(Ordering::Acquire) {
+            Some(due) => !hold_acks || due <= now,
+            None => false,
+        };
         let local = self.socket.local_addr();
         for (b, r) in batch.filled().iter().enumerate() {
             match r.seg {
@@ -571,7 +575,7 @@ impl Runtime {
             if app_polling {
                 timeout = timeout.min(APP_POLL_GRACE);
             }
-            if !app_polling && self.acks_held.load(Ordering::Acquire) {
+            if !app_polling && self.acks_held() {
                 // (While the application polls, its own passes send them.)
                 timeout = timeout.min(ACK_HOLD_WAIT);
             }
