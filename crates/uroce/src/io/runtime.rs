@@ -84,7 +84,8 @@ enum Held {
 
 /// Longest a held ACK waits for the application to post its answer.
 const ACK_HOLD_MAX: Duration = Duration::from_micros(20);
-/// Longest the progress thread sleeps while ACKs are held.
+/// Longest the progress thread sleeps while ACKs are held and no
+/// application polls (one that polls sends them itself).
 const ACK_HOLD_WAIT: Duration = Duration::from_micros(200);
 /// An application that polled a CQ this recently is taken to call again
 /// soon: the progress thread holds ACKs for it.
