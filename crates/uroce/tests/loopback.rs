@@ -330,3 +330,25 @@ fn fence_orders_after_a_read() {
     assert_eq!(&local.to_vec()[..64], &[1u8; 64][..]);
     assert_eq!(remote.to_vec(), vec![9u8; 64]);
 }
+
+#[test]
+fn device_counters_keep_what_a_destroyed_qp_counted() {
+    let (a, b) = connected(None);
+    let m = a.pd.register(vec![5u8; 4096], Access::LOCAL_WRITE).unwrap();
+    let t = b.pd.register(vec![0u8; 4096], Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    for i in 0..8 {
+        let mut w = wr(i, WrOpcode::RdmaWrite, m.sge(0, 4096));
+        w.remote_addr = t.iova();
+        w.rkey = t.rkey();
+        a.qp.post_send(&w).unwrap();
+        a.cq.wait(1, T).unwrap();
+    }
+    let before = a.ctx.stats();
+    assert!(before.tx_packets >= 8 && before.tx_bytes >= 8 * 4096, "{before:?}");
+    let End { ctx, pd, cq, qp } = a;
+    drop(qp);
+    let after = ctx.stats();
+    assert!(after.tx_packets >= before.tx_packets && after.tx_bytes >= before.tx_bytes, "{before:?} -> {after:?}");
+    assert!(after.rx_packets >= before.rx_packets, "{before:?} -> {after:?}");
+    drop((cq, pd));
+}

@@ -1071,7 +1071,25 @@ fn run(plan: &Plan) -> Result<Outcome, String> {
         }
     }
     let tally = world.check(plan)?;
+    for n in &world.nodes {
+        check_counters(&n.engine)?;
+    }
     Ok(Outcome { tally, stats: [world.nodes[0].engine.stats(), world.nodes[1].engine.stats()], fabric: fabric.stats })
+}
+
+/// A device's counters that only QPs count equal the sum over its QPs, and
+/// it received at least what they did.
+fn check_counters(e: &uroce::proto::Engine) -> Result<(), String> {
+    let dev = e.stats();
+    let mut sum = Stats::default();
+    for q in e.qp_summaries() {
+        sum.add(&q.stats);
+    }
+    let only_qps = |s: &Stats| (s.tx_packets, s.tx_bytes, s.retransmits, s.timeouts, s.naks_sent, s.rnr_naks_sent);
+    if only_qps(&dev) != only_qps(&sum) || dev.rx_packets < sum.rx_packets || dev.rx_bytes < sum.rx_bytes {
+        return Err(format!("device counters {dev:?} are not the sum over its QPs {sum:?}"));
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------

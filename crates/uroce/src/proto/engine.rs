@@ -73,7 +73,13 @@ pub struct Engine {
     ready: Vec<u32>,
     active: VecDeque<u32>,
     events: VecDeque<Event>,
+    /// What no QP owns (every received packet, drops before a QP is
+    /// found) and what destroyed QPs counted; the device's counters are
+    /// these plus every QP's share ([`Stats::add_qp_share`]).
     stats: Stats,
+    /// Each QP's counters, counted in place by the QP's work (no snapshot
+    /// and delta per call).
+    qp_stats: FxHashMap<u32, Stats>,
     /// When a dropped packet was last logged (warnings are rate limited).
     last_drop_log: Option<Instant>,
     /// Buffers of sent packets, reused for new ones (no allocation per
@@ -102,6 +108,7 @@ impl Engine {
             active: VecDeque::new(),
             events: VecDeque::new(),
             stats: Stats::default(),
+            qp_stats: FxHashMap::default(),
             last_drop_log: None,
             spare: Vec::new(),
             xrc_srqs: XrcSrqs::default(),
@@ -116,8 +123,13 @@ impl Engine {
         &self.mem
     }
 
+    /// The device's counters (a sum over the live QPs).
     pub fn stats(&self) -> Stats {
-        self.stats
+        let mut s = self.stats;
+        for q in self.qp_stats.values() {
+            s.add_qp_share(q);
+        }
+        s
     }
 
     pub fn qp(&self, qpn: u32) -> Option<&Qp> {
@@ -135,7 +147,7 @@ impl Engine {
                 state: q.state(),
                 dest_qpn: q.attr.dest_qp_num,
                 peer: (q.qp_type != QpType::Ud).then(|| q.attr.ah_attr.dgid.to_ip()),
-                stats: q.stats,
+                stats: self.qp_stats.get(&q.qpn).copied().unwrap_or_default(),
             })
             .collect();
         v.sort_by_key(|q| q.qpn);
@@ -149,20 +161,17 @@ impl Engine {
     /// Runs `f` on a QP with a context over the engine's other parts.
     fn with_qp<R>(&mut self, now: Instant, qpn: u32, f: impl FnOnce(&mut Qp, &mut Ctx) -> R) -> Option<R> {
         let qp = self.qps.get_mut(&qpn)?;
-        let before = self.stats;
         let mut ctx = Ctx {
             now,
             mem: &self.mem,
             cfg: &self.cfg,
             events: &mut self.events,
-            stats: &mut self.stats,
+            stats: self.qp_stats.entry(qpn).or_default(),
             ready: &mut self.ready,
             spare: &mut self.spare,
             xrc_srqs: &self.xrc_srqs,
         };
         let r = f(qp, &mut ctx);
-        // The QP's share of what the device counted.
-        qp.stats.add_delta(&before, &self.stats);
         self.schedule();
         Some(r)
     }
@@ -213,7 +222,11 @@ impl Engine {
     }
 
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
-        self.qps.remove(&qpn).map(|_| ()).ok_or_else(|| Error::inval("destroy_qp: no such QP"))
+        self.qps.remove(&qpn).ok_or_else(|| Error::inval("destroy_qp: no such QP"))?;
+        if let Some(q) = self.qp_stats.remove(&qpn) {
+            self.stats.add_qp_share(&q);
+        }
+        Ok(())
     }
 
     pub fn modify_qp(&mut self, now: Instant, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
@@ -348,8 +361,8 @@ impl Engine {
         }
         let qp_type = qp.qp_type;
         self.with_qp(now, bth.dest_qp, |qp, ctx| {
-            qp.stats.rx_packets += 1;
-            qp.stats.rx_bytes += data.len() as u64;
+            ctx.stats.rx_packets += 1;
+            ctx.stats.rx_bytes += data.len() as u64;
             match qp_type {
                 QpType::Ud => qp.on_ud(ctx, pkt, ip.src, dst),
                 _ if is_response => qp.on_response(ctx, pkt),

@@ -19,9 +19,13 @@ macro_rules! counters {
                 [$((stringify!($field), self.$field)),*]
             }
 
-            /// Adds `after - before` (the counts of one operation).
-            pub fn add_delta(&mut self, before: &Self, after: &Self) {
-                $(self.$field += after.$field.wrapping_sub(before.$field);)*
+            /// Adds a QP's counters to the device's: all but the received
+            /// packets and bytes, which the device counts for every packet
+            /// before it finds the QP.
+            pub fn add_qp_share(&mut self, qp: &Self) {
+                let rx = (self.rx_packets, self.rx_bytes);
+                self.add(qp);
+                (self.rx_packets, self.rx_bytes) = rx;
             }
 
             /// Adds another set (aggregation over devices or processes).
@@ -70,13 +74,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn delta_and_names() {
-        let before = Stats { tx_packets: 3, ..Default::default() };
-        let after = Stats { tx_packets: 5, naks_sent: 1, ..Default::default() };
-        let mut q = Stats::default();
-        q.add_delta(&before, &after);
-        assert_eq!((q.tx_packets, q.naks_sent), (2, 1));
+    fn a_qp_share_adds_all_but_what_the_device_counts_itself() {
+        let mut dev = Stats { rx_packets: 10, rx_bytes: 1000, tx_packets: 3, ..Default::default() };
+        let qp = Stats { rx_packets: 4, rx_bytes: 400, tx_packets: 2, naks_sent: 1, ..Default::default() };
+        dev.add_qp_share(&qp);
+        assert_eq!((dev.rx_packets, dev.rx_bytes, dev.tx_packets, dev.naks_sent), (10, 1000, 5, 1));
         assert_eq!(Stats::LEN, 21);
-        assert_eq!(q.fields()[0], ("tx_packets", 2));
+        assert_eq!(dev.fields()[0], ("tx_packets", 5));
     }
 }
