@@ -10,7 +10,8 @@ use super::{Ctx, Event, Stats, Transmit};
 use crate::ib::{Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result};
 use crate::mem::Memory;
 use crate::wire::{self, icrc, IpInfo, OpFlags, Packet, Transport};
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
+use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Weak};
@@ -70,6 +71,9 @@ pub struct Engine {
     /// assigned, so no peer can steer them into colliding.
     qps: FxHashMap<u32, Qp>,
     next_qpn: u32,
+    /// QPs with a timer running (retransmission or RNR): finding the next
+    /// deadline visits these, not every QP (idle QPs cost nothing).
+    timed: FxHashSet<u32>,
     ready: Vec<u32>,
     active: VecDeque<u32>,
     events: VecDeque<Event>,
@@ -104,6 +108,7 @@ impl Engine {
             mem,
             qps: FxHashMap::default(),
             next_qpn: FIRST_QPN,
+            timed: FxHashSet::default(),
             ready: Vec::new(),
             active: VecDeque::new(),
             events: VecDeque::new(),
@@ -172,6 +177,15 @@ impl Engine {
             xrc_srqs: &self.xrc_srqs,
         };
         let r = f(qp, &mut ctx);
+        let armed = qp.next_timeout().is_some();
+        if armed != qp.timed {
+            qp.timed = armed;
+            if armed {
+                self.timed.insert(qpn);
+            } else {
+                self.timed.remove(&qpn);
+            }
+        }
         self.schedule();
         Some(r)
     }
@@ -223,6 +237,7 @@ impl Engine {
 
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
         self.qps.remove(&qpn).ok_or_else(|| Error::inval("destroy_qp: no such QP"))?;
+        self.timed.remove(&qpn);
         if let Some(q) = self.qp_stats.remove(&qpn) {
             self.stats.add_qp_share(&q);
         }
@@ -415,13 +430,18 @@ impl Engine {
 
     /// The earliest timer deadline, if any.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.qps.values().filter_map(|q| q.next_timeout()).min()
+        self.timed.iter().filter_map(|q| self.qps.get(q)?.next_timeout()).min()
     }
 
     /// Fires every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let due: Vec<u32> =
-            self.qps.values().filter(|q| q.next_timeout().is_some_and(|t| t <= now)).map(|q| q.qpn).collect();
+        let mut due: SmallVec<[u32; 8]> = self
+            .timed
+            .iter()
+            .copied()
+            .filter(|q| self.qps.get(q).and_then(|q| q.next_timeout()).is_some_and(|t| t <= now))
+            .collect();
+        due.sort_unstable(); // in QPN order, whatever the set's
         for qpn in due {
             self.with_qp(now, qpn, |qp, ctx| qp.on_timer(ctx));
         }
@@ -435,5 +455,96 @@ impl Engine {
     /// sizing buffers).
     pub fn max_packet_len(&self) -> usize {
         wire::packet_len(wire::BTH_LEN + 28, self.cfg.mtu.bytes().max(4096) as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ib::{Access, QpAttrMask as M, Sge};
+    use crate::proto::cq::CompletionQueue;
+    use crate::proto::qp::required_attributes;
+    use crate::proto::wr::{AddressVector, QpCap, WrOpcode};
+    use std::time::Duration;
+
+    /// An engine with `n` RC QPs in RTS towards 10.0.0.2 (nobody answers)
+    /// and a registered buffer to send from.
+    fn engine_with_qps(n: usize, now: Instant) -> (Engine, Vec<u32>, Sge, Vec<u8>) {
+        let mem = Memory::new();
+        let buf = vec![7u8; 64];
+        // SAFETY: `buf` is returned with the engine and outlives its use in each test.
+        let mr = unsafe {
+            mem.register(1, buf.as_ptr() as usize, 64, buf.as_ptr() as u64, Access::LOCAL_WRITE, None).unwrap()
+        };
+        let mut e = Engine::new(EngineConfig::new([10, 0, 0, 1].into(), 4791, Mtu::Mtu1024), mem);
+        let cq = Arc::new(CompletionQueue::new(1, 64));
+        let cap = QpCap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        let qps = (0..n)
+            .map(|i| {
+                let init = QpInit {
+                    qp_type: QpType::Rc,
+                    pd: 1,
+                    send_cq: cq.clone(),
+                    recv_cq: cq.clone(),
+                    srq: None,
+                    cap,
+                    sq_sig_all: true,
+                    scatter_to_cqe: false,
+                };
+                let qpn = e.create_qp(init).unwrap();
+                let mut a = QpAttr {
+                    port_num: 1,
+                    path_mtu: Mtu::Mtu1024,
+                    dest_qp_num: 100 + i as u32,
+                    timeout: 10,
+                    retry_cnt: 7,
+                    rnr_retry: 7,
+                    ah_attr: AddressVector {
+                        dgid: Gid::from_ip([10, 0, 0, 2].into()),
+                        is_global: true,
+                        hop_limit: 64,
+                        port_num: 1,
+                        ..Default::default()
+                    },
+                    ..QpAttr::default()
+                };
+                for (cur, next) in
+                    [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)]
+                {
+                    a.qp_state = next;
+                    e.modify_qp(now, qpn, &a, M::STATE | required_attributes(QpType::Rc, cur, next)).unwrap();
+                }
+                qpn
+            })
+            .collect();
+        (e, qps, Sge { addr: buf.as_ptr() as u64, length: 64, lkey: mr.key }, buf)
+    }
+
+    #[test]
+    fn the_next_deadline_is_the_earliest_running_timer_and_idle_qps_have_none() {
+        let t0 = Instant::now();
+        let (mut e, qps, sge, _buf) = engine_with_qps(100, t0);
+        assert_eq!(e.poll_timeout(), None, "no QP has a timer");
+        let send = |e: &mut Engine, qpn: u32, now: Instant| {
+            let mut wr = SendWr::new(1, WrOpcode::Send);
+            wr.sg_list = crate::sgl![sge];
+            e.post_send(now, qpn, wr).unwrap();
+            while e.poll_transmit(now).is_some() {}
+        };
+        send(&mut e, qps[40], t0);
+        let first = e.poll_timeout().expect("the SEND's ACK timer");
+        assert!(first > t0 && first <= t0 + Duration::from_secs(1));
+        send(&mut e, qps[7], t0 + Duration::from_micros(10));
+        assert_eq!(e.poll_timeout(), Some(first), "the earliest of the two");
+        // At the first deadline only QP 40 retransmits.
+        e.handle_timeout(first);
+        let resent: Vec<Transmit> = std::iter::from_fn(|| e.poll_transmit(first)).collect();
+        assert_eq!(resent.len(), 1, "one retransmission");
+        assert!(e.poll_timeout().is_some_and(|t| t > first));
+        assert_eq!(e.stats().retransmits, 1);
+        // Destroyed QPs take their timers with them.
+        e.destroy_qp(qps[40]).unwrap();
+        e.destroy_qp(qps[7]).unwrap();
+        assert_eq!(e.poll_timeout(), None);
     }
 }

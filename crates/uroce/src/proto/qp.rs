@@ -91,6 +91,8 @@ pub struct Qp {
     pub(crate) resp: super::responder::Responder,
     /// In the engine's list of QPs with something to send.
     pub(crate) queued: bool,
+    /// In the engine's set of QPs with a timer running.
+    pub(crate) timed: bool,
     /// SQD: the drained event is pending.
     pub(crate) sqd_notify_pending: bool,
 }
@@ -150,6 +152,7 @@ impl Qp {
             req: Default::default(),
             resp: Default::default(),
             queued: false,
+            timed: false,
             sqd_notify_pending: false,
         })
     }
@@ -174,6 +177,7 @@ impl Qp {
             req: Default::default(),
             resp: Default::default(),
             queued: false,
+            timed: false,
             sqd_notify_pending: false,
         }
     }
