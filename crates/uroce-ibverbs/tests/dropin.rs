@@ -31,7 +31,15 @@ fn dropin_dir() -> PathBuf {
 }
 
 /// Waits (at most 60 s) for a child to exit successfully; its output.
-fn finish(mut child: std::process::Child, what: &str) -> String {
+fn finish(child: std::process::Child, what: &str) -> String {
+    let (ok, text) = wait_output(child, what);
+    assert!(ok, "{what}: {text}");
+    text
+}
+
+/// Waits (at most 60 s) for a child to exit; whether it succeeded, and its
+/// output.
+fn wait_output(mut child: std::process::Child, what: &str) -> (bool, String) {
     let t = Instant::now();
     let st = loop {
         if let Some(st) = child.try_wait().unwrap() {
@@ -45,8 +53,7 @@ fn finish(mut child: std::process::Child, what: &str) -> String {
     };
     let out = child.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(st.success(), "{what}: {text}");
-    text
+    (st.success(), text)
 }
 
 fn have(prog: &str) -> bool {
@@ -130,15 +137,17 @@ fn pingpong(prog: &str, size: u32, iters: u32, tcp: u16) {
         a.extend(extra.iter().map(|s| s.to_string()));
         a
     };
-    let server = Command::new(prog)
-        .args(args(&[]))
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("UROCE_ADDR", "127.0.0.71")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    let mut server = Reap(Some(
+        Command::new(prog)
+            .args(args(&[]))
+            .env("LD_LIBRARY_PATH", &dir)
+            .env("UROCE_ADDR", "127.0.0.71")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    assert!(listening(tcp), "{prog}: the server never listened on TCP port {tcp}");
     let client = Command::new(prog)
         .args(args(&["127.0.0.1"]))
         .env("LD_LIBRARY_PATH", &dir)
@@ -147,7 +156,7 @@ fn pingpong(prog: &str, size: u32, iters: u32, tcp: u16) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    for (name, child) in [("client", client), ("server", server)] {
+    for (name, child) in [("client", client), ("server", server.0.take().unwrap())] {
         let text = finish(child, &format!("{prog} {name} size {size}"));
         assert!(text.contains(&format!("{iters} iters in")), "{text}");
     }
@@ -198,22 +207,25 @@ fn perftest(prog: &str, extra: &[&str], tcp: u16) -> String {
     let dir = dropin_dir();
     let mut args: Vec<String> = vec!["-n".into(), "200".into(), "-p".into(), tcp.to_string()];
     args.extend(extra.iter().map(|s| s.to_string()));
-    let server = Command::new(prog)
-        .args(&args)
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("UROCE_ADDR", "127.0.0.73")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut server = Reap(Some(
+        Command::new(prog)
+            .args(&args)
+            .env("LD_LIBRARY_PATH", &dir)
+            .env("UROCE_ADDR", "127.0.0.73")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
     let mut cargs = args.clone();
     cargs.push("127.0.0.1".into());
-    // The server may not listen yet: a client that cannot connect exits at
-    // once, and is started again.
-    let mut client = None;
-    for _ in 0..50 {
-        std::thread::sleep(Duration::from_millis(200));
-        let out = Command::new(prog)
+    assert!(listening(tcp), "{prog} {extra:?}: the server never listened on TCP port {tcp}");
+    // Listening, it may still refuse for a moment; a refused client exits
+    // at once (however long a busy machine takes to say so) and is started
+    // again.
+    let mut client_out = None;
+    for _ in 0..10 {
+        let client = Command::new(prog)
             .args(&cargs)
             .env("LD_LIBRARY_PATH", &dir)
             .env("UROCE_ADDR", "127.0.0.74")
@@ -221,22 +233,54 @@ fn perftest(prog: &str, extra: &[&str], tcp: u16) -> String {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        client = Some(out);
-        std::thread::sleep(Duration::from_millis(100));
-        let c = client.as_mut().unwrap();
-        match c.try_wait().unwrap() {
-            Some(st) if !st.success() => {
-                let o = client.take().unwrap().wait_with_output().unwrap();
-                let t = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
-                assert!(t.contains("Couldn't connect"), "{prog} {extra:?} client: {t}");
-            }
-            _ => break,
+        let (ok, text) = wait_output(client, &format!("{prog} {extra:?} client"));
+        if ok {
+            client_out = Some(text);
+            break;
+        }
+        assert!(text.contains("Couldn't connect"), "{prog} {extra:?} client: {text}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let client_out = client_out.unwrap_or_else(|| panic!("{prog} {extra:?}: the client never connected"));
+    finish(server.0.take().unwrap(), &format!("{prog} {extra:?} server"));
+    client_out
+}
+
+/// A child process killed if the test fails before it is waited for (a
+/// perftest server left behind would hold its device address and TCP port
+/// and fail later tests).
+struct Reap(Option<std::process::Child>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
-    let client = client.expect("perftest client never connected");
-    let client_out = finish(client, &format!("{prog} {extra:?} client"));
-    finish(server, &format!("{prog} {extra:?} server"));
-    client_out
+}
+
+/// Waits (at most 10 s) until a socket listens on TCP `port`, read from
+/// /proc/net/tcp{,6}: perftest's server accepts a single connection, so it
+/// is not probed by connecting.
+fn listening(port: u16) -> bool {
+    let suffix = format!(":{port:04X}");
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            let text = std::fs::read_to_string(table).unwrap_or_default();
+            // sl local_address rem_address st ...; st 0A is LISTEN.
+            let listens = text.lines().skip(1).any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && f[1].ends_with(&suffix) && f[3] == "0A"
+            });
+            if listens {
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
 }
 
 #[test]
@@ -363,15 +407,17 @@ fn valgrind_reports_no_invalid_access_in_rc_pingpong() {
         return;
     }
     let dir = dropin_dir();
-    let server = Command::new("ibv_rc_pingpong")
-        .args(["-c", "-g", "0", "-n", "30", "-p", "18870"])
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("UROCE_ADDR", "127.0.0.75")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    let mut server = Reap(Some(
+        Command::new("ibv_rc_pingpong")
+            .args(["-c", "-g", "0", "-n", "30", "-p", "18870"])
+            .env("LD_LIBRARY_PATH", &dir)
+            .env("UROCE_ADDR", "127.0.0.75")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    assert!(listening(18870), "ibv_rc_pingpong: the server never listened on TCP port 18870");
     let out = Command::new("timeout")
         .args([
             "120",
@@ -394,7 +440,7 @@ fn valgrind_reports_no_invalid_access_in_rc_pingpong() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
-    let _ = server.wait_with_output();
+    let _ = server.0.take().unwrap().wait_with_output();
     assert!(out.status.success(), "{text}");
     assert!(text.contains("ERROR SUMMARY: 0 errors"), "{text}");
 }
