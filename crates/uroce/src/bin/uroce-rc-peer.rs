@@ -6,7 +6,8 @@
 //!
 //! Environment: `UROCE_PEER_OPS=N` makes the client then run N more
 //! verified operations (WRITEs of 1 B..16 KiB to 64 slots, each READ back
-//! and compared); `UROCE_PEER_TIMEOUT` / `UROCE_PEER_RETRY` set the QP's ACK
+//! and compared, and per batch a FETCH_ADD on a counter whose returned
+//! values must run 0, 1, 2, … however often the fabric made it resend); `UROCE_PEER_TIMEOUT` / `UROCE_PEER_RETRY` set the QP's ACK
 //! timeout exponent and retry count (default 14 / 7 = forever).
 
 use std::io::{Read, Write};
@@ -71,7 +72,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let env = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
     let (ops, timeout, retry) = (env("UROCE_PEER_OPS", 0), env("UROCE_PEER_TIMEOUT", 14), env("UROCE_PEER_RETRY", 7));
     let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq))?;
-    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let mr = pd.register(vec![0u8; LEN], all)?;
     let psn = std::process::id() & 0xFFFFFF;
     let mine = Info { gid: ctx.query_gid(0)?, qpn: qp.qp_num(), psn, rkey: mr.rkey(), addr: mr.iova() };
@@ -165,7 +166,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// `n` operations in batches: WRITE distinct data to 64 remote slots, READ
-/// each back, compare. Any error completion or difference fails.
+/// each back, compare, and FETCH_ADD 1 to a counter in the last 8 bytes of
+/// the peer's region (which the WRITEs never reach): the values it returns
+/// must be 0, 1, 2, … — a duplicated or resent atomic executes once. Any
+/// error completion or difference fails.
 fn verified_ops(
     pd: &ProtectionDomain,
     qp: &QueuePair,
@@ -175,17 +179,33 @@ fn verified_ops(
 ) -> Result<(), Box<dyn std::error::Error>> {
     const SLOTS: usize = 64;
     const SLOT: usize = 16 * 1024;
+    const COUNTER: usize = LEN - 8;
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let src = pd.register(vec![0u8; SLOTS * SLOT], all)?;
     let back = pd.register(vec![0u8; SLOTS * SLOT], all)?;
+    let old = pd.register(vec![0u8; 8], Access::LOCAL_WRITE)?;
     let source: Vec<u8> = (0..2 * SLOT).map(|i| (i as u32).wrapping_mul(2246822519).to_be_bytes()[1]).collect();
+    let fail = |what: String| -> Box<dyn std::error::Error> {
+        format!("client: {what}\n  QP: {}\n  stats: {:?}", qp.debug_state(), pd.context().stats()).into()
+    };
+    // The counter starts at 0.
+    src.write_at(0, &[0u8; 8])?;
+    let mut z = SendWr::new(9999, WrOpcode::RdmaWrite);
+    z.sg_list = uroce::sgl![src.sge(0, 8)];
+    z.remote_addr = peer.addr + COUNTER as u64;
+    z.rkey = peer.rkey;
+    qp.post_send(&z)?;
+    let wc = cq.wait(1, T).map_err(|e| fail(e.to_string()))?[0];
+    if wc.status != WcStatus::Success {
+        return Err(fail(format!("zeroing the counter: {wc:?}")));
+    }
     let mut done = 0u64;
     let mut batch = 0u64;
     while done < n {
         let k = (SLOTS as u64).min((n - done).div_ceil(2)) as usize;
         let mut lens = Vec::with_capacity(k);
         for s in 0..k {
-            let len = 1 + ((batch * 7919 + s as u64 * 104729) % SLOT as u64) as usize;
+            let len = 1 + ((batch * 7919 + s as u64 * 104729) % (SLOT - 8) as u64) as usize;
             let from = ((batch + s as u64) % SLOT as u64) as usize;
             src.write_at(s * SLOT, &source[from..from + len])?;
             let mut w = SendWr::new(s as u64, WrOpcode::RdmaWrite);
@@ -203,18 +223,21 @@ fn verified_ops(
             r.rkey = peer.rkey;
             qp.post_send(&r)?;
         }
-        let wcs = cq
-            .wait(k, T)
-            .map_err(|e| format!("{e}\n  QP: {}\n  stats: {:?}", qp.debug_state(), pd.context().stats()))?;
+        let mut fa = SendWr::new(5000, WrOpcode::AtomicFetchAdd);
+        fa.sg_list = uroce::sgl![old.sge(0, 8)];
+        fa.remote_addr = peer.addr + COUNTER as u64;
+        fa.rkey = peer.rkey;
+        fa.compare_add = 1;
+        qp.post_send(&fa)?;
+        let wcs = cq.wait(k + 1, T).map_err(|e| fail(e.to_string()))?;
         for wc in &wcs {
             if wc.status != WcStatus::Success {
-                return Err(format!(
-                    "client: operation failed: {wc:?} (after {done} verified operations)\n  QP: {}\n  stats: {:?}",
-                    qp.debug_state(),
-                    pd.context().stats()
-                )
-                .into());
+                return Err(fail(format!("operation failed: {wc:?} (after {done} verified operations)")));
             }
+        }
+        let was = u64::from_ne_bytes(old.to_vec()[..8].try_into()?);
+        if was != batch {
+            return Err(fail(format!("FETCH_ADD {batch} returned {was}: an atomic ran twice or not at all")));
         }
         let mut got = vec![0u8; SLOT];
         for (s, &(len, from)) in lens.iter().enumerate() {
@@ -223,7 +246,7 @@ fn verified_ops(
                 return Err(format!("client: slot {s} of batch {batch} differs after WRITE + READ").into());
             }
         }
-        done += 2 * k as u64;
+        done += 2 * k as u64 + 1;
         batch += 1;
     }
     Ok(())
