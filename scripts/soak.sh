@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Soak test: two processes on loopback doing verified RDMA WRITE/READ
+# Soak test: two processes on loopback doing verified RDMA WRITE/READ/FETCH_ADD
 # operations through uroce's fault layer for DURATION seconds (default 1800),
 # sampling each process's resident memory and open file descriptors every
 # 30 s. Fails if the client reports an error or if memory or descriptors
