@@ -1724,3 +1724,39 @@ fn odp_drop_is_seen_at_once_while_another_thread_drains() {
     drainer.join().unwrap();
     assert_eq!(stale, 0, "of 2000 buffers dropped whole, {stale} still had pages in the translation");
 }
+
+/// With 100 connected QPs on a node, the next deadline is the earliest
+/// running timer, only its QP retransmits at it, idle QPs have none, and
+/// destroyed QPs take theirs along (the engine keeps the set of QPs with a
+/// timer running instead of asking every QP on every pass).
+#[test]
+fn the_next_deadline_is_the_earliest_running_timer_and_idle_qps_have_none() {
+    let t0 = Instant::now();
+    let buf = Buf::new(64, |_| 7);
+    let mut nodes = [Node::new([10, 0, 0, 1].into(), Mtu::Mtu1024), Node::new([10, 0, 0, 2].into(), Mtu::Mtu1024)];
+    let p = ConnParams { xrc: false, psns: (1, 1), mtu: Mtu::Mtu1024, retry: (10, 7) };
+    let conns: Vec<Conn> = (0..100).map(|_| Conn::new(&mut nodes, 0, t0, p)).collect();
+    // SAFETY: `nodes`, declared after `buf`, is dropped before it.
+    let key = unsafe { buf.register(&nodes[0].mem, Access::LOCAL_WRITE) };
+    let a = &mut nodes[0].engine;
+    assert_eq!(a.poll_timeout(), None, "no QP has a timer");
+    // Nothing is delivered: every request waits for its ACK.
+    let send = |a: &mut uroce::proto::Engine, qpn: u32, now: Instant| {
+        let mut wr = SendWr::new(1, WrOpcode::RdmaWrite);
+        wr.sg_list = uroce::sgl![Sge { addr: buf.addr(), length: 64, lkey: key }];
+        a.post_send(now, qpn, wr).unwrap();
+        while a.poll_transmit(now).is_some() {}
+    };
+    send(a, conns[40].req_qpn, t0);
+    let first = a.poll_timeout().expect("the WRITE's ACK timer");
+    assert!(first > t0 && first <= t0 + Duration::from_secs(1));
+    send(a, conns[7].req_qpn, t0 + Duration::from_micros(10));
+    assert_eq!(a.poll_timeout(), Some(first), "the earlier of the two");
+    a.handle_timeout(first);
+    assert_eq!(std::iter::from_fn(|| a.poll_transmit(first)).count(), 1, "one retransmission, QP 40's");
+    assert!(a.poll_timeout().is_some_and(|t| t > first));
+    assert_eq!(a.stats().retransmits, 1);
+    a.destroy_qp(conns[40].req_qpn).unwrap();
+    a.destroy_qp(conns[7].req_qpn).unwrap();
+    assert_eq!(a.poll_timeout(), None, "destroyed QPs take their timers along");
+}
