@@ -56,6 +56,14 @@ fn wait_output(mut child: std::process::Child, what: &str) -> (bool, String) {
     (st.success(), text)
 }
 
+/// `prog` run through the drop-in library, its device at `addr`, its output
+/// captured.
+fn dropin_command(prog: impl AsRef<std::ffi::OsStr>, addr: &str) -> Command {
+    let mut c = Command::new(prog);
+    c.env("LD_LIBRARY_PATH", dropin_dir()).env("UROCE_ADDR", addr).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
 fn have(prog: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {prog}")])
@@ -96,17 +104,10 @@ fn ibv_devices_and_devinfo_show_uroce() {
         println!("SKIP ibv_devices/ibv_devinfo: package ibverbs-utils is not installed");
         return;
     }
-    let dir = dropin_dir();
-    let out =
-        Command::new("ibv_devices").env("LD_LIBRARY_PATH", &dir).env("UROCE_ADDR", "127.0.0.61").output().unwrap();
+    let out = dropin_command("ibv_devices", "127.0.0.61").output().unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("uroce0"));
-    let out = Command::new("ibv_devinfo")
-        .arg("-v")
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("UROCE_ADDR", "127.0.0.61")
-        .output()
-        .unwrap();
+    let out = dropin_command("ibv_devinfo", "127.0.0.61").arg("-v").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     for want in [
@@ -121,7 +122,6 @@ fn ibv_devices_and_devinfo_show_uroce() {
 }
 
 fn pingpong(prog: &str, size: u32, iters: u32, tcp: u16) {
-    let dir = dropin_dir();
     let args = |extra: &[&str]| {
         let mut a = vec![
             "-c".to_string(),
@@ -137,25 +137,9 @@ fn pingpong(prog: &str, size: u32, iters: u32, tcp: u16) {
         a.extend(extra.iter().map(|s| s.to_string()));
         a
     };
-    let mut server = Reap(Some(
-        Command::new(prog)
-            .args(args(&[]))
-            .env("LD_LIBRARY_PATH", &dir)
-            .env("UROCE_ADDR", "127.0.0.71")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    ));
+    let mut server = Reap(Some(dropin_command(prog, "127.0.0.71").args(args(&[])).spawn().unwrap()));
     assert!(listening(tcp), "{prog}: the server never listened on TCP port {tcp}");
-    let client = Command::new(prog)
-        .args(args(&["127.0.0.1"]))
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("UROCE_ADDR", "127.0.0.72")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let client = dropin_command(prog, "127.0.0.72").args(args(&["127.0.0.1"])).spawn().unwrap();
     for (name, child) in [("client", client), ("server", server.0.take().unwrap())] {
         let text = finish(child, &format!("{prog} {name} size {size}"));
         assert!(text.contains(&format!("{iters} iters in")), "{text}");
@@ -204,19 +188,9 @@ fn ibv_ud_pingpong_two_processes() {
 
 /// Runs one perftest program as server and client; returns the client's output.
 fn perftest(prog: &str, extra: &[&str], tcp: u16) -> String {
-    let dir = dropin_dir();
     let mut args: Vec<String> = vec!["-n".into(), "200".into(), "-p".into(), tcp.to_string()];
     args.extend(extra.iter().map(|s| s.to_string()));
-    let mut server = Reap(Some(
-        Command::new(prog)
-            .args(&args)
-            .env("LD_LIBRARY_PATH", &dir)
-            .env("UROCE_ADDR", "127.0.0.73")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    ));
+    let mut server = Reap(Some(dropin_command(prog, "127.0.0.73").args(&args).spawn().unwrap()));
     let mut cargs = args.clone();
     cargs.push("127.0.0.1".into());
     assert!(listening(tcp), "{prog} {extra:?}: the server never listened on TCP port {tcp}");
@@ -225,14 +199,7 @@ fn perftest(prog: &str, extra: &[&str], tcp: u16) -> String {
     // again.
     let mut client_out = None;
     for _ in 0..10 {
-        let client = Command::new(prog)
-            .args(&cargs)
-            .env("LD_LIBRARY_PATH", &dir)
-            .env("UROCE_ADDR", "127.0.0.74")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let client = dropin_command(prog, "127.0.0.74").args(&cargs).spawn().unwrap();
         let (ok, text) = wait_output(client, &format!("{prog} {extra:?} client"));
         if ok {
             client_out = Some(text);
@@ -358,14 +325,7 @@ fn qp_ex_and_cq_ex_through_the_c_abi() {
         .output()
         .expect("run cc");
     assert!(cc.status.success(), "cc: {}", String::from_utf8_lossy(&cc.stderr));
-    let child = Command::new(&exe)
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("UROCE_ADDR", "127.0.0.77")
-        .env("UROCE_TRACE_WR_API", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run qp-cq-ex-test");
+    let child = dropin_command(&exe, "127.0.0.77").env("UROCE_TRACE_WR_API", "1").spawn().expect("run qp-cq-ex-test");
     let text = finish(child, "qp-cq-ex-test");
     println!("{text}");
     assert!(text.contains("all ok"), "{text}");
@@ -406,19 +366,16 @@ fn valgrind_reports_no_invalid_access_in_rc_pingpong() {
         println!("SKIP valgrind on ibv_rc_pingpong: valgrind or ibverbs-utils is not installed");
         return;
     }
-    let dir = dropin_dir();
     let mut server = Reap(Some(
-        Command::new("ibv_rc_pingpong")
+        dropin_command("ibv_rc_pingpong", "127.0.0.75")
             .args(["-c", "-g", "0", "-n", "30", "-p", "18870"])
-            .env("LD_LIBRARY_PATH", &dir)
-            .env("UROCE_ADDR", "127.0.0.75")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     ));
     assert!(listening(18870), "ibv_rc_pingpong: the server never listened on TCP port 18870");
-    let out = Command::new("timeout")
+    let out = dropin_command("timeout", "127.0.0.76")
         .args([
             "120",
             "valgrind",
@@ -435,8 +392,6 @@ fn valgrind_reports_no_invalid_access_in_rc_pingpong() {
             "18870",
             "127.0.0.1",
         ])
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("UROCE_ADDR", "127.0.0.76")
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
