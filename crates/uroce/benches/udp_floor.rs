@@ -23,6 +23,7 @@
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
+use uroce::io::set_udp_segment;
 
 const ROUNDS: usize = 3;
 
@@ -43,23 +44,6 @@ fn sockaddr(a: SocketAddr) -> libc::sockaddr_in {
 
 fn iov(b: &[u8]) -> libc::iovec {
     libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() }
-}
-
-/// `msg` with one `UDP_SEGMENT` control message of `seg` (0: no GSO) in `ctl`.
-///
-/// # Safety
-/// `ctl` outlives every use of `msg`.
-unsafe fn set_segment(msg: &mut libc::msghdr, ctl: &mut [u64; 4], seg: u16) {
-    msg.msg_control = ctl.as_mut_ptr().cast();
-    // SAFETY: CMSG_SPACE(2) = 24 bytes fit in `ctl`; CMSG_FIRSTHDR points into it.
-    unsafe {
-        msg.msg_controllen = libc::CMSG_SPACE(2) as _;
-        let c = libc::CMSG_FIRSTHDR(msg);
-        (*c).cmsg_level = libc::SOL_UDP;
-        (*c).cmsg_type = libc::UDP_SEGMENT;
-        (*c).cmsg_len = libc::CMSG_LEN(2) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, seg);
-    }
 }
 
 // ---------------------------------------------------------------- ping-pong
@@ -107,7 +91,7 @@ impl PingEnd {
         if mode == Ping::RoceAck {
             h.msg_hdr.msg_iovlen = 4;
             // SAFETY: `ctl` outlives the call below.
-            unsafe { set_segment(&mut h.msg_hdr, &mut ctl, 96) };
+            unsafe { set_udp_segment(&mut h.msg_hdr, &mut ctl, 96) };
         }
         // SAFETY: the header points at live iovecs, address and control data.
         let r = unsafe { libc::sendmmsg(fd, &mut h, 1, 0) };
@@ -240,7 +224,7 @@ fn stream(mode: Stream, secs: f64) -> f64 {
         h.msg_iov = if first { iovs.as_mut_ptr() } else { iovs[3..].as_mut_ptr() };
         h.msg_iovlen = if first { 3 } else { 45 };
         // SAFETY: `ctl` lives until the end of this function.
-        unsafe { set_segment(h, &mut ctl[i % 2], if first { 0 } else { SEG as u16 }) };
+        unsafe { set_udp_segment(h, &mut ctl[i % 2], if first { 0 } else { SEG as u16 }) };
     }
     let start = Instant::now();
     let mut crc = 0u32;
@@ -273,6 +257,22 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Measures each row `ROUNDS` times, the rows alternating, and prints each
+/// row's median and its ratio to the first row's.
+fn table<M: Copy>(title: &str, unit: &str, rows: &[(M, &str)], measure: impl Fn(M) -> f64) {
+    let mut got = vec![Vec::new(); rows.len()];
+    for _ in 0..ROUNDS {
+        for (i, &(m, _)) in rows.iter().enumerate() {
+            got[i].push(measure(m));
+        }
+    }
+    let medians: Vec<f64> = got.into_iter().map(median).collect();
+    println!("\n{title:<70} {unit:>10}   ratio");
+    for (&(_, name), v) in rows.iter().zip(&medians) {
+        println!("  {name:<68} {v:10.2}   {:5.2}", v / medians[0]);
+    }
+}
+
 fn main() {
     println!("UDP on loopback, {ROUNDS} alternating rounds, medians; ratios to the baseline of the same run");
     let pings = [
@@ -280,33 +280,11 @@ fn main() {
         (Ping::Roce, "RoCE WRITE datagram: unconnected sendmmsg (3 pieces), recvmsg"),
         (Ping::RoceAck, "the same, each answer followed by an ACK"),
     ];
-    let mut lat = vec![Vec::new(); pings.len()];
-    for _ in 0..ROUNDS {
-        for (i, (m, _)) in pings.iter().enumerate() {
-            lat[i].push(pingpong(*m, 100_000));
-        }
-    }
-    let base = median(lat[0].clone());
-    println!("\n64-byte ping-pong                                                      half RTT   ratio");
-    for (i, (_, name)) in pings.iter().enumerate() {
-        let us = median(lat[i].clone());
-        println!("  {name:<68} {us:6.2} us  {:5.2}", us / base);
-    }
+    table("64-byte ping-pong", "half RTT us", &pings, |m| pingpong(m, 100_000));
     let streams = [
         (Stream::Baseline, "baseline: 15 x 4112 B per GSO send, one buffer, connected"),
         (Stream::Roce, "64 KiB WRITEs: FIRST alone + 15 per GSO send, 3 pieces each"),
         (Stream::RoceCrc, "the same with a CRC-32 pass over every packet (ICRC)"),
     ];
-    let mut bw = vec![Vec::new(); streams.len()];
-    for _ in 0..ROUNDS {
-        for (i, (m, _)) in streams.iter().enumerate() {
-            bw[i].push(stream(*m, 0.5));
-        }
-    }
-    let base = median(bw[0].clone());
-    println!("\nstream                                                                 received   ratio");
-    for (i, (_, name)) in streams.iter().enumerate() {
-        let g = median(bw[i].clone());
-        println!("  {name:<68} {g:5.1} Gb/s {:5.2}", g / base);
-    }
+    table("stream", "Gb/s", &streams, |m| stream(m, 0.5));
 }

@@ -17,4 +17,4 @@ mod socket;
 
 pub use capture::Capture;
 pub use runtime::{EventSink, Runtime, RuntimeConfig};
-pub use socket::RoceSocket;
+pub use socket::{set_udp_segment, RoceSocket, SegmentControl};

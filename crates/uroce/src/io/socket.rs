@@ -48,6 +48,28 @@ unsafe fn gro_segment(msg: &libc::msghdr) -> Option<usize> {
     seg
 }
 
+/// Room for one `UDP_SEGMENT` control message (CMSG_SPACE of a u16).
+pub type SegmentControl = [u64; 4];
+
+/// Makes `msg` a UDP GSO send of `seg`-byte segments: one `UDP_SEGMENT`
+/// control message, stored in `ctl`.
+///
+/// # Safety
+/// `ctl` outlives every use of `msg`.
+pub unsafe fn set_udp_segment(msg: &mut libc::msghdr, ctl: &mut SegmentControl, seg: u16) {
+    msg.msg_control = ctl.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE(2) (24 bytes) fits in `ctl` (32 bytes); the CMSG_*
+    // macros stay inside it.
+    unsafe {
+        msg.msg_controllen = libc::CMSG_SPACE(2) as _;
+        let c = libc::CMSG_FIRSTHDR(msg);
+        (*c).cmsg_level = libc::SOL_UDP;
+        (*c).cmsg_type = libc::UDP_SEGMENT;
+        (*c).cmsg_len = libc::CMSG_LEN(2) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, seg);
+    }
+}
+
 /// The sender's address in a received message header.
 ///
 /// # Safety
@@ -244,7 +266,7 @@ impl RoceSocket {
             ends.push(iov.len());
         }
         // CMSG space for one u16 per group.
-        let mut cbufs: SmallVec<[[u64; 4]; 4]> = smallvec::smallvec![[0u64; 4]; n];
+        let mut cbufs: SmallVec<[SegmentControl; 4]> = smallvec::smallvec![[0u64; 4]; n];
         // SAFETY: mmsghdr is plain old data; all-zero is a valid value.
         let mut hdrs: SmallVec<[libc::mmsghdr; 4]> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
         let mut at = 0;
@@ -258,17 +280,8 @@ impl RoceSocket {
             h.msg_iovlen = (ends[k] - at) as _;
             at = ends[k];
             if segs.len() > 1 {
-                h.msg_control = cbufs[k].as_mut_ptr().cast();
-                // SAFETY: the control buffer is CMSG_SPACE(2) bytes of
-                // `cbufs[k]` (32 bytes); the CMSG_* macros stay inside it.
-                unsafe {
-                    h.msg_controllen = libc::CMSG_SPACE(2) as _;
-                    let c = libc::CMSG_FIRSTHDR(h);
-                    (*c).cmsg_level = libc::SOL_UDP;
-                    (*c).cmsg_type = libc::UDP_SEGMENT;
-                    (*c).cmsg_len = libc::CMSG_LEN(2) as _;
-                    std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, segs[0].len() as u16);
-                }
+                // SAFETY: `cbufs` outlives the `sendmmsg` below.
+                unsafe { set_udp_segment(h, &mut cbufs[k], segs[0].len() as u16) };
             }
         }
         // SAFETY: the `n` headers point at live locals (`addrs`, `iov` over
