@@ -134,7 +134,11 @@ pub struct Runtime {
     faults: Option<super::faults::FaultLayer>,
     busy_poll: bool,
     shutdown: AtomicBool,
-    sleeping_until: Mutex<Option<Instant>>,
+    /// Until when the progress thread sleeps (none while awake); stored
+    /// under the engine lock, so a pass that changed the engine after the
+    /// thread looked at it sees the sleep and wakes it for an earlier
+    /// deadline.
+    sleeping_until: AtomicInstant,
     /// When an application thread last polled for completions.
     app_poll_at: AtomicInstant,
     /// When a receive pass should send the held ACKs, if no answer of the
@@ -181,7 +185,7 @@ impl Runtime {
             faults: cfg.faults.map(super::faults::FaultLayer::new),
             busy_poll: cfg.busy_poll,
             shutdown: AtomicBool::new(false),
-            sleeping_until: Mutex::new(None),
+            sleeping_until: AtomicInstant::default(),
             app_poll_at: AtomicInstant::default(),
             held_due: AtomicInstant::default(),
             next_deadline: AtomicInstant::default(),
@@ -287,8 +291,7 @@ impl Runtime {
         if let Some(d) = deadline {
             // Asleep past the new deadline: wake. Awake (None): it will see
             // the deadline (see `progress_once`).
-            let sleeping = *self.sleeping_until.lock().unwrap();
-            if sleeping.is_some_and(|s| d < s) {
+            if self.sleeping_until.load(Ordering::Acquire).is_some_and(|s| d < s) {
                 self.wake();
             }
         }
@@ -535,13 +538,14 @@ impl Runtime {
             // either sees this sleep (and wakes us for an earlier deadline)
             // or changed the engine before we looked.
             let e = self.engine.lock().unwrap();
-            self.next_deadline.store(e.poll_timeout(), Ordering::Relaxed);
+            let deadline = e.poll_timeout();
+            self.next_deadline.store(deadline, Ordering::Relaxed);
             // With timers pending, wake at least every TICK: then a new,
             // later deadline (a retransmission timer armed by a post) needs
             // no eventfd wake-up, which on two cores costs the poster a
             // context switch per operation.
             let next =
-                [e.poll_timeout(), self.faults.as_ref().and_then(|f| f.next_release())].into_iter().flatten().min();
+                [deadline, self.faults.as_ref().and_then(|f| f.next_release())].into_iter().flatten().min();
             let mut timeout = match next {
                 Some(d) => d.saturating_duration_since(now).min(TICK),
                 None => MAX_SLEEP,
@@ -554,7 +558,7 @@ impl Runtime {
                 timeout = timeout.min(ACK_HOLD_WAIT);
             }
             if !self.busy_poll {
-                *self.sleeping_until.lock().unwrap() = Some(now + timeout);
+                self.sleeping_until.store(Some(now + timeout), Ordering::Release);
             }
             timeout
         };
@@ -567,7 +571,7 @@ impl Runtime {
             let ts = libc::timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
             // SAFETY: fds is a valid array of at least `nfds` pollfd; ts a valid timespec.
             unsafe { libc::ppoll(fds.as_mut_ptr(), nfds, &ts, std::ptr::null()) };
-            *self.sleeping_until.lock().unwrap() = None;
+            self.sleeping_until.store(None, Ordering::Release);
             if fds[0].revents != 0 {
                 let mut v: u64 = 0;
                 // SAFETY: reads 8 bytes into a valid u64 from our eventfd.
