@@ -544,8 +544,7 @@ impl Runtime {
             // later deadline (a retransmission timer armed by a post) needs
             // no eventfd wake-up, which on two cores costs the poster a
             // context switch per operation.
-            let next =
-                [deadline, self.faults.as_ref().and_then(|f| f.next_release())].into_iter().flatten().min();
+            let next = [deadline, self.faults.as_ref().and_then(|f| f.next_release())].into_iter().flatten().min();
             let mut timeout = match next {
                 Some(d) => d.saturating_duration_since(now).min(TICK),
                 None => MAX_SLEEP,

@@ -320,10 +320,14 @@ impl RoceSocket {
             // the lengths it states (see `RecvBatch::new`); the kernel writes
             // within them.
             let n = unsafe { libc::recvmsg(fd, &mut batch.msgs[0].msg_hdr, libc::MSG_DONTWAIT) };
-            if n >= 0 {
+            if n < 0 {
+                -1
+            } else {
+                // One message, however long (an empty datagram too: the
+                // engine counts it as malformed, as after `recvmmsg`).
                 batch.msgs[0].msg_len = n as _;
+                1
             }
-            n.min(1) as i32
         } else {
             // SAFETY: as above, for every header.
             unsafe {
@@ -487,5 +491,19 @@ mod tests {
         b.recv_batch(&mut batch).unwrap();
         assert_eq!(batch.filled().len(), 2);
         assert_eq!((batch.bytes(0), batch.bytes(1)), (&[1u8; 10][..], &[2u8; 10][..]));
+    }
+
+    #[test]
+    fn an_empty_datagram_is_received_either_way() {
+        let (a, b) = pair();
+        let mut batch = RecvBatch::new(8, 2048);
+        for was_empty in [false, true] {
+            batch.was_empty = was_empty;
+            a.send_to(&[], b.local_addr()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            b.recv_batch(&mut batch).unwrap();
+            assert_eq!(batch.filled().len(), 1, "after an empty receive: {was_empty}");
+            assert_eq!(batch.filled()[0].len, 0);
+        }
     }
 }
