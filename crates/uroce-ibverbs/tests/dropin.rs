@@ -2,7 +2,12 @@
 //! package ibverbs-utils): ibv_devices, ibv_devinfo, ibv_rc_pingpong as two
 //! processes. The library is built by scripts/build-dropin.sh (the test
 //! script runs it first; this test runs it when the library is missing).
-//! Programs that are not installed are skipped with a printed reason.
+//! Programs that are not installed are skipped with a printed reason
+//! (tests/skip).
+
+#[path = "../../uroce/tests/skip/mod.rs"]
+#[macro_use]
+mod skip;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -78,8 +83,7 @@ fn exports_carry_rdma_core_versions() {
     let lib = dropin_dir().join("libibverbs.so.1");
     let out = Command::new("nm").args(["-D", "--with-symbol-versions"]).arg(&lib).output();
     let Ok(out) = out else {
-        println!("SKIP export check: nm (binutils) is not installed");
-        return;
+        skip!("nm is not installed (Debian package binutils)");
     };
     let text = String::from_utf8_lossy(&out.stdout);
     for sym in [
@@ -101,8 +105,7 @@ fn exports_carry_rdma_core_versions() {
 fn ibv_devices_and_devinfo_show_uroce() {
     let _serial = serial();
     if !have("ibv_devinfo") {
-        println!("SKIP ibv_devices/ibv_devinfo: package ibverbs-utils is not installed");
-        return;
+        skip!("ibv_* programs are not installed (Debian package ibverbs-utils)");
     }
     let out = dropin_command("ibv_devices", "127.0.0.61").output().unwrap();
     assert!(out.status.success());
@@ -150,8 +153,7 @@ fn pingpong(prog: &str, size: u32, iters: u32, tcp: u16) {
 fn ibv_rc_pingpong_two_processes() {
     let _serial = serial();
     if !have("ibv_rc_pingpong") {
-        println!("SKIP ibv_rc_pingpong: package ibverbs-utils is not installed");
-        return;
+        skip!("ibv_* programs are not installed (Debian package ibverbs-utils)");
     }
     // Sizes around the MTU and multi-packet messages; rc_pingpong checks the
     // data itself (its -c option validates buffers).
@@ -164,8 +166,7 @@ fn ibv_rc_pingpong_two_processes() {
 fn ibv_srq_pingpong_two_processes() {
     let _serial = serial();
     if !have("ibv_srq_pingpong") {
-        println!("SKIP ibv_srq_pingpong: package ibverbs-utils is not installed");
-        return;
+        skip!("ibv_* programs are not installed (Debian package ibverbs-utils)");
     }
     // 16 QPs receiving through one shared receive queue.
     for (i, size) in [1u32, 4096, 10000].into_iter().enumerate() {
@@ -177,8 +178,7 @@ fn ibv_srq_pingpong_two_processes() {
 fn ibv_ud_pingpong_two_processes() {
     let _serial = serial();
     if !have("ibv_ud_pingpong") {
-        println!("SKIP ibv_ud_pingpong: package ibverbs-utils is not installed");
-        return;
+        skip!("ibv_* programs are not installed (Debian package ibverbs-utils)");
     }
     // UD messages fit one packet: the port MTU (4096 on loopback).
     for (i, size) in [1u32, 1024, 2048, 4096].into_iter().enumerate() {
@@ -254,8 +254,7 @@ fn listening(port: u16) -> bool {
 fn perftest_programs_finish_with_results() {
     let _serial = serial();
     if !have("ib_write_bw") {
-        println!("SKIP perftest: package perftest is not installed");
-        return;
+        skip!("perftest is not installed (Debian package perftest)");
     }
     let progs =
         ["ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_atomic_bw", "ib_write_lat", "ib_read_lat", "ib_send_lat"];
@@ -287,8 +286,7 @@ fn perftest_programs_finish_with_results() {
 fn ib_write_lat_does_not_wait_for_the_progress_thread() {
     let _serial = serial();
     if !have("ib_write_lat") {
-        println!("SKIP ib_write_lat: package perftest is not installed");
-        return;
+        skip!("perftest is not installed (Debian package perftest)");
     }
     const BOUND_US: f64 = 100.0;
     let mut seen = Vec::new();
@@ -312,8 +310,7 @@ fn ib_write_lat_does_not_wait_for_the_progress_thread() {
 fn qp_ex_and_cq_ex_through_the_c_abi() {
     let _serial = serial();
     if !std::path::Path::new("/usr/include/infiniband/verbs.h").exists() || !have("cc") {
-        println!("SKIP qp_ex/cq_ex C test: verbs.h (package libibverbs-dev) or cc is missing");
-        return;
+        skip!("verbs.h or cc is not installed (Debian packages libibverbs-dev, gcc)");
     }
     let dir = dropin_dir();
     let exe = dir.join("qp-cq-ex-test");
@@ -340,9 +337,8 @@ fn pyverbs_suite_does_not_regress() {
     let _serial = serial();
     let out = Command::new(root().join("scripts/pyverbs.sh")).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    if text.contains("SKIP pyverbs") {
-        println!("{}", text.trim());
-        return;
+    if let Some(why) = text.lines().find_map(|l| l.strip_prefix("SKIP pyverbs: ")) {
+        skip!("{why} (Debian package python3-pyverbs)");
     }
     println!("{text}");
     let total = text.lines().find(|l| l.starts_with("TOTAL")).expect("totals line");
@@ -363,8 +359,7 @@ fn pyverbs_suite_does_not_regress() {
 fn valgrind_reports_no_invalid_access_in_rc_pingpong() {
     let _serial = serial();
     if !have("valgrind") || !have("ibv_rc_pingpong") {
-        println!("SKIP valgrind on ibv_rc_pingpong: valgrind or ibverbs-utils is not installed");
-        return;
+        skip!("valgrind or ibv_rc_pingpong is not installed (Debian packages valgrind, ibverbs-utils)");
     }
     let mut server = Reap(Some(
         dropin_command("ibv_rc_pingpong", "127.0.0.75")

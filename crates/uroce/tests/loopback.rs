@@ -2,6 +2,8 @@
 //! safe Rust API: every operation, errors, and a packet capture.
 
 mod common;
+#[macro_use]
+mod skip;
 
 use common::*;
 use std::time::Duration;
@@ -264,7 +266,7 @@ fn capture_decodes_with_correct_icrcs() {
         ])
         .output();
     match out {
-        Err(_) => println!("SKIP tshark check of the capture: tshark is not installed"),
+        Err(_) => skip::part("the tshark check of the capture: tshark is not installed (Debian package tshark)"),
         Ok(o) => {
             let lines = String::from_utf8_lossy(&o.stdout);
             assert!(o.status.success(), "tshark failed: {}", String::from_utf8_lossy(&o.stderr));
@@ -293,8 +295,7 @@ fn busy_poll_devices_work() {
     ca.busy_poll = true;
     cb.busy_poll = true;
     let (Ok(a), Ok(b)) = (Context::open(&ca), Context::open(&cb)) else {
-        println!("SKIP busy_poll_devices_work: port {port} in use");
-        return;
+        skip!("port {port} is in use");
     };
     let (a, b) = (end(a), end(b));
     a.qp.connect_rc(&b.ctx.query_gid(0).unwrap(), b.qp.qp_num(), 1, 2).unwrap();

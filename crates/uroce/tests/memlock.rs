@@ -8,6 +8,8 @@ use std::process::Command;
 use uroce::ib::Errno;
 use uroce::verbs::*;
 
+mod skip;
+
 fn vm_lck_kib() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
     let line = s.lines().find(|l| l.starts_with("VmLck:")).unwrap();
@@ -44,7 +46,7 @@ fn pinning_counts_against_memlock() {
 
     // SAFETY: getuid has no preconditions.
     if unsafe { libc::getuid() } != 0 {
-        println!("SKIP memlock limit case: needs root to switch to an unprivileged user");
+        skip::part("the RLIMIT_MEMLOCK case needs root to switch to an unprivileged user");
         return;
     }
     let exe = std::env::current_exe().unwrap();

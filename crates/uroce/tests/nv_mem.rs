@@ -1,10 +1,12 @@
 //! nv_mem with a real GPU: RDMA WRITE/READ into GPU memory registered like
 //! host memory, bytes checked with cuMemcpy, then cuMemFree invalidates the
-//! region. Prints "SKIPPED: <reason>" and passes where libcuda.so.1 or a
-//! GPU is absent (the client's logic is unit-tested with a mock driver in
+//! region. Skipped (tests/skip) where libcuda.so.1 or
+//! a GPU is absent (the client's logic is unit-tested with a mock driver in
 //! `mem::peer::nv_mem`).
 
 mod common;
+#[macro_use]
+mod skip;
 
 use common::*;
 use std::time::{Duration, Instant};
@@ -22,8 +24,7 @@ fn rdma_into_gpu_memory() {
     let client = match nv_mem::load() {
         Ok(c) => c,
         Err(reason) => {
-            println!("SKIPPED: {reason}");
-            return;
+            skip!("{reason}");
         }
     };
     // Device start may already have loaded nv_mem (default configuration).

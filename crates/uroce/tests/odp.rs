@@ -3,6 +3,7 @@
 //! implicit ODP, advise_mr errors, ODP under atomics, windows and SEND.
 
 mod common;
+mod skip;
 
 use common::*;
 use std::time::Duration;
@@ -246,7 +247,7 @@ fn munmap_and_mmap_at_the_same_address_shows_the_new_memory() {
         unsafe { libc::madvise(m.addr as *mut libc::c_void, 2 * PAGE, libc::MADV_DONTNEED) };
         assert_eq!(mr.odp_stats().unwrap().page_invalidations, 6);
     } else {
-        println!("SKIPPED invalidation counters: userfaultfd is not available here");
+        skip::part("the invalidation counters: userfaultfd is not available here");
     }
 }
 

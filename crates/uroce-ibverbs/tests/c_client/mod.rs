@@ -2,8 +2,11 @@
 //! Debian's verbs.h (and uroce.h), runs it with the library first on the
 //! loader's path, and checks it printed "all ok". With `check_leaks` it runs
 //! under valgrind's leak checker when valgrind is installed: no error and no
-//! definitely lost block. Returns false (after printing why) when verbs.h is
-//! missing.
+//! definitely lost block. Returns false (after printing the test's SKIP
+//! line, tests/skip) when verbs.h is missing; the test then ends.
+
+#[path = "../../../uroce/tests/skip/mod.rs"]
+mod skip;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -31,7 +34,7 @@ fn have(prog: &str) -> bool {
 /// Compiles and runs `tests/c/<name>.c` with `UROCE_ADDR=addr`.
 pub fn run(name: &str, addr: &str, check_leaks: bool) -> bool {
     if !std::path::Path::new("/usr/include/infiniband/verbs.h").exists() {
-        println!("SKIPPED: /usr/include/infiniband/verbs.h missing (Debian package libibverbs-dev)");
+        skip::whole("verbs.h is not installed (Debian package libibverbs-dev)");
         return false;
     }
     let dir = dropin_dir();
@@ -48,7 +51,7 @@ pub fn run(name: &str, addr: &str, check_leaks: bool) -> bool {
     assert!(cc.status.success(), "cc: {}", String::from_utf8_lossy(&cc.stderr));
     let valgrind = check_leaks && have("valgrind");
     if check_leaks && !valgrind {
-        println!("SKIPPED the leak check: valgrind is not installed (Debian package valgrind)");
+        skip::part("the leak check: valgrind is not installed (Debian package valgrind)");
     }
     let mut cmd = if valgrind {
         let mut c = Command::new("timeout");

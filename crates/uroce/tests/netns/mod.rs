@@ -2,6 +2,9 @@
 //! machine; and waiting for child processes. Removed on drop.
 #![allow(dead_code)]
 
+#[path = "../skip/mod.rs"]
+mod skip;
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -54,12 +57,13 @@ pub struct Pair {
 }
 
 impl Pair {
-    /// None (after printing a SKIP line) when namespaces cannot be made.
-    pub fn new(test: &str, tag: &str, net: u8, v6: Option<(&str, &str)>) -> Option<Pair> {
+    /// None (after printing the test's SKIP line) when namespaces cannot
+    /// be made; the test then returns.
+    pub fn new(_test: &str, tag: &str, net: u8, v6: Option<(&str, &str)>) -> Option<Pair> {
         let id = std::process::id() % 100000;
         let (a, b) = (format!("uroce{tag}a-{id}"), format!("uroce{tag}b-{id}"));
         if !sh(&["ip", "netns", "add", &a]) {
-            println!("SKIP {test}: `ip netns add` is not available here (needs root and iproute2)");
+            skip::whole("`ip netns add` is not available here (needs root and iproute2)");
             return None;
         }
         let (va, vb) = (format!("u{tag}a{id}"), format!("u{tag}b{id}"));
