@@ -19,34 +19,31 @@ fn demo_runs_and_verifies() {
 fn decode_exit_codes() {
     let dir = std::env::temp_dir().join(format!("uroce-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/conformance/captures/rxe/rdma_write_lat.pcap");
-    if let Ok(mut bytes) = std::fs::read(&src) {
-        let ok = Command::new(UROCE).args(["decode", src.to_str().unwrap()]).output().unwrap();
-        let text = String::from_utf8_lossy(&ok.stdout);
-        assert!(ok.status.success(), "{text}");
-        assert!(text.contains("20 RoCE packets: 20 ICRC ok, 0 ICRC bad, 0 malformed"), "{text}");
-        assert!(text.contains("RC_RDMA_WRITE_ONLY"), "{text}");
-        assert!(text.contains("AETH ACK"), "{text}");
-        // Flip a payload byte of the first RoCE frame (Ethernet/IPv4/UDP 4791).
-        let mut off = 24;
-        loop {
-            let len = u32::from_le_bytes(bytes[off + 8..off + 12].try_into().unwrap()) as usize;
-            let frame = off + 16;
-            if bytes[frame + 36..frame + 38] == [0x12, 0xb7] {
-                bytes[frame + len - 6] ^= 0xFF;
-                break;
-            }
-            off = frame + len;
+    let src =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conformance/captures/rxe/rdma_write_lat.pcap");
+    let mut bytes = std::fs::read(&src).unwrap();
+    let ok = Command::new(UROCE).args(["decode", src.to_str().unwrap()]).output().unwrap();
+    let text = String::from_utf8_lossy(&ok.stdout);
+    assert!(ok.status.success(), "{text}");
+    assert!(text.contains("20 RoCE packets: 20 ICRC ok, 0 ICRC bad, 0 malformed"), "{text}");
+    assert!(text.contains("RC_RDMA_WRITE_ONLY"), "{text}");
+    assert!(text.contains("AETH ACK"), "{text}");
+    // Flip a payload byte of the first RoCE frame (Ethernet/IPv4/UDP 4791).
+    let mut off = 24;
+    loop {
+        let len = u32::from_le_bytes(bytes[off + 8..off + 12].try_into().unwrap()) as usize;
+        let frame = off + 16;
+        if bytes[frame + 36..frame + 38] == [0x12, 0xb7] {
+            bytes[frame + len - 6] ^= 0xFF;
+            break;
         }
-        let bad = dir.join("bad.pcap");
-        std::fs::write(&bad, bytes).unwrap();
-        let out = Command::new(UROCE).args(["decode", bad.to_str().unwrap()]).output().unwrap();
-        assert_eq!(out.status.code(), Some(1));
-        assert!(String::from_utf8_lossy(&out.stdout).contains("icrc=BAD"));
-    } else {
-        println!("SKIP decode of rxe captures: ../shared/conformance is not present");
+        off = frame + len;
     }
+    let bad = dir.join("bad.pcap");
+    std::fs::write(&bad, bytes).unwrap();
+    let out = Command::new(UROCE).args(["decode", bad.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("icrc=BAD"));
     let missing = Command::new(UROCE).args(["decode", "/nonexistent.pcap"]).output().unwrap();
     assert_eq!(missing.status.code(), Some(2));
 }
