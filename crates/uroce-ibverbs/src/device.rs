@@ -73,7 +73,13 @@ fn device_list() -> Vec<usize> {
                 dev.node_type = ibv_node_type_IBV_NODE_CA as _;
                 dev.transport_type = ibv_transport_type_IBV_TRANSPORT_IB as _;
                 copy_name(&mut dev.name, &cfg.name);
-                copy_name(&mut dev.dev_name, &format!("uverbs-{}", cfg.name));
+                // The device's node is /dev/null (uroce has no kernel part
+                // and never opens it). Programs find it as rdma-core does,
+                // as "/dev/infiniband/" + dev_name: UCX uses a device only
+                // when that is a character device it may read and write,
+                // which "../null" is wherever /dev/infiniband exists
+                // (scripts/setup-ucx.sh makes it where it does not).
+                copy_name(&mut dev.dev_name, "../null");
                 copy_name(&mut dev.dev_path, "/dev/null");
                 copy_name(&mut dev.ibdev_path, &format!("/nonexistent/uroce/{}", cfg.name));
                 Box::into_raw(Box::new(UDevice { dev, cfg })) as usize
