@@ -43,8 +43,9 @@ if ! command -v cargo >/dev/null; then
 fi
 command -v apt-get >/dev/null && install_packages
 
-# UCX sees a verbs device only through /dev/infiniband/<dev_name>
-# (scripts/setup-ucx.sh says why): set it up when we may.
+# UCX sees a verbs device only through /dev/infiniband/<dev_name>, which
+# needs the directory /dev/infiniband (scripts/setup-ucx.sh says why): make
+# it when we may.
 if ! scripts/setup-ucx.sh --check >/dev/null && [ "${UROCE_NO_INSTALL:-0}" != 1 ]; then
     if [ "$(id -u)" = 0 ]; then scripts/setup-ucx.sh
     elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo -n scripts/setup-ucx.sh
