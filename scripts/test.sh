@@ -62,23 +62,6 @@ fi
 cargo test --workspace --all-targets --no-fail-fast -- --show-output 2>&1 | tee "$log" || status=1
 cargo test --workspace --doc --no-fail-fast 2>&1 | tee -a "$log" || status=1
 
-sum() { grep -E '^test result:' "$log" | grep -oE "[0-9]+ $1" | awk '{s+=$1} END {print s+0}'; }
-passed=$(sum passed); failed=$(sum failed); ignored=$(sum ignored)
-# A skipped test passed for libtest: move it from the passes to the skips.
-skipped_whole=$(grep -cE '^SKIP ' "$log")
-passed=$((passed - skipped_whole)); skipped=$((ignored + skipped_whole))
-echo
-echo "skipped tests ($skipped_whole, with reasons; $ignored more marked #[ignore]):"
-grep -E '^SKIP ' "$log" | sort | sed 's/^/  /' || echo "  none"
-echo "partly skipped tests (counted as passed):"
-grep -E '^SKIP-PART ' "$log" | sort | sed 's/^/  /' || echo "  none"
-# CI installs every package: a skip for something not installed is a
-# missing install step, not a machine that cannot run the test.
-if [ "${CI:-}" = true ] && grep -qE '^SKIP(-PART)? .*is not installed' "$log"; then
-    echo "CI: these tests skipped for something not installed (an install step is missing):"
-    grep -E '^SKIP(-PART)? .*is not installed' "$log" | sed 's/^/  /'
-    status=1
-fi
-echo
-echo "${passed} passed, ${failed:-0} failed, ${skipped} skipped"
-[ "${failed:-0}" = 0 ] && [ $status = 0 ]
+# Skips counted as skips, listed with their reasons; the summary line last.
+scripts/test-summary.sh "$log" || status=1
+[ $status = 0 ]

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The end of scripts/test.sh: reads the output of `cargo test ... --
+# --show-output` (LOG) and prints the skips and the summary line, last:
+#   N passed, N failed, N skipped
+# A test that printed `SKIP <test>: <reason>` (crates/uroce/tests/skip) passed
+# for libtest: it is moved from the passes to the skips. `SKIP-PART` lines
+# (a part of a test skipped; the test counts as passed) are listed. With
+# CI=true, a skip whose reason says "is not installed" fails (CI installs
+# every package, so it means an install step is missing).
+# Exit status: 1 when a test failed or CI saw such a skip, else 0.
+# Usage: scripts/test-summary.sh LOG
+set -uo pipefail
+log=$1
+status=0
+sum() { grep -E '^test result:' "$log" | grep -oE "[0-9]+ $1" | awk '{s+=$1} END {print s+0}'; }
+passed=$(sum passed); failed=$(sum failed); ignored=$(sum ignored)
+skipped_whole=$(grep -cE '^SKIP ' "$log")
+passed=$((passed - skipped_whole)); skipped=$((ignored + skipped_whole))
+echo
+echo "skipped tests ($skipped_whole, with reasons; $ignored more marked #[ignore]):"
+grep -E '^SKIP ' "$log" | sort | sed 's/^/  /' || echo "  none"
+echo "partly skipped tests (counted as passed):"
+grep -E '^SKIP-PART ' "$log" | sort | sed 's/^/  /' || echo "  none"
+if [ "${CI:-}" = true ] && grep -qE '^SKIP(-PART)? .*is not installed' "$log"; then
+    echo "CI: these tests skipped for something not installed (an install step is missing):"
+    grep -E '^SKIP(-PART)? .*is not installed' "$log" | sed 's/^/  /'
+    status=1
+fi
+echo
+echo "${passed} passed, ${failed} failed, ${skipped} skipped"
+[ "$failed" = 0 ] && [ $status = 0 ]
