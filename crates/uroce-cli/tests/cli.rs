@@ -1,5 +1,9 @@
 //! The `uroce` command's subcommands, run as a user would.
 
+#[path = "../../uroce/tests/skip/mod.rs"]
+#[macro_use]
+mod skip;
+
 use std::process::Command;
 
 const UROCE: &str = env!("CARGO_BIN_EXE_uroce");
@@ -65,6 +69,45 @@ fn capture_of_a_demo_decodes_clean() {
     assert!(out.status.success(), "{text}");
     assert!(text.contains(" 0 ICRC bad, 0 malformed"), "{text}");
     assert!(text.contains("RC_RDMA_READ_RESPONSE_FIRST"), "{text}");
+}
+
+/// conformance/icrc_check.py, an ICRC checker independent of uroce's code
+/// (Python, dpkt, zlib's CRC-32), first reproduces its reference result on
+/// the rxe captures, then finds every ICRC of a demo's capture correct. It
+/// reads UDP port 4791 only: the demo's two devices use it on their own
+/// 127.0.0.x addresses.
+#[test]
+fn independent_checker_accepts_a_demo_capture() {
+    let python = "/usr/bin/python3";
+    let dpkt = Command::new(python).args(["-c", "import dpkt"]).output();
+    if !dpkt.is_ok_and(|o| o.status.success()) {
+        skip!("python3-dpkt is not installed (Debian package python3-dpkt)");
+    }
+    let conformance = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conformance");
+    let checker = conformance.join("icrc_check.py");
+    let mut rxe: Vec<_> =
+        std::fs::read_dir(conformance.join("captures/rxe")).unwrap().map(|e| e.unwrap().path()).collect();
+    rxe.sort();
+    let out = Command::new(python).arg(&checker).args(&rxe).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.ends_with("total: icrc_ok=1653 icrc_bad=0 truncated=0 unreadable_files=0\n"), "{text}");
+
+    let dir = std::env::temp_dir().join(format!("uroce-cli-icrc-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700).create(&dir).unwrap();
+    let cap = dir.join("demo.pcap");
+    let st = Command::new(UROCE).args(["demo", "--port", "4791", "--capture", cap.to_str().unwrap()]).output().unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let out = Command::new(python).arg(&checker).arg(&cap).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let total = text.lines().last().unwrap_or("");
+    let ok: u32 =
+        total.split_whitespace().find_map(|f| f.strip_prefix("icrc_ok=")).and_then(|v| v.parse().ok()).unwrap();
+    assert!(ok > 500, "{text}");
+    assert!(total.contains(" icrc_bad=0 truncated=0 unreadable_files=0"), "{text}");
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
