@@ -284,6 +284,7 @@ fn start_runtime(cfg: &DeviceConfig, mem: &Arc<Memory>) -> Result<Arc<Runtime>> 
         let mut e = EngineConfig::new(addr, cfg.port, mtu);
         e.ipv4_any_id = cfg.ipv4_any_id;
         e.send_in_place = cfg.send_in_place;
+        e.id_seed = crate::mem::os_random_u64();
         RuntimeConfig { engine: e, capture: cfg.capture.clone(), busy_poll: cfg.busy_poll, faults }
     };
     if let Some(addr) = cfg.addr {
