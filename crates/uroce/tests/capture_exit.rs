@@ -69,5 +69,6 @@ fn a_leaked_device_leaves_a_complete_capture() {
     }
     assert_eq!(r.cut(), None);
     assert!(frames >= want, "{frames} records, {want} packets sent and received");
+    println!("{frames} records for {want} packets");
     std::fs::remove_dir_all(&dir).unwrap();
 }
