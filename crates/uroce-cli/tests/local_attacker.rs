@@ -37,11 +37,6 @@ impl Drop for User {
     }
 }
 
-fn sh(script: &str) {
-    let st = Command::new("sh").args(["-ec", script]).status().unwrap();
-    assert!(st.success(), "setup failed: {script}");
-}
-
 /// Runs the victim's `uroce demo` through `sh`, which prepares the
 /// attacker's directory for the pid the demo will have (`$$`: `exec` keeps
 /// it), then becomes the victim. Returns (exit code, stderr).

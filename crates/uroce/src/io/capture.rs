@@ -58,19 +58,32 @@ fn registry() -> &'static Mutex<Vec<Weak<Mutex<Inner>>>> {
     })
 }
 
+/// The lock if free (also after a panic of its holder), else `None`.
+fn try_lock<T>(m: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// Flushes every live capture of this process (at exit, and periodically).
 pub fn flush_all() {
-    let live: Vec<Shared> = match registry().try_lock() {
-        Ok(mut r) => {
+    // Bounded waits (this runs at exit, when another thread may hold a lock
+    // for an instant): the registry is held only to push or list.
+    let mut live: Vec<Shared> = Vec::new();
+    for _ in 0..1000 {
+        if let Some(mut r) = try_lock(registry()) {
             r.retain(|w| w.strong_count() > 0);
-            r.iter().filter_map(Weak::upgrade).collect()
+            live = r.iter().filter_map(Weak::upgrade).collect();
+            break;
         }
-        Err(_) => return,
-    };
+        std::thread::sleep(Duration::from_millis(1));
+    }
     for c in live {
         // Bounded: a writer is held only while one record is written.
         for _ in 0..1000 {
-            if let Ok(mut g) = c.try_lock() {
+            if let Some(mut g) = try_lock(&c) {
                 let _ = g.writer.flush();
                 g.dirty_since = None;
                 break;
