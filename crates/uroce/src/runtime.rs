@@ -169,3 +169,33 @@ pub fn live_processes() -> Listing {
     }
     l
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn private_by_default_world_readable_when_configured() {
+        let root = std::env::temp_dir().join(format!("uroce-rt-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let me = std::process::id().to_string();
+        let d = open_process_dir(&root, Access::Private).unwrap();
+        d.write(&["memory_peers", "ssd0"], "version", "1\n").unwrap();
+        assert_eq!((mode(&root), mode(&root.join(&me))), (0o700, 0o700));
+        assert_eq!(mode(&root.join(&me).join("memory_peers/ssd0/version")), 0o600);
+        assert!(d.write(&[".."], "x", "").is_err(), "one component at a time");
+        // A stale directory of an earlier process with this pid is emptied.
+        drop(d);
+        let d = open_process_dir(&root, Access::WorldReadable).unwrap();
+        assert!(!root.join(&me).join("memory_peers").exists());
+        d.write(&[], "stats.json", "{}").unwrap();
+        assert_eq!((mode(&root), mode(&root.join(&me))), (0o755, 0o755));
+        assert_eq!(mode(&root.join(&me).join("stats.json")), 0o644);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}

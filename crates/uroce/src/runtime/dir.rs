@@ -399,6 +399,11 @@ mod tests {
             let e = SafeDir::create_or_open(&other, Access::Private).unwrap_err();
             assert!(e.reason.contains("owned by uid 65534"), "{e}");
             assert!(SafeDir::open_owned(&other).is_err());
+            // A request file of another user is not obeyed.
+            good.write_file("capture.request", b"start /tmp/x", 0o600).unwrap();
+            std::os::unix::fs::lchown(real.join("capture.request"), Some(65534), None).unwrap();
+            let e = good.read_file("capture.request", 100, true).unwrap_err();
+            assert!(e.contains("owned by uid 65534"), "{e}");
         } else {
             println!("SKIP wrong-owner check: needs root to chown a directory to another uid");
         }
