@@ -117,6 +117,10 @@ fn bad_environment_is_refused_naming_the_variable() {
         assert_eq!(out.status.code(), Some(2), "{k}={v} accepted: {err}");
         assert!(err.contains(k), "{k}={v}: {err}");
     }
+    // Every subcommand refuses a log filter that does not parse.
+    let out = Command::new(UROCE).args(["stat"]).env("UROCE_LOG", "uroce=loud").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("UROCE_LOG"));
     // The strict booleans include yes/no.
     let out = Command::new(UROCE)
         .args(["devices"])
