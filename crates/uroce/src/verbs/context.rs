@@ -299,6 +299,9 @@ fn start_runtime(cfg: &DeviceConfig, mem: &Arc<Memory>) -> Result<Arc<Runtime>> 
                 }
                 r => {
                     return r.map_err(|e| {
+                        if let Some(c) = capture_error(&e) {
+                            return c;
+                        }
                         Error::new(
                             Errno(e.raw_os_error().unwrap_or(libc::EIO)),
                             format!(
@@ -317,11 +320,19 @@ fn start_runtime(cfg: &DeviceConfig, mem: &Arc<Memory>) -> Result<Arc<Runtime>> 
             Ok(rt) => return Ok(rt),
             Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => continue,
             Err(e) => {
-                return Err(Error::new(Errno(e.raw_os_error().unwrap_or(libc::EIO)), format!("bind {addr}: {e}")))
+                return Err(capture_error(&e).unwrap_or_else(|| {
+                    Error::new(Errno(e.raw_os_error().unwrap_or(libc::EIO)), format!("bind {addr}: {e}"))
+                }))
             }
         }
     }
     Err(Error::new(Errno::EADDRINUSE, "no free loopback address 127.0.0.1..254 for port 4791"))
+}
+
+/// A device start that failed on its capture file, reported as such.
+fn capture_error(e: &std::io::Error) -> Option<Error> {
+    let c = e.get_ref()?.downcast_ref::<crate::io::capture::CaptureOpenError>()?;
+    Some(Error::new(Errno(c.errno), c.message.clone()))
 }
 
 pub(crate) struct ChannelInner {
