@@ -33,13 +33,18 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("UROCE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // A UROCE_LOG that does not parse is refused, not replaced by a default.
+    let filter = match std::env::var("UROCE_LOG").ok().filter(|v| !v.is_empty()) {
+        None => tracing_subscriber::EnvFilter::new("warn"),
+        Some(v) => match tracing_subscriber::EnvFilter::try_new(&v) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("uroce: UROCE_LOG: not a log filter ({e}): {v}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Decode(a) => cmd::decode::run(a),

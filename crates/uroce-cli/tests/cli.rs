@@ -126,3 +126,107 @@ fn devices_prints_the_device() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("UROCE_ADDR"));
 }
+
+#[test]
+fn bad_environment_is_refused_naming_the_variable() {
+    let cases = [
+        ("UROCE_ADDR", "0.0.0.0"),
+        ("UROCE_ADDR", "::"),
+        ("UROCE_ADDR", "255.255.255.255"),
+        ("UROCE_ADDR", "239.1.2.3"),
+        ("UROCE_ADDR", "ff02::1"),
+        ("UROCE_PORT", "0"),
+        ("UROCE_BUSY_POLL", "maybe"),
+        ("UROCE_IPV4_ANY_ID", "2"),
+        ("UROCE_SEND_IN_PLACE", "nope"),
+        ("UROCE_SCATTER_TO_CQE", "x"),
+        ("UROCE_LOG", "uroce=loud"),
+        ("UROCE_MTU", "1500"),
+        ("UROCE_MTU", "9000"),
+    ];
+    for (k, v) in cases {
+        let out = Command::new(UROCE)
+            .args(["devices"])
+            .env("UROCE_ADDR", "127.0.0.78")
+            .env("UROCE_PORT", "47918")
+            .env_remove("UROCE_CONFIG")
+            .env(k, v)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{k}={v} accepted: {err}");
+        assert!(err.contains(k), "{k}={v}: {err}");
+    }
+    // Every subcommand refuses a log filter that does not parse.
+    let out = Command::new(UROCE).args(["stat"]).env("UROCE_LOG", "uroce=loud").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("UROCE_LOG"));
+    // The strict booleans include yes/no.
+    let out = Command::new(UROCE)
+        .args(["devices"])
+        .env("UROCE_ADDR", "127.0.0.78")
+        .env("UROCE_PORT", "47918")
+        .env("UROCE_BUSY_POLL", "yes")
+        .env("UROCE_MTU", "2048")
+        .env_remove("UROCE_CONFIG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn a_capture_file_that_cannot_be_opened_is_named() {
+    let out = Command::new(UROCE)
+        .args(["devices"])
+        .env("UROCE_ADDR", "127.0.0.79")
+        .env("UROCE_PORT", "47919")
+        .env("UROCE_CAPTURE", "/nonexistent-dir/x.pcap")
+        .env_remove("UROCE_CONFIG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("capture file /nonexistent-dir/x.pcap") && err.contains("No such file"), "{err}");
+    assert!(!err.contains("bind"), "{err}");
+}
+
+#[test]
+fn a_cut_capture_decodes_every_complete_record_then_says_it_is_cut() {
+    let dir = std::env::temp_dir().join(format!("uroce-cli-cut-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cap = dir.join("whole.pcap");
+    let port = 41000 + (std::process::id() % 10000) as u16;
+    let st = Command::new(UROCE)
+        .args(["demo", "--port", &port.to_string(), "--capture", cap.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let bytes = std::fs::read(&cap).unwrap();
+    // Record boundaries.
+    let mut ends = vec![24];
+    while *ends.last().unwrap() < bytes.len() {
+        let off = *ends.last().unwrap();
+        ends.push(off + 16 + u32::from_le_bytes(bytes[off + 8..off + 12].try_into().unwrap()) as usize);
+    }
+    let n = ends.len() - 1;
+    assert!(n > 10, "{n} records");
+    let cut = dir.join("cut.pcap");
+    for (len, whole) in [(ends[n - 1] + 7, n - 1), (ends[n - 2] + 40, n - 2), (ends[n - 1], n - 1)] {
+        std::fs::write(&cut, &bytes[..len]).unwrap();
+        let out =
+            Command::new(UROCE).args(["decode", cut.to_str().unwrap(), "--port", &port.to_string()]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(text.contains(&format!("#{whole} ")), "record {whole} decoded: {text}");
+        assert!(text.contains(&format!("{whole} frames, ")), "{text}");
+        if len == ends[whole] {
+            assert_eq!(out.status.code(), Some(0), "a file ending on a record is whole: {err}");
+        } else {
+            assert_eq!(out.status.code(), Some(1), "{err}");
+            let msg = format!("file is cut after {whole} records ({} trailing bytes)", len - ends[whole]);
+            assert!(err.contains(&msg), "{err}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

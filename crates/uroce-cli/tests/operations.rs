@@ -49,6 +49,13 @@ fn stat_json(rt: &Path) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `uroce stat --json --qps`: per-QP detail asked of each process.
+fn stat_json_qps(rt: &Path) -> Value {
+    let out = uroce(rt, &["stat", "--json", "--qps"]);
+    assert!(out.status.success());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn tx_of(v: &Value, device: &str) -> u64 {
     v["totals"][device]["tx_packets"].as_u64().unwrap_or(0)
 }
@@ -72,6 +79,10 @@ fn stat_and_capture_watch_another_process() {
     let first = tx_of(&stat_json(&rt), "demo-a");
     until("counters to move", || tx_of(&stat_json(&rt), "demo-a") > first);
     let v = stat_json(&rt);
+    let dev = &v["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid).unwrap()["devices"][0];
+    assert_eq!(dev["qp_count"], 1);
+    assert!(dev.get("qps").is_none(), "per-QP detail only on request");
+    let v = stat_json_qps(&rt);
     let proc_ =
         &v["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid).expect("the demo process")["devices"];
     let qps = proc_[0]["qps"].as_array().unwrap();
@@ -103,6 +114,10 @@ fn stat_and_capture_watch_another_process() {
     std::thread::sleep(Duration::from_millis(500));
     let out = uroce(&rt, &["capture", "--pid", &pid.to_string(), "--stop"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // A capture request never replaces an existing file.
+    let out = uroce(&rt, &["capture", "--pid", &pid.to_string(), "--file", pcap.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success() && said.contains("capture file exists"), "{said}");
     let dec = uroce(&rt, &["decode", pcap.to_str().unwrap(), "--port", &port.to_string()]);
     let text = String::from_utf8_lossy(&dec.stdout);
     assert!(dec.status.success(), "{text}");

@@ -11,14 +11,17 @@
 //! With no file at all, uroce runs one device on loopback. Environment
 //! variables (see [`crate::verbs::DeviceConfig`]) override the file for one
 //! process. An invalid file is an error naming the line and the field, and
-//! uroce refuses to start rather than guess.
+//! uroce refuses to start rather than guess: an address that is
+//! unspecified (`0.0.0.0`, `::`), the limited broadcast or multicast, port 0
+//! and an MTU that is not an IB MTU are refused in the file as in the
+//! environment (see [`check_address`], [`check_port`], [`check_mtu`]).
 //!
 //! ```toml
 //! [[device]]                 # any number; the first is the default
 //! name = "uroce0"
 //! address = "192.0.2.10"     # IPv4 or IPv6 to bind (default: first free 127.0.0.x)
 //! port = 4791
-//! mtu = 4096                 # active MTU in bytes (default: from the interface)
+//! mtu = 4096                 # active MTU: 256, 512, 1024, 2048 or 4096 (default: from the interface)
 //! gid_type = "RoCEv2"        # the only type uroce speaks
 //! busy_poll = false
 //! send_in_place = true       # payloads leave straight from registered memory
@@ -32,6 +35,7 @@
 //! [stats]
 //! publish = true             # write counters for `uroce stat`
 //! interval_ms = 500
+//! world_readable = false     # true: other users may read them (0755/0644)
 //!
 //! [peers]
 //! load = ["storage", "nv_mem"] # default: every client that is available
@@ -98,11 +102,15 @@ pub struct StatsSection {
     pub publish: bool,
     #[serde(default = "default_interval")]
     pub interval_ms: u64,
+    /// Publish for other users too: directories 0755 and files 0644 instead
+    /// of 0700/0600 (see [`crate::runtime`]).
+    #[serde(default)]
+    pub world_readable: bool,
 }
 
 impl Default for StatsSection {
     fn default() -> Self {
-        StatsSection { publish: true, interval_ms: default_interval() }
+        StatsSection { publish: true, interval_ms: default_interval(), world_readable: false }
     }
 }
 
@@ -161,9 +169,13 @@ impl ConfigFile {
                 return Err(format!("{at}: field `name`: duplicate device name"));
             }
             if let Some(m) = d.mtu {
-                if !(256..=4096).contains(&m) {
-                    return Err(format!("{at}: field `mtu`: {m} outside 256..4096"));
-                }
+                check_mtu(m).map_err(|e| format!("{at}: field `mtu`: {e}"))?;
+            }
+            if let Some(a) = d.address {
+                check_address(a).map_err(|e| format!("{at}: field `address`: {e}"))?;
+            }
+            if let Some(p) = d.port {
+                check_port(p).map_err(|e| format!("{at}: field `port`: {e}"))?;
             }
             if let Some(c) = d.cqe_size {
                 if c != 64 && c != 128 {
@@ -209,6 +221,47 @@ impl ConfigFile {
     }
 }
 
+/// An address a device may bind: a unicast address, not `0.0.0.0`/`::`
+/// (a GID names one address), not the limited broadcast, not multicast.
+pub fn check_address(a: IpAddr) -> Result<(), String> {
+    if a.is_unspecified() {
+        return Err(format!("{a} is unspecified; a device needs one unicast address (its GID)"));
+    }
+    if a.is_multicast() {
+        return Err(format!("{a} is a multicast address; a device needs a unicast address"));
+    }
+    if a == IpAddr::V4(std::net::Ipv4Addr::BROADCAST) {
+        return Err(format!("{a} is the broadcast address; a device needs a unicast address"));
+    }
+    Ok(())
+}
+
+/// A UDP port a device may use: not 0.
+pub fn check_port(p: u16) -> Result<(), String> {
+    if p == 0 {
+        return Err("0 is not a port (RoCEv2 uses 4791)".into());
+    }
+    Ok(())
+}
+
+/// An IB MTU in bytes: 256, 512, 1024, 2048 or 4096.
+pub fn check_mtu(m: u32) -> Result<crate::ib::Mtu, String> {
+    match m {
+        256 | 512 | 1024 | 2048 | 4096 => Ok(crate::ib::Mtu::from_bytes_floor(m)),
+        _ => Err(format!("{m} is not an IB MTU (256, 512, 1024, 2048 or 4096)")),
+    }
+}
+
+/// A boolean setting: `1`, `true`, `yes`, `on` or `0`, `false`, `no`, `off`
+/// (any case); anything else is refused.
+pub fn parse_bool(v: &str) -> Result<bool, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(format!("{v:?} is not a boolean (1/0, true/false, yes/no, on/off)")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,9 +296,22 @@ capacity = 4096
         .unwrap();
         assert_eq!(c.devices.len(), 2);
         assert_eq!(c.devices[0].address, Some("127.0.0.5".parse().unwrap()));
-        assert_eq!(c.stats, StatsSection { publish: true, interval_ms: 100 });
+        assert_eq!(c.stats, StatsSection { publish: true, interval_ms: 100, world_readable: false });
         assert_eq!(c.peers.storage[0].capacity, 4096);
         assert_eq!(parse("").unwrap(), ConfigFile::default());
+    }
+
+    #[test]
+    fn booleans_are_strict() {
+        for t in ["1", "true", "YES", "on"] {
+            assert_eq!(parse_bool(t), Ok(true));
+        }
+        for f in ["0", "false", "no", "Off"] {
+            assert_eq!(parse_bool(f), Ok(false));
+        }
+        for bad in ["", "2", "y", "enable", "yes please"] {
+            assert!(parse_bool(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -256,6 +322,14 @@ capacity = 4096
         assert!(e.contains("line 3") && e.contains("port"), "{e}");
         let e = parse("[[device]]\nname = \"a\"\nmtu = 9000\n").unwrap_err().to_string();
         assert!(e.contains("mtu") && e.contains("9000"), "{e}");
+        let e = parse("[[device]]\nname = \"a\"\nmtu = 1500\n").unwrap_err().to_string();
+        assert!(e.contains("mtu") && e.contains("not an IB MTU"), "{e}");
+        for a in ["0.0.0.0", "::", "255.255.255.255", "224.0.0.1", "ff02::1"] {
+            let e = parse(&format!("[[device]]\nname = \"a\"\naddress = \"{a}\"\n")).unwrap_err().to_string();
+            assert!(e.contains("address") && e.contains(a), "{e}");
+        }
+        let e = parse("[[device]]\nname = \"a\"\nport = 0\n").unwrap_err().to_string();
+        assert!(e.contains("port") && e.contains("0 is not a port"), "{e}");
         let e = parse("[[device]]\nname = \"a\"\ngid_type = \"RoCEv1\"\n").unwrap_err().to_string();
         assert!(e.contains("line 3") && e.contains("RoCEv1"), "{e}");
         let e = parse("[[device]]\nname = \"a\"\n[[device]]\nname = \"a\"\n").unwrap_err().to_string();

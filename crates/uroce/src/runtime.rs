@@ -1,12 +1,26 @@
 //! The runtime directory: where a process using uroce publishes what other
 //! processes (the `uroce` command) read while it runs — peer-memory counters
-//! and statistics — as small text files, like sysfs.
+//! and statistics — as small text files, like sysfs, and where it takes
+//! requests (`capture.request`).
 //!
 //! Layout: `<runtime dir>/<pid>/…`, where the runtime directory is
 //! `$UROCE_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/uroce`, else
 //! `/tmp/uroce-<uid>`. A process removes its directory when it exits
 //! normally; readers ignore directories whose process is gone.
+//!
+//! The directory may have been created by someone else (`/tmp` is shared),
+//! so it is trusted only after [`dir::SafeDir`]'s checks: created with mode
+//! 0700 if absent, opened without following a link, owned by this process's
+//! effective uid and writable by no one else, and every file below it is
+//! reached through that descriptor. A directory that fails is refused with
+//! one message on stderr naming it and why, and the process runs on without
+//! publishing (no statistics, no `uroce capture`). `[stats] world_readable =
+//! true` in the configuration makes the directories 0755 and the files 0644
+//! so that other users can run `uroce stat` on this user's processes.
 
+pub mod dir;
+
+pub use dir::{Access, Refused, SafeDir};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -18,39 +32,92 @@ pub fn runtime_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(d).join("uroce");
     }
-    // SAFETY: getuid cannot fail.
-    PathBuf::from(format!("/tmp/uroce-{}", unsafe { libc::getuid() }))
+    PathBuf::from(format!("/tmp/uroce-{}", dir::euid()))
 }
 
-/// This process's directory, created on first use and removed at exit.
-pub fn process_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let d = runtime_dir().join(std::process::id().to_string());
-        let _ = std::fs::create_dir_all(&d);
-        extern "C" fn remove_at_exit() {
-            if let Some(d) = DIR_FOR_EXIT.get() {
-                let _ = std::fs::remove_dir_all(d);
-            }
-        }
-        let _ = DIR_FOR_EXIT.set(d.clone());
-        // SAFETY: registers a plain extern "C" function with no arguments.
-        unsafe { libc::atexit(remove_at_exit) };
-        d
-    })
+/// This process's directory and the runtime directory holding it.
+pub struct ProcessDir {
+    runtime: SafeDir,
+    name: String,
+    dir: SafeDir,
+    access: Access,
 }
 
-static DIR_FOR_EXIT: OnceLock<PathBuf> = OnceLock::new();
-
-/// Writes `contents` to `path` atomically (write, then rename), creating
-/// parent directories. Errors are returned for the caller to log.
-pub fn write_file(path: &Path, contents: &str) -> std::io::Result<()> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
+impl ProcessDir {
+    /// The verified directory `<runtime dir>/<pid>`.
+    pub fn dir(&self) -> &SafeDir {
+        &self.dir
     }
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, contents)?;
-    std::fs::rename(&tmp, path)
+
+    /// Mode of the files it holds (0600, or 0644 when world-readable).
+    pub fn file_mode(&self) -> u32 {
+        self.access.file_mode()
+    }
+
+    /// Writes `contents` to `<pid>/<subdirs…>/<name>` (see
+    /// [`SafeDir::write_file`]), creating the subdirectories.
+    pub fn write(&self, subdirs: &[&str], name: &str, contents: &str) -> std::io::Result<()> {
+        let mut owned: Option<SafeDir> = None;
+        for s in subdirs {
+            let d = owned.as_ref().unwrap_or(&self.dir).subdir(s, Some(self.access)).map_err(std::io::Error::other)?;
+            owned = Some(d);
+        }
+        owned.as_ref().unwrap_or(&self.dir).write_file(name, contents.as_bytes(), self.access.file_mode())
+    }
+}
+
+fn access_from_config() -> Access {
+    match crate::config::ConfigFile::load() {
+        Ok(Some((f, _))) if f.stats.world_readable => Access::WorldReadable,
+        _ => Access::Private,
+    }
+}
+
+/// Opens (creating) and checks the runtime directory and this process's
+/// directory in it, emptied of what a process with the same pid left.
+pub fn open_process_dir(root: &Path, access: Access) -> Result<ProcessDir, Refused> {
+    let runtime = SafeDir::create_or_open(root, access)?;
+    let name = std::process::id().to_string();
+    if runtime.contains(&name) {
+        let _ = runtime.remove_tree(&name, 4);
+    }
+    let dir = runtime.subdir(&name, Some(access))?;
+    Ok(ProcessDir { runtime, name, dir, access })
+}
+
+/// This process's directory, created and checked on first use and removed
+/// at exit; `None` when the runtime directory was refused (said once on
+/// stderr) — then nothing is published.
+pub fn process_dir() -> Option<&'static ProcessDir> {
+    DIR.get_or_init(|| match open_process_dir(&runtime_dir(), access_from_config()) {
+        Ok(d) => {
+            extern "C" fn remove_at_exit() {
+                if let Some(Some(d)) = DIR.get() {
+                    let _ = d.runtime.remove_tree(&d.name, 4);
+                }
+            }
+            // SAFETY: registers a plain extern "C" function with no arguments.
+            unsafe { libc::atexit(remove_at_exit) };
+            Some(d)
+        }
+        Err(e) => {
+            eprintln!("uroce: not publishing statistics (uroce stat and uroce capture will not see this process): {e}");
+            tracing::warn!("runtime directory refused: {e}");
+            None
+        }
+    })
+    .as_ref()
+}
+
+static DIR: OnceLock<Option<ProcessDir>> = OnceLock::new();
+
+/// Writes `<pid>/<subdirs…>/<name>` in this process's directory (see
+/// [`ProcessDir::write`]). Errors are returned for the caller to log.
+pub fn write_process_file(subdirs: &[&str], name: &str, contents: &str) -> std::io::Result<()> {
+    match process_dir() {
+        Some(d) => d.write(subdirs, name, contents),
+        None => Err(std::io::Error::other("the runtime directory was refused; publishing is off")),
+    }
 }
 
 /// Whether process `pid` is alive (its runtime entries are current).
@@ -58,15 +125,77 @@ pub fn process_alive(pid: u32) -> bool {
     Path::new("/proc").join(pid.to_string()).exists()
 }
 
-/// The live process directories under the runtime directory, by pid.
-pub fn live_processes() -> Vec<(u32, PathBuf)> {
-    let mut v: Vec<(u32, PathBuf)> = std::fs::read_dir(runtime_dir())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| Some((e.file_name().to_str()?.parse::<u32>().ok()?, e.path())))
-        .filter(|(pid, _)| process_alive(*pid))
-        .collect();
-    v.sort();
-    v
+/// What a reader (`uroce stat`, `uroce peers`) finds: the live process
+/// directories by pid, opened without following links, and what it skipped.
+#[derive(Debug, Default)]
+pub struct Listing {
+    pub processes: Vec<(u32, SafeDir)>,
+    pub skipped: Vec<String>,
+}
+
+/// The live process directories under the runtime directory. The default
+/// directory must belong to this user; one named by `$UROCE_RUNTIME_DIR` may
+/// belong to another (world-readable statistics). Nothing is followed
+/// through a link.
+pub fn live_processes() -> Listing {
+    let mut l = Listing::default();
+    let root = runtime_dir();
+    if std::fs::symlink_metadata(&root).is_err() {
+        return l;
+    }
+    let rt = match SafeDir::open_for_reading(&root) {
+        Ok(d) => d,
+        Err(e) => {
+            l.skipped.push(e.to_string());
+            return l;
+        }
+    };
+    let explicit = std::env::var_os("UROCE_RUNTIME_DIR").is_some_and(|d| !d.is_empty());
+    if !explicit {
+        if let Ok(o) = rt.owner() {
+            if o != dir::euid() {
+                l.skipped.push(format!("{}: owned by uid {o}, not by uid {} (ignored)", root.display(), dir::euid()));
+                return l;
+            }
+        }
+    }
+    let mut pids: Vec<u32> = rt.entries().iter().filter_map(|n| n.parse().ok()).collect();
+    pids.sort();
+    for pid in pids.into_iter().filter(|p| process_alive(*p)) {
+        match rt.subdir_for_reading(&pid.to_string()) {
+            Ok(d) => l.processes.push((pid, d)),
+            Err(e) => l.skipped.push(e.to_string()),
+        }
+    }
+    l
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn private_by_default_world_readable_when_configured() {
+        let root = std::env::temp_dir().join(format!("uroce-rt-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let me = std::process::id().to_string();
+        let d = open_process_dir(&root, Access::Private).unwrap();
+        d.write(&["memory_peers", "ssd0"], "version", "1\n").unwrap();
+        assert_eq!((mode(&root), mode(&root.join(&me))), (0o700, 0o700));
+        assert_eq!(mode(&root.join(&me).join("memory_peers/ssd0/version")), 0o600);
+        assert!(d.write(&[".."], "x", "").is_err(), "one component at a time");
+        // A stale directory of an earlier process with this pid is emptied.
+        drop(d);
+        let d = open_process_dir(&root, Access::WorldReadable).unwrap();
+        assert!(!root.join(&me).join("memory_peers").exists());
+        d.write(&[], "stats.json", "{}").unwrap();
+        assert_eq!((mode(&root), mode(&root.join(&me))), (0o755, 0o755));
+        assert_eq!(mode(&root.join(&me).join("stats.json")), 0o644);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }

@@ -67,6 +67,21 @@ fn retry_exhausted_when_peer_qp_is_gone() {
     assert!(b.stats().rx_drop_no_qp >= 3);
 }
 
+/// `retry_cnt = 7` is seven retries, as in the IBA and on hardware (rxe
+/// reads it as "forever"): an application whose peer died gets
+/// RETRY_EXC_ERR. perftest always sets 7.
+#[test]
+fn retry_cnt_seven_is_seven_retries() {
+    let (a, b) = pair_with(None);
+    let a = end(a);
+    to_rts(&a.qp, &b, 0xabcd, 8, 7, 7); // 1 ms timeout, 7 retries
+    let m = a.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+    a.qp.post_send(&wr(1, WrOpcode::Send, m.sge(0, 64))).unwrap();
+    let wcs = a.cq.wait(1, Duration::from_secs(10)).unwrap();
+    assert_eq!(wcs[0].status, WcStatus::RetryExcErr);
+    assert_eq!(a.ctx.stats().timeouts, 8, "first try + 7 retries");
+}
+
 #[test]
 fn rnr_retry_exhausted_without_receive() {
     let (ca, cb) = pair_with(None);

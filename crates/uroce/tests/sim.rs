@@ -327,7 +327,9 @@ impl PairPlan {
             recv_delay: late_recvs.then_some(Duration::from_millis(3)),
             shared_counter: true,
             odp_local: false,
-            retry: (8, 7),
+            // ACK timeout 16.8 ms, seven retries: 134 ms, longer than any
+            // partition (at most 61 ms).
+            retry: (12, 7),
             invalidation: None,
             drops: Vec::new(),
         }

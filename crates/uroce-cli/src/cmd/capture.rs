@@ -46,11 +46,23 @@ fn usage(msg: &str) -> ExitCode {
 }
 
 fn remote(pid: u32, file: Option<PathBuf>, stop: bool) -> ExitCode {
-    let dir = uroce::runtime::runtime_dir().join(pid.to_string());
-    if !uroce::runtime::process_alive(pid) || !dir.join("stats.json").exists() {
-        eprintln!("uroce capture: process {pid} is not using uroce (nothing in {})", dir.display());
-        return ExitCode::FAILURE;
-    }
+    let root = uroce::runtime::runtime_dir();
+    // The request is written only into a directory of this user, checked,
+    // through its descriptor (see uroce::runtime).
+    let dir = match uroce::runtime::SafeDir::open_owned(&root).and_then(|d| d.subdir(&pid.to_string(), None)) {
+        Ok(d) if uroce::runtime::process_alive(pid) && d.contains("stats.json") => d,
+        Ok(_) => {
+            eprintln!(
+                "uroce capture: process {pid} is not using uroce (nothing in {})",
+                root.join(pid.to_string()).display()
+            );
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("uroce capture: process {pid}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let request = match (stop, file) {
         (true, _) => "stop".to_string(),
         (false, Some(f)) => {
@@ -60,18 +72,25 @@ fn remote(pid: u32, file: Option<PathBuf>, stop: bool) -> ExitCode {
         }
         (false, None) => return usage("--file is needed"),
     };
-    let status = dir.join("capture.status");
-    let _ = std::fs::remove_file(&status);
-    if let Err(e) = uroce::runtime::write_file(&dir.join("capture.request"), &request) {
-        eprintln!("uroce capture: {e}");
+    let _ = dir.remove("capture.status");
+    if let Err(e) = dir.write_file("capture.request", request.as_bytes(), 0o600) {
+        eprintln!("uroce capture: {}: {e}", dir.path().join("capture.request").display());
         return ExitCode::FAILURE;
     }
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(5) {
-        if let Ok(s) = std::fs::read_to_string(&status) {
-            let s = s.trim();
-            println!("process {pid}: {s}");
-            return if s.starts_with("error") { ExitCode::FAILURE } else { ExitCode::SUCCESS };
+        match dir.read_file("capture.status", 4096, true) {
+            Ok(Some(s)) => {
+                let s = String::from_utf8_lossy(&s);
+                let s = s.trim();
+                println!("process {pid}: {s}");
+                return if s.starts_with("error") { ExitCode::FAILURE } else { ExitCode::SUCCESS };
+            }
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("uroce capture: {}: {e}", dir.path().join("capture.status").display());
+                return ExitCode::FAILURE;
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -24,26 +24,42 @@ enum Sub {
     Status,
 }
 
-/// Every live process's published peer counters.
+/// Every live process's published peer counters. The runtime directory is
+/// read as `uroce stat` reads it: no link followed, regular files of at
+/// most 4 KiB only; what is skipped is said on stderr.
 fn collect() -> Vec<Value> {
     let mut out = Vec::new();
-    for (pid, dir) in uroce::runtime::live_processes() {
-        let Ok(rd) = std::fs::read_dir(dir.join("memory_peers")) else { continue };
-        let mut names: Vec<_> = rd.flatten().filter(|e| e.path().is_dir()).map(|e| e.path()).collect();
+    let listing = uroce::runtime::live_processes();
+    let mut skipped = listing.skipped;
+    for (pid, dir) in &listing.processes {
+        let Ok(peers) = dir.subdir_for_reading("memory_peers") else { continue };
+        let mut names = peers.entries();
         names.sort();
-        for p in names {
-            let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default().trim().to_string();
+        for name in names {
+            let p = match peers.subdir_for_reading(&name) {
+                Ok(p) => p,
+                Err(e) => {
+                    skipped.push(e.to_string());
+                    continue;
+                }
+            };
+            let mut read = |f: &str| match p.read_file(f, 4096, false) {
+                Ok(b) => String::from_utf8_lossy(&b.unwrap_or_default()).trim().to_string(),
+                Err(e) => {
+                    skipped.push(format!("{}: {e}", p.path().join(f).display()));
+                    String::new()
+                }
+            };
             let mut c = serde_json::Map::new();
-            for name in COUNTERS {
-                c.insert(name.to_string(), json!(read(name).parse::<u64>().unwrap_or(0)));
+            for counter in COUNTERS {
+                c.insert(counter.to_string(), json!(read(counter).parse::<u64>().unwrap_or(0)));
             }
-            out.push(json!({
-                "pid": pid,
-                "name": p.file_name().unwrap().to_string_lossy(),
-                "version": read("version"),
-                "counters": c,
-            }));
+            let version = read("version");
+            out.push(json!({ "pid": pid, "name": name, "version": version, "counters": c }));
         }
+    }
+    for s in &skipped {
+        eprintln!("uroce peers: skipped {s}");
     }
     out
 }

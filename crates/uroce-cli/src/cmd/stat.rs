@@ -1,11 +1,24 @@
 //! `uroce stat`: the counters of every process using uroce on this host,
 //! read from what each publishes in the runtime directory (see
 //! `uroce::verbs::publish`), as a table, JSON, or the Prometheus text format.
+//!
+//! The runtime directory is treated as hostile: only regular files are read
+//! (opened non-blocking, never through a link, at most [`MAX_FILE`] bytes),
+//! whatever else is there is reported as skipped on stderr (and under
+//! `"skipped"` in JSON), and totals saturate at `u64::MAX` instead of
+//! wrapping. Per-QP detail (`--qps`) is asked of each process
+//! (`qps.request`) and waited for at most [`DETAIL_WAIT`].
 
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use uroce::runtime::SafeDir;
+
+/// The largest statistics file read.
+pub const MAX_FILE: u64 = 64 << 20;
+/// How long `--qps` waits for the processes' per-QP detail.
+pub const DETAIL_WAIT: Duration = Duration::from_secs(3);
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -15,7 +28,8 @@ pub struct Args {
     /// Print the Prometheus text exposition format.
     #[arg(long)]
     prometheus: bool,
-    /// Show queue pairs and ODP regions too.
+    /// Show queue pairs and ODP regions too (asked of each process; in the
+    /// table, JSON and Prometheus output).
     #[arg(long)]
     qps: bool,
     /// Only devices of this name.
@@ -29,18 +43,80 @@ pub struct Args {
     count: Option<u64>,
 }
 
-/// Every live process's published statistics.
-pub fn collect(device: Option<&str>) -> Vec<Value> {
-    let mut out = Vec::new();
-    for (_, dir) in uroce::runtime::live_processes() {
-        let Ok(text) = std::fs::read_to_string(dir.join("stats.json")) else { continue };
-        let Ok(mut v) = serde_json::from_str::<Value>(&text) else { continue };
-        if let (Some(name), Some(devs)) = (device, v.get_mut("devices").and_then(Value::as_array_mut)) {
-            devs.retain(|d| d["name"] == name);
-        }
-        out.push(v);
+/// Reads JSON file `name` of a process directory; `Err`: skipped, and why.
+fn read_json(dir: &SafeDir, name: &str) -> Result<Option<Value>, String> {
+    let p = dir.path().join(name);
+    match dir.read_file(name, MAX_FILE, false) {
+        Ok(None) => Ok(None),
+        Ok(Some(b)) => serde_json::from_slice(&b).map(Some).map_err(|e| format!("{}: not JSON: {e}", p.display())),
+        Err(e) => Err(format!("{}: {e}", p.display())),
     }
-    out
+}
+
+/// Every live process's published statistics (with per-QP detail when
+/// `qps`), and what was skipped.
+pub fn collect(device: Option<&str>, qps: bool) -> (Vec<Value>, Vec<String>) {
+    let listing = uroce::runtime::live_processes();
+    let mut skipped = listing.skipped;
+    let mut found: Vec<(&SafeDir, Value)> = Vec::new();
+    for (_, dir) in &listing.processes {
+        match read_json(dir, "stats.json") {
+            Ok(Some(v)) => found.push((dir, v)),
+            Ok(None) => {}
+            Err(e) => skipped.push(e),
+        }
+    }
+    if qps {
+        let asked: Vec<bool> = found
+            .iter()
+            .map(|(dir, _)| {
+                let _ = dir.remove("qps.json");
+                dir.write_file("qps.request", b"qps\n", 0o600).is_ok()
+            })
+            .collect();
+        let t = Instant::now();
+        let mut pending: Vec<usize> = (0..found.len()).filter(|&i| asked[i]).collect();
+        while !pending.is_empty() && t.elapsed() < DETAIL_WAIT {
+            pending.retain(|&i| match read_json(found[i].0, "qps.json") {
+                Ok(Some(detail)) => {
+                    merge_detail(&mut found[i].1, &detail);
+                    false
+                }
+                Ok(None) => true,
+                Err(e) => {
+                    skipped.push(e);
+                    false
+                }
+            });
+            if !pending.is_empty() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        for i in pending {
+            skipped.push(format!("{}: no per-QP detail within {DETAIL_WAIT:?}", found[i].0.path().display()));
+        }
+    }
+    let out = found
+        .into_iter()
+        .map(|(_, mut v)| {
+            if let (Some(name), Some(devs)) = (device, v.get_mut("devices").and_then(Value::as_array_mut)) {
+                devs.retain(|d| d["name"] == name);
+            }
+            v
+        })
+        .collect();
+    (out, skipped)
+}
+
+/// Puts the `qps` and `mrs` of `detail` (a `qps.json`) into the devices of
+/// `stats` of the same name.
+fn merge_detail(stats: &mut Value, detail: &Value) {
+    for d in stats["devices"].as_array_mut().into_iter().flatten() {
+        if let Some(q) = detail["devices"].as_array().into_iter().flatten().find(|q| q["name"] == d["name"]) {
+            d["qps"] = q["qps"].clone();
+            d["mrs"] = q["mrs"].clone();
+        }
+    }
 }
 
 /// Sums of each device's counters over processes, by device name.
@@ -52,7 +128,8 @@ fn totals(procs: &[Value]) -> BTreeMap<String, BTreeMap<String, u64>> {
             let e = t.entry(name).or_default();
             for section in ["stats", "odp"] {
                 for (k, v) in d[section].as_object().into_iter().flatten() {
-                    *e.entry(k.clone()).or_default() += v.as_u64().unwrap_or(0);
+                    let c = e.entry(k.clone()).or_default();
+                    *c = c.saturating_add(counter(v));
                 }
             }
         }
@@ -60,8 +137,17 @@ fn totals(procs: &[Value]) -> BTreeMap<String, BTreeMap<String, u64>> {
     t
 }
 
+/// A published counter: a number up to `u64::MAX` (larger saturates).
+fn counter(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| if v.as_f64().is_some_and(|f| f >= u64::MAX as f64) { u64::MAX } else { 0 })
+}
+
 fn drops(s: &Value) -> u64 {
-    s.as_object().into_iter().flatten().filter(|(k, _)| k.starts_with("rx_drop_")).filter_map(|(_, v)| v.as_u64()).sum()
+    s.as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| k.starts_with("rx_drop_"))
+        .fold(0u64, |a, (_, v)| a.saturating_add(counter(v)))
 }
 
 fn table(procs: &[Value], qps: bool) -> String {
@@ -72,7 +158,7 @@ fn table(procs: &[Value], qps: bool) -> String {
     );
     o.push_str(&hdr);
     let row = |pid: &str, name: &str, s: &Value, odp: &Value| {
-        let g = |k: &str| s[k].as_u64().unwrap_or(0);
+        let g = |k: &str| counter(&s[k]);
         format!(
             "{:>8} {:<12} {:>12} {:>14} {:>12} {:>14} {:>8} {:>6} {:>6} {:>8}\n",
             pid,
@@ -82,7 +168,7 @@ fn table(procs: &[Value], qps: bool) -> String {
             g("rx_packets"),
             g("rx_bytes"),
             g("retransmits"),
-            g("naks_sent") + g("naks_received"),
+            g("naks_sent").saturating_add(g("naks_received")),
             drops(s),
             odp["page_faults"].as_u64().unwrap_or(0)
         )
@@ -190,10 +276,13 @@ fn prometheus(procs: &[Value]) -> String {
 }
 
 fn report(a: &Args) -> String {
-    let procs = collect(a.device.as_deref());
+    let (procs, skipped) = collect(a.device.as_deref(), a.qps);
+    for s in &skipped {
+        eprintln!("uroce stat: skipped {s}");
+    }
     if a.json {
         let t = totals(&procs);
-        serde_json::to_string_pretty(&json!({ "processes": procs, "totals": t })).unwrap() + "\n"
+        serde_json::to_string_pretty(&json!({ "processes": procs, "totals": t, "skipped": skipped })).unwrap() + "\n"
     } else if a.prometheus {
         prometheus(&procs)
     } else {

@@ -1,7 +1,7 @@
 /* The C clients' QP connection: INIT, RTR, RTS to `dest` at `gid` with
  * exactly the attributes the QP type requires (the kernel's qp_state_table,
  * as pyverbs' to_rts sends them), every remote access allowed, 4 reads or
- * atomics in flight each way, PSNs 0, retries forever. */
+ * atomics in flight each way, PSNs 0, seven retries. */
 #ifndef UROCE_TEST_CONNECT_H
 #define UROCE_TEST_CONNECT_H
 #include <string.h>

@@ -8,7 +8,7 @@
 //! verified operations (WRITEs of 1 B..16 KiB to 64 slots, each READ back
 //! and compared, and per batch a FETCH_ADD on a counter whose returned
 //! values must run 0, 1, 2, … however often the fabric made it resend); `UROCE_PEER_TIMEOUT` / `UROCE_PEER_RETRY` set the QP's ACK
-//! timeout exponent and retry count (default 14 / 7 = forever).
+//! timeout exponent and retry count (default 14 / 7: seven retries of 67 ms).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

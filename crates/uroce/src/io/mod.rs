@@ -9,7 +9,7 @@
 //! application calling in. A single transmit lock keeps each QP's packets in
 //! order on the wire.
 
-mod capture;
+pub mod capture;
 pub mod faults;
 pub mod netdev;
 mod runtime;

@@ -1,8 +1,62 @@
 //! The key table: `key = index << 8 | variant`. An index is reused only with
 //! a new variant, so a stale key never reaches a new region.
+//!
+//! A slot's first variant is random (per device, as rxe randomises the 8
+//! low bits of every key), so a peer cannot predict a key from the order of
+//! registrations: guessing one takes up to 256 tries per index. This is all
+//! RoCE offers against a forged packet (it has no authentication; a device
+//! accepts a request from any address that can reach its port): see
+//! docs/reliability.md, "Local attacker".
 
 use super::MemoryRegion;
 use std::sync::Arc;
+
+/// The random source for key variants and first QPNs: SplitMix64, seeded
+/// once per device from the OS ([`KeyRng::from_os`]) or by a test.
+#[derive(Debug, Clone)]
+pub struct KeyRng(u64);
+
+impl KeyRng {
+    pub fn new(seed: u64) -> KeyRng {
+        KeyRng(seed)
+    }
+
+    /// Seeded from `getrandom(2)`; falls back to the clock and the address
+    /// of a stack variable if the call fails (it does not on Linux ≥ 3.17).
+    pub fn from_os() -> KeyRng {
+        KeyRng(os_random_u64())
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub fn next_u8(&mut self) -> u8 {
+        (self.next_u64() >> 56) as u8
+    }
+}
+
+impl Default for KeyRng {
+    fn default() -> KeyRng {
+        KeyRng::from_os()
+    }
+}
+
+/// 64 random bits from the kernel.
+pub fn os_random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: writes at most 8 bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n == 8 {
+        return u64::from_ne_bytes(b);
+    }
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    t.as_nanos() as u64 ^ (&b as *const _ as u64).rotate_left(32)
+}
 
 #[derive(Debug, Default)]
 struct Slot {
@@ -15,12 +69,23 @@ struct Slot {
 pub struct KeyTable {
     slots: Vec<Slot>,
     free: Vec<u32>,
+    rng: KeyRng,
 }
 
 /// Largest index: 24 bits.
 const MAX_INDEX: u32 = 0x00FF_FFFF;
 
 impl KeyTable {
+    /// A table whose variants come from `seed` (deterministic tests).
+    pub fn with_seed(seed: u64) -> KeyTable {
+        KeyTable { slots: Vec::new(), free: Vec::new(), rng: KeyRng::new(seed) }
+    }
+
+    /// A random variant for a new key outside this table (memory windows).
+    pub fn random_variant(&mut self) -> u8 {
+        self.rng.next_u8()
+    }
+
     /// Allocates a key and stores the region `make` builds for it.
     pub fn insert(&mut self, make: impl FnOnce(u32) -> MemoryRegion) -> Arc<MemoryRegion> {
         if self.slots.is_empty() {
@@ -31,7 +96,8 @@ impl KeyTable {
             None => {
                 let i = self.slots.len() as u32;
                 assert!(i <= MAX_INDEX, "key space exhausted");
-                self.slots.push(Slot { variant: (i as u8).wrapping_mul(17), region: None });
+                let variant = self.rng.next_u8();
+                self.slots.push(Slot { variant, region: None });
                 i
             }
         };
@@ -96,5 +162,43 @@ impl KeyTable {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ib::Access;
+    use crate::mem::{Backing, MemoryRegion};
+
+    fn region(key: u32) -> MemoryRegion {
+        MemoryRegion::new(1, key, 0, 0, Access::empty(), Backing::Host { addr: 0, owner: None })
+    }
+
+    fn first_keys(t: &mut KeyTable, n: usize) -> Vec<u32> {
+        (0..n).map(|_| t.insert(region).key).collect()
+    }
+
+    #[test]
+    fn variants_depend_on_the_seed_not_the_order_of_registration() {
+        let a = first_keys(&mut KeyTable::with_seed(1), 16);
+        let b = first_keys(&mut KeyTable::with_seed(2), 16);
+        assert_eq!(a, first_keys(&mut KeyTable::with_seed(1), 16), "a seed replays");
+        assert_ne!(a, b);
+        // Indexes are sequential, variants are not a function of the index.
+        assert_eq!(a.iter().map(|k| k >> 8).collect::<Vec<_>>(), (1..=16).collect::<Vec<_>>());
+        let variants: std::collections::HashSet<u32> = a.iter().map(|k| k & 0xff).collect();
+        assert!(variants.len() > 8, "16 keys, {} variants: {a:x?}", variants.len());
+    }
+
+    #[test]
+    fn a_reused_index_gets_a_new_variant() {
+        let mut t = KeyTable::with_seed(7);
+        let k = t.insert(region).key;
+        t.remove(k).unwrap();
+        let k2 = t.insert(region).key;
+        assert_eq!(k2 >> 8, k >> 8);
+        assert_ne!(k2, k);
+        assert!(t.lookup(k).is_none(), "the stale key resolves nothing");
     }
 }

@@ -24,7 +24,7 @@ mod rangeset;
 mod span;
 
 pub use indirect::{IndirectKey, InterleavedEntry, Layout, LayoutKind, MAX_DEPTH};
-pub use keys::KeyTable;
+pub use keys::{os_random_u64, KeyRng, KeyTable};
 pub use mr::{Backing, MemoryRegion};
 pub use mw::{inc_rkey, BindError, BindRequest, MemoryWindow, MwType, MW_INDEX_BASE};
 pub use odp::{Advice, OdpCounters, OdpStats};
@@ -86,8 +86,15 @@ pub struct Memory {
 }
 
 impl Memory {
+    /// A device's memory; key variants are random (see [`keys`]).
     pub fn new() -> Arc<Memory> {
         Arc::new(Memory::default())
+    }
+
+    /// A device's memory whose key variants come from `seed`, for
+    /// deterministic simulations.
+    pub fn with_key_seed(seed: u64) -> Arc<Memory> {
+        Arc::new(Memory { keys: RwLock::new(KeyTable::with_seed(seed)), ..Memory::default() })
     }
 
     /// Registers `len` bytes at `addr`, addressed by the device as
@@ -509,12 +516,13 @@ impl Memory {
 
     /// `ibv_alloc_mw`.
     pub fn alloc_mw(&self, pd: u32, mw_type: MwType) -> Arc<MemoryWindow> {
+        let variant = self.keys.write().unwrap().random_variant();
         let mut ws = self.windows.write().unwrap();
         let i = ws.iter().position(|w| w.is_none()).unwrap_or_else(|| {
             ws.push(None);
             ws.len() - 1
         });
-        let key = ((MW_INDEX_BASE + i as u32) << 8) | (i as u32 & 0xff);
+        let key = ((MW_INDEX_BASE + i as u32) << 8) | variant as u32;
         let mw = Arc::new(MemoryWindow { pd, mw_type, state: Mutex::new(mw::MwState { key, binding: None }) });
         ws[i] = Some(mw.clone());
         mw

@@ -244,9 +244,7 @@ impl Qp {
                         self.complete_head_error(ctx, WcStatus::RetryExcErr);
                         return;
                     }
-                    if self.attr.retry_cnt != 7 {
-                        self.req.retry_left -= 1;
-                    }
+                    self.req.retry_left -= 1;
                     self.rewind(ctx);
                 }
             }

@@ -42,16 +42,36 @@ pub struct EngineConfig {
     /// [`Transmit`]s that sends its pieces; off by default, on in the
     /// device runtime.
     pub send_in_place: bool,
+    /// Chooses where QPN allocation starts, so that a peer cannot predict
+    /// QPNs (the engine has no random source of its own: the device seeds
+    /// it from the OS, a simulation from its seed).
+    pub id_seed: u64,
 }
 
 impl EngineConfig {
     pub fn new(addr: IpAddr, port: u16, mtu: Mtu) -> EngineConfig {
-        EngineConfig { addr, port, mtu, gids: vec![Gid::from_ip(addr)], ipv4_any_id: false, send_in_place: false }
+        EngineConfig {
+            addr,
+            port,
+            mtu,
+            gids: vec![Gid::from_ip(addr)],
+            ipv4_any_id: false,
+            send_in_place: false,
+            id_seed: 0,
+        }
     }
 }
 
-/// First QPN handed out (0 and 1 are the special QPs; rxe starts at 0x11).
+/// Lowest QPN handed out (0 and 1 are the special QPs; rxe starts at 0x11).
 const FIRST_QPN: u32 = 0x11;
+/// Highest QPN (24 bits).
+const LAST_QPN: u32 = 0x00FF_FFFF;
+
+/// The first QPN an engine seeded with `seed` hands out.
+fn first_qpn(seed: u64) -> u32 {
+    let r = crate::mem::KeyRng::new(seed).next_u64();
+    FIRST_QPN + (r % u64::from(LAST_QPN - FIRST_QPN + 1)) as u32
+}
 
 /// What `uroce stat` shows of a QP.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,11 +123,12 @@ impl std::fmt::Debug for Engine {
 
 impl Engine {
     pub fn new(cfg: EngineConfig, mem: Arc<Memory>) -> Engine {
+        let next_qpn = first_qpn(cfg.id_seed);
         Engine {
             cfg,
             mem,
             qps: FxHashMap::default(),
-            next_qpn: FIRST_QPN,
+            next_qpn,
             timed: FxHashSet::default(),
             ready: Vec::new(),
             active: VecDeque::new(),
@@ -218,10 +239,10 @@ impl Engine {
         }
         let mut qpn = self.next_qpn;
         while self.qps.contains_key(&qpn) {
-            qpn = if qpn >= 0x00FF_FFFF { FIRST_QPN } else { qpn + 1 };
+            qpn = if qpn >= LAST_QPN { FIRST_QPN } else { qpn + 1 };
         }
         let qp = make(qpn)?;
-        self.next_qpn = if qpn >= 0x00FF_FFFF { FIRST_QPN } else { qpn + 1 };
+        self.next_qpn = if qpn >= LAST_QPN { FIRST_QPN } else { qpn + 1 };
         self.qps.insert(qpn, qp);
         Ok(qpn)
     }

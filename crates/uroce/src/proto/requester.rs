@@ -366,9 +366,7 @@ impl Qp {
                 self.complete_head_error(ctx, WcStatus::RetryExcErr);
                 return;
             }
-            if self.attr.retry_cnt != 7 {
-                self.req.retry_left -= 1;
-            }
+            self.req.retry_left -= 1;
             self.rewind(ctx);
             self.req.timer = ack_timeout(self.attr.timeout).map(|d| now + d);
         }

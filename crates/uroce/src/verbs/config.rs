@@ -5,15 +5,22 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `UROCE_DEVICE` | device name | `uroce0` |
-//! | `UROCE_ADDR` | IPv4 or IPv6 address to bind | the first free of 127.0.0.1 … 127.0.0.254 |
-//! | `UROCE_PORT` | UDP port of this device and its peers | 4791 |
-//! | `UROCE_MTU` | active MTU in bytes (256…4096) | from the interface MTU − 80 (rxe's rule) |
-//! | `UROCE_CAPTURE` | write a pcap of every packet to this file (`%p` = pid) | off |
-//! | `UROCE_BUSY_POLL` | `1`: spin instead of sleeping | 0 |
-//! | `UROCE_IPV4_ANY_ID` | `1`: accept IPv4 ICRCs with any IP ID (Linux rxe peers) | 0 |
-//! | `UROCE_SCATTER_TO_CQE` (or `MLX5_SCATTER_TO_CQE`) | `0`: no inline receive | 1 |
+//! | `UROCE_ADDR` | IPv4 or IPv6 unicast address to bind (not `0.0.0.0`, `::`, broadcast or multicast) | the first free of 127.0.0.1 … 127.0.0.254 |
+//! | `UROCE_PORT` | UDP port of this device and its peers (not 0) | 4791 |
+//! | `UROCE_MTU` | active MTU in bytes: 256, 512, 1024, 2048 or 4096 | from the interface MTU − 80 (rxe's rule) |
+//! | `UROCE_CAPTURE` | write a pcap of every packet to this file (`%p` = pid; created 0600, never through a link; an existing file is replaced only if it is a regular file of this user) | off |
+//! | `UROCE_BUSY_POLL` | boolean: spin instead of sleeping | 0 |
+//! | `UROCE_IPV4_ANY_ID` | boolean: accept IPv4 ICRCs with any IP ID (Linux rxe peers) | 0 |
+//! | `UROCE_SEND_IN_PLACE` | boolean: payloads leave straight from registered memory | 1 |
+//! | `UROCE_SCATTER_TO_CQE` (or `MLX5_SCATTER_TO_CQE`) | boolean: inline receive | 1 |
 //! | `UROCE_CQE_SIZE` (or `MLX5_CQE_SIZE`) | 64 (inline receive ≤ 32 B) or 128 (≤ 64 B) | 64 |
 //! | `UROCE_FAULTS` | inject faults into received packets, e.g. `loss=0.01,dup=0.01,reorder=0.02,corrupt=0.001,delay_us=300,seed=7` (testing; see [`crate::io::faults`]) | off |
+//!
+//! | `UROCE_LOG` | log filter (`tracing` syntax, e.g. `uroce=debug`) | off (the `uroce` command: `warn`) |
+//!
+//! Booleans are `1`/`0`, `true`/`false`, `yes`/`no` or `on`/`off` (any
+//! case). A value that does not parse is refused with an error naming the
+//! variable, never ignored.
 //!
 //! On one host every process needs its own address, because RoCE peers know
 //! each other by GID (an IP address) and all use port 4791. With no
@@ -113,6 +120,7 @@ impl DeviceConfig {
             name: d.name.clone(),
             addr: d.address,
             port: d.port.unwrap_or(base.port),
+            // The file's values were checked when it was parsed.
             mtu: d.mtu.map(Mtu::from_bytes_floor),
             capture: file.capture.file.as_deref().map(expand_pid),
             busy_poll: d.busy_poll.unwrap_or(base.busy_poll),
@@ -128,36 +136,45 @@ impl DeviceConfig {
     fn with_env(mut self) -> Result<DeviceConfig> {
         let c = &mut self;
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let bad = |k: &str, e: String| Error::inval(format!("{k}: {e}"));
+        let flag = |k: &str, v: &str| crate::config::parse_bool(v).map_err(|e| bad(k, e));
         if let Some(v) = var("UROCE_ADDR") {
-            c.addr = Some(v.parse().map_err(|_| Error::inval(format!("UROCE_ADDR: not an IP address: {v}")))?);
+            let a: IpAddr = v.parse().map_err(|_| bad("UROCE_ADDR", format!("not an IP address: {v}")))?;
+            crate::config::check_address(a).map_err(|e| bad("UROCE_ADDR", e))?;
+            c.addr = Some(a);
         }
         if let Some(v) = var("UROCE_PORT") {
-            c.port = v.parse().map_err(|_| Error::inval(format!("UROCE_PORT: not a port: {v}")))?;
+            let p: u16 = v.parse().map_err(|_| bad("UROCE_PORT", format!("not a port: {v}")))?;
+            crate::config::check_port(p).map_err(|e| bad("UROCE_PORT", e))?;
+            c.port = p;
         }
         if let Some(v) = var("UROCE_MTU") {
-            let b: u32 = v.parse().map_err(|_| Error::inval(format!("UROCE_MTU: not a number: {v}")))?;
-            if !(256..=4096).contains(&b) {
-                return Err(Error::inval(format!("UROCE_MTU: {b} outside 256..4096")));
-            }
-            c.mtu = Some(Mtu::from_bytes_floor(b));
+            let b: u32 = v.parse().map_err(|_| bad("UROCE_MTU", format!("not a number: {v}")))?;
+            c.mtu = Some(crate::config::check_mtu(b).map_err(|e| bad("UROCE_MTU", e))?);
         }
         if let Some(v) = var("UROCE_CAPTURE") {
             c.capture = Some(expand_pid(&v));
         }
         if let Some(v) = var("UROCE_BUSY_POLL") {
-            c.busy_poll = v == "1";
+            c.busy_poll = flag("UROCE_BUSY_POLL", &v)?;
         }
         if let Some(v) = var("UROCE_IPV4_ANY_ID") {
-            c.ipv4_any_id = v == "1";
+            c.ipv4_any_id = flag("UROCE_IPV4_ANY_ID", &v)?;
         }
         if let Some(v) = var("UROCE_SEND_IN_PLACE") {
-            c.send_in_place = v != "0";
+            c.send_in_place = flag("UROCE_SEND_IN_PLACE", &v)?;
         }
         if let Some(v) = var("UROCE_FAULTS") {
             c.faults = Some(v);
         }
-        if let Some(v) = var("UROCE_SCATTER_TO_CQE").or_else(|| var("MLX5_SCATTER_TO_CQE")) {
-            c.scatter_to_cqe = v != "0";
+        if let Some(v) = var("UROCE_SCATTER_TO_CQE") {
+            c.scatter_to_cqe = flag("UROCE_SCATTER_TO_CQE", &v)?;
+        } else if let Some(v) = var("MLX5_SCATTER_TO_CQE") {
+            c.scatter_to_cqe = flag("MLX5_SCATTER_TO_CQE", &v)?;
+        }
+        if let Some(v) = var("UROCE_LOG") {
+            tracing_subscriber::EnvFilter::try_new(&v)
+                .map_err(|e| bad("UROCE_LOG", format!("not a log filter ({e}): {v}")))?;
         }
         if let Some(v) = var("UROCE_CQE_SIZE").or_else(|| var("MLX5_CQE_SIZE")) {
             c.cqe_size = match v.as_str() {

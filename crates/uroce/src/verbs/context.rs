@@ -284,6 +284,7 @@ fn start_runtime(cfg: &DeviceConfig, mem: &Arc<Memory>) -> Result<Arc<Runtime>> 
         let mut e = EngineConfig::new(addr, cfg.port, mtu);
         e.ipv4_any_id = cfg.ipv4_any_id;
         e.send_in_place = cfg.send_in_place;
+        e.id_seed = crate::mem::os_random_u64();
         RuntimeConfig { engine: e, capture: cfg.capture.clone(), busy_poll: cfg.busy_poll, faults }
     };
     if let Some(addr) = cfg.addr {
@@ -298,6 +299,9 @@ fn start_runtime(cfg: &DeviceConfig, mem: &Arc<Memory>) -> Result<Arc<Runtime>> 
                 }
                 r => {
                     return r.map_err(|e| {
+                        if let Some(c) = capture_error(&e) {
+                            return c;
+                        }
                         Error::new(
                             Errno(e.raw_os_error().unwrap_or(libc::EIO)),
                             format!(
@@ -316,11 +320,19 @@ fn start_runtime(cfg: &DeviceConfig, mem: &Arc<Memory>) -> Result<Arc<Runtime>> 
             Ok(rt) => return Ok(rt),
             Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => continue,
             Err(e) => {
-                return Err(Error::new(Errno(e.raw_os_error().unwrap_or(libc::EIO)), format!("bind {addr}: {e}")))
+                return Err(capture_error(&e).unwrap_or_else(|| {
+                    Error::new(Errno(e.raw_os_error().unwrap_or(libc::EIO)), format!("bind {addr}: {e}"))
+                }))
             }
         }
     }
     Err(Error::new(Errno::EADDRINUSE, "no free loopback address 127.0.0.1..254 for port 4791"))
+}
+
+/// A device start that failed on its capture file, reported as such.
+fn capture_error(e: &std::io::Error) -> Option<Error> {
+    let c = e.get_ref()?.downcast_ref::<crate::io::capture::CaptureOpenError>()?;
+    Some(Error::new(Errno(c.errno), c.message.clone()))
 }
 
 pub(crate) struct ChannelInner {

@@ -1,9 +1,23 @@
-//! Live statistics for other processes: while a process has devices open,
-//! a thread writes their counters to `<runtime dir>/<pid>/stats.json` (see
-//! [`crate::runtime`]) every `[stats] interval_ms`, where `uroce stat` finds
-//! and aggregates them. The same thread serves `uroce capture`: a request
-//! file `<pid>/capture.request` (`start PATH` or `stop`) switches packet
-//! capture of every device of the process, answered in `capture.status`.
+//! Live statistics for other processes. While a process has devices open,
+//! a thread looks at their counters every `[stats] interval_ms` and keeps
+//! `<runtime dir>/<pid>/stats.json` (see [`crate::runtime`]) current, where
+//! `uroce stat` finds and aggregates them. The same thread serves requests
+//! that `uroce` leaves in that directory:
+//!
+//! * `capture.request` (`start PATH` or `stop`) switches packet capture of
+//!   every device of the process, answered in `capture.status`;
+//! * `qps.request` asks for the per-QP and per-MR detail, answered by
+//!   writing `qps.json` once.
+//!
+//! Cost: `stats.json` holds only what is per device (counters, sizes, the
+//! number of QPs), and is rewritten only when that changed since the last
+//! write. An idle process therefore costs one pass adding up the devices'
+//! counters per period and no I/O, whatever the number of QPs; per-QP detail
+//! (which is proportional to the number of QPs) is built only when a reader
+//! asks for it (`uroce stat --qps`). A request file is obeyed only if it is
+//! a regular file owned by this process's uid (the directory itself was
+//! checked, see [`crate::runtime`]); a capture file is always a new file
+//! (`capture file exists` otherwise).
 //!
 //! Device start also loads the configured peer-memory clients.
 
@@ -11,7 +25,7 @@ use super::context::DeviceShared;
 use crate::config::ConfigFile;
 use crate::proto::Stats;
 use serde_json::{json, Map, Value};
-use std::sync::{Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, SystemTime};
 
 fn devices() -> &'static Mutex<Vec<Weak<DeviceShared>>> {
@@ -49,10 +63,19 @@ fn start(period: Duration) {
     if STARTED.set(()).is_err() {
         return;
     }
-    let r = std::thread::Builder::new().name("uroce-publish".into()).spawn(move || loop {
-        publish_now();
-        serve_capture_request();
-        std::thread::sleep(period);
+    if crate::runtime::process_dir().is_none() {
+        // Refused (and said so): nothing is published, no request is read.
+        return;
+    }
+    let r = std::thread::Builder::new().name("uroce-publish".into()).spawn(move || {
+        let mut last = String::new();
+        loop {
+            publish_if_changed(&mut last);
+            serve_capture_request();
+            serve_qps_request();
+            crate::io::capture::flush_all();
+            std::thread::sleep(period);
+        }
     });
     if let Err(e) = r {
         tracing::warn!("statistics publisher not started: {e}");
@@ -67,16 +90,41 @@ fn odp_json(s: &crate::mem::OdpStats) -> Value {
     Value::Object(s.fields().iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<Map<_, _>>())
 }
 
-/// The counters of every open device of this process.
-pub fn snapshot() -> Value {
-    let live: Vec<_> = devices().lock().unwrap().iter().filter_map(Weak::upgrade).collect();
-    let devs: Vec<Value> = live
+fn live() -> Vec<Arc<DeviceShared>> {
+    devices().lock().unwrap().iter().filter_map(Weak::upgrade).collect()
+}
+
+/// The per-device counters of every open device (no per-QP detail).
+fn devices_json() -> Value {
+    let devs: Vec<Value> = live()
         .iter()
         .map(|d| {
-            let (stats, qps) = {
+            let (stats, qp_count) = {
                 let e = d.rt.engine();
-                (e.stats(), e.qp_summaries())
+                (e.stats(), e.qp_count())
             };
+            json!({
+                "name": d.name,
+                "address": d.addr.ip().to_string(),
+                "port": d.addr.port(),
+                "mtu": d.mtu.bytes(),
+                "capture": d.rt.is_capturing(),
+                "stats": stats_json(&stats),
+                "odp": odp_json(&d.mem.odp_stats()),
+                "pinned_bytes": d.mem.pinned_bytes(),
+                "qp_count": qp_count,
+            })
+        })
+        .collect();
+    Value::Array(devs)
+}
+
+/// The QPs and ODP regions of every open device.
+fn detail_json() -> Value {
+    let devs: Vec<Value> = live()
+        .iter()
+        .map(|d| {
+            let qps = d.rt.engine().qp_summaries();
             let qps: Vec<Value> = qps
                 .iter()
                 .map(|q| {
@@ -92,44 +140,79 @@ pub fn snapshot() -> Value {
                 .collect();
             let mrs: Vec<Value> =
                 d.mem.odp_regions().iter().map(|(key, s)| json!({ "key": key, "odp": odp_json(s) })).collect();
-            json!({
-                "name": d.name,
-                "address": d.addr.ip().to_string(),
-                "port": d.addr.port(),
-                "mtu": d.mtu.bytes(),
-                "capture": d.rt.is_capturing(),
-                "stats": stats_json(&stats),
-                "odp": odp_json(&d.mem.odp_stats()),
-                "pinned_bytes": d.mem.pinned_bytes(),
-                "qps": qps,
-                "mrs": mrs,
-            })
+            json!({ "name": d.name, "qps": qps, "mrs": mrs })
         })
         .collect();
+    Value::Array(devs)
+}
+
+fn header(devices: Value) -> Value {
     let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     json!({
         "pid": std::process::id(),
         "program": std::env::args().next().unwrap_or_default(),
         "time_ms": now.as_millis() as u64,
-        "devices": devs,
+        "devices": devices,
     })
+}
+
+/// The counters of every open device of this process, with per-QP detail.
+pub fn snapshot() -> Value {
+    let mut devs = devices_json();
+    for (d, q) in devs.as_array_mut().into_iter().flatten().zip(detail_json().as_array().into_iter().flatten()) {
+        d["qps"] = q["qps"].clone();
+        d["mrs"] = q["mrs"].clone();
+    }
+    header(devs)
+}
+
+fn write(name: &str, v: &Value) {
+    if let Err(e) = crate::runtime::write_process_file(&[], name, &v.to_string()) {
+        tracing::debug!("cannot publish {name}: {e}");
+    }
+}
+
+/// Rewrites `stats.json` if the per-device counters differ from `last`
+/// (what was written last).
+fn publish_if_changed(last: &mut String) {
+    let devs = devices_json().to_string();
+    if devs != *last {
+        write("stats.json", &header(serde_json::from_str(&devs).unwrap_or_default()));
+        *last = devs;
+    }
 }
 
 /// Writes `stats.json` now.
 pub fn publish_now() {
-    let path = crate::runtime::process_dir().join("stats.json");
-    if let Err(e) = crate::runtime::write_file(&path, &snapshot().to_string()) {
-        tracing::debug!("cannot publish statistics to {}: {e}", path.display());
+    write("stats.json", &header(devices_json()));
+}
+
+/// Takes request file `name` if it is a regular file of this user.
+fn take_request(name: &str) -> Option<String> {
+    let d = crate::runtime::process_dir()?.dir();
+    let r = d.read_file(name, 4096, true);
+    if !matches!(r, Ok(None)) {
+        let _ = d.remove(name);
+    }
+    match r {
+        Ok(Some(b)) => Some(String::from_utf8_lossy(&b).trim().to_string()),
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!("{name} ignored: {e}");
+            None
+        }
+    }
+}
+
+fn serve_qps_request() {
+    if take_request("qps.request").is_some() {
+        write("qps.json", &header(detail_json()));
     }
 }
 
 fn serve_capture_request() {
-    let dir = crate::runtime::process_dir();
-    let req = dir.join("capture.request");
-    let Ok(text) = std::fs::read_to_string(&req) else { return };
-    let _ = std::fs::remove_file(&req);
-    let live: Vec<_> = devices().lock().unwrap().iter().filter_map(Weak::upgrade).collect();
-    let text = text.trim();
+    let Some(text) = take_request("capture.request") else { return };
+    let live = live();
     let answer = if text == "stop" {
         for d in &live {
             let _ = d.rt.set_capture(None);
@@ -140,8 +223,15 @@ fn serve_capture_request() {
         for (i, d) in live.iter().enumerate() {
             // One file per device: the first gets the path as given.
             let p = if i == 0 { path.to_string() } else { format!("{path}.{}", d.name) };
-            if let Err(e) = d.rt.set_capture(Some(std::path::Path::new(&p))) {
-                errors.push(format!("{}: {p}: {e}", d.name));
+            let p = std::path::Path::new(&p);
+            // A new file, created here (O_EXCL, 0600, no link followed): the
+            // device's capture then reopens this empty file of ours.
+            let r = crate::io::Capture::create_new(p).and_then(|c| {
+                drop(c);
+                d.rt.set_capture(Some(p))
+            });
+            if let Err(e) = r {
+                errors.push(format!("{}: {e}", d.name));
             }
         }
         if errors.is_empty() {
@@ -152,6 +242,8 @@ fn serve_capture_request() {
     } else {
         format!("error: unknown request {text:?}")
     };
-    let _ = crate::runtime::write_file(&dir.join("capture.status"), &format!("{answer}\n"));
+    if let Err(e) = crate::runtime::write_process_file(&[], "capture.status", &format!("{answer}\n")) {
+        tracing::debug!("cannot answer a capture request: {e}");
+    }
     publish_now();
 }

@@ -204,7 +204,8 @@ impl QueuePair {
     }
 
     /// [`QueuePair::connect_rc`] with the local ACK timeout exponent
-    /// (4.096 µs × 2^timeout) and the retry count (7: retry forever, as rxe).
+    /// (4.096 µs × 2^timeout) and the retry count (0..=7 retries; 7 is seven, as in the IBA and on
+    /// hardware, not rxe's "forever").
     pub fn connect_rc_with(
         &self,
         remote: &super::Gid,

@@ -13,6 +13,8 @@ pub struct DecodeSummary {
     pub icrc_ok: usize,
     pub icrc_bad: usize,
     pub malformed: usize,
+    /// The file ended inside a record after the complete ones.
+    pub cut: Option<super::pcap::Cut>,
 }
 
 /// One packet's description (without frame number and addresses).
@@ -62,11 +64,16 @@ pub fn describe(p: &Packet) -> String {
 
 /// Decodes every RoCE packet (UDP to `port`) of a pcap stream into `out`.
 pub fn decode_pcap<R: Read, W: Write>(input: R, port: u16, out: &mut W) -> io::Result<DecodeSummary> {
-    let reader = PcapReader::new(input)?;
+    let mut reader = PcapReader::new(input)?;
     let lt = reader.linktype;
     let mut s = DecodeSummary::default();
-    for frame in reader {
-        let frame = frame?;
+    while let Some(frame) = reader.next() {
+        let frame = match frame {
+            Ok(f) => f,
+            // Every complete record was decoded; the summary says where it was cut.
+            Err(_) if reader.cut().is_some() => break,
+            Err(e) => return Err(e),
+        };
         s.frames += 1;
         let Some((ip, udp)) = extract_roce(lt, &frame.data, port) else { continue };
         s.roce += 1;
@@ -96,6 +103,7 @@ pub fn decode_pcap<R: Read, W: Write>(input: R, port: u16, out: &mut W) -> io::R
         "{} frames, {} RoCE packets: {} ICRC ok, {} ICRC bad, {} malformed",
         s.frames, s.roce, s.icrc_ok, s.icrc_bad, s.malformed
     )?;
+    s.cut = reader.cut();
     Ok(s)
 }
 

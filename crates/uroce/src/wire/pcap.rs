@@ -132,11 +132,33 @@ pub struct Frame {
     pub data: Vec<u8>,
 }
 
+/// Where a pcap stream ends in the middle of a record (a capture cut short).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cut {
+    /// Complete records before the cut.
+    pub records: u64,
+    /// Bytes of the incomplete record that follow them.
+    pub trailing: u64,
+}
+
+impl std::fmt::Display for Cut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "file is cut after {} records ({} trailing bytes)", self.records, self.trailing)
+    }
+}
+
 /// Reads a classic pcap stream (either byte order, µs or ns timestamps).
+/// Every complete record is returned; a stream that ends inside a record
+/// yields one `UnexpectedEof` error saying so, then ends, and [`cut`]
+/// tells where.
+///
+/// [`cut`]: PcapReader::cut
 pub struct PcapReader<R: Read> {
     r: R,
     swap: bool,
     pub linktype: u32,
+    records: u64,
+    cut: Option<Cut>,
 }
 
 impl<R: Read> PcapReader<R> {
@@ -155,7 +177,32 @@ impl<R: Read> PcapReader<R> {
             }
         };
         let lt = u32::from_le_bytes(h[20..24].try_into().unwrap());
-        Ok(PcapReader { r, swap, linktype: if swap { lt.swap_bytes() } else { lt } })
+        Ok(PcapReader { r, swap, linktype: if swap { lt.swap_bytes() } else { lt }, records: 0, cut: None })
+    }
+
+    /// Where the stream was cut, once the reader met the cut.
+    pub fn cut(&self) -> Option<Cut> {
+        self.cut
+    }
+
+    /// Reads until `buf` is full or the stream ends; the bytes read.
+    fn fill(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut n = 0;
+        while n < buf.len() {
+            match self.r.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(n)
+    }
+
+    fn cut_at(&mut self, trailing: u64) -> io::Error {
+        let c = Cut { records: self.records, trailing };
+        self.cut = Some(c);
+        io::Error::new(io::ErrorKind::UnexpectedEof, c.to_string())
     }
 
     fn u32(&self, b: &[u8]) -> u32 {
@@ -171,10 +218,14 @@ impl<R: Read> PcapReader<R> {
 impl<R: Read> Iterator for PcapReader<R> {
     type Item = io::Result<Frame>;
     fn next(&mut self) -> Option<io::Result<Frame>> {
+        if self.cut.is_some() {
+            return None;
+        }
         let mut rec = [0u8; 16];
-        match self.r.read_exact(&mut rec) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return None,
+        match self.fill(&mut rec) {
+            Ok(0) => return None,
+            Ok(16) => {}
+            Ok(n) => return Some(Err(self.cut_at(n as u64))),
             Err(e) => return Some(Err(e)),
         }
         let incl = self.u32(&rec[8..12]) as usize;
@@ -182,9 +233,12 @@ impl<R: Read> Iterator for PcapReader<R> {
             return Some(Err(io::Error::new(io::ErrorKind::InvalidData, "pcap record too large")));
         }
         let mut data = vec![0u8; incl];
-        if let Err(e) = self.r.read_exact(&mut data) {
-            return Some(Err(e));
+        match self.fill(&mut data) {
+            Ok(n) if n == incl => {}
+            Ok(n) => return Some(Err(self.cut_at(16 + n as u64))),
+            Err(e) => return Some(Err(e)),
         }
+        self.records += 1;
         Some(Ok(Frame { ts_sec: self.u32(&rec[0..4]), ts_frac: self.u32(&rec[4..8]), data }))
     }
 }
@@ -285,6 +339,19 @@ mod tests {
         let lt = r.linktype;
         let frames: Vec<Frame> = r.map(|f| f.unwrap()).collect();
         assert_eq!(frames.len(), 2);
+        // Cut anywhere inside the second record: the first is read, then the cut.
+        let first = 24 + 16 + frames[0].data.len();
+        for end in [first + 1, first + 15, first + 16, out.len() - 1] {
+            let mut r = PcapReader::new(&out[..end]).unwrap();
+            assert_eq!(r.next().unwrap().unwrap(), frames[0]);
+            let e = r.next().unwrap().unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+            let c = Cut { records: 1, trailing: (end - first) as u64 };
+            assert_eq!(r.cut(), Some(c));
+            assert_eq!(e.to_string(), c.to_string());
+            assert!(r.next().is_none());
+        }
+        assert_eq!(PcapReader::new(&out[..first]).unwrap().count(), 1, "a file ending on a record is whole");
         for (f, ip) in frames.iter().zip(&infos) {
             let (got, p) = extract_roce(lt, &f.data, 4791).unwrap();
             assert_eq!(&got, ip);

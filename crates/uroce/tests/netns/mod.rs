@@ -86,6 +86,23 @@ impl Pair {
             assert!(sh(&["ip", "-n", ns, "link", "set", dev, "up"]));
             assert!(sh(&["ip", "-n", ns, "link", "set", "lo", "up"]));
         }
+        if v6.is_some() {
+            // Neighbour discovery starts working once the link-local
+            // addresses have passed duplicate address detection (about 1 s
+            // after the link comes up); before, packets to the peer vanish
+            // and seven retries of a 67 ms timeout are not enough.
+            for (ns, dev) in [(&a, &va), (&b, &vb)] {
+                let t = std::time::Instant::now();
+                while t.elapsed() < std::time::Duration::from_secs(5) {
+                    let out =
+                        Command::new("ip").args(["-n", ns, "-6", "addr", "show", "dev", dev, "tentative"]).output();
+                    if out.is_ok_and(|o| o.status.success() && o.stdout.is_empty()) {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+            }
+        }
         Some(p)
     }
 

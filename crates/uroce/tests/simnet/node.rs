@@ -34,8 +34,15 @@ pub struct Node {
 
 impl Node {
     pub fn new(ip: IpAddr, mtu: Mtu) -> Node {
-        let mem = Memory::new();
-        let engine = Engine::new(EngineConfig::new(ip, PORT, mtu), mem.clone());
+        // Keys and QPNs from the address: a seed replays exactly.
+        let seed = match ip {
+            IpAddr::V4(v4) => u32::from(v4) as u64,
+            IpAddr::V6(v6) => u128::from(v6) as u64,
+        };
+        let mem = Memory::with_key_seed(seed);
+        let mut cfg = EngineConfig::new(ip, PORT, mtu);
+        cfg.id_seed = seed;
+        let engine = Engine::new(cfg, mem.clone());
         // Inline receive on for both: small SENDs travel in their completions.
         let cq = Arc::new(CompletionQueue::with_inline(1, 1 << 16, Some(mem.clone()), INLINE_RECV));
         let xrc_cq = Arc::new(CompletionQueue::with_inline(2, 1 << 16, Some(mem.clone()), INLINE_RECV));

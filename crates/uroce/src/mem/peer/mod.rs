@@ -160,10 +160,10 @@ impl ClientEntry {
     /// only loses the published copy).
     fn publish(&self) {
         let s = self.stats();
-        let dir = crate::runtime::process_dir().join("memory_peers").join(&s.name);
-        let mut r = crate::runtime::write_file(&dir.join("version"), &format!("{}\n", s.version));
+        let dir = ["memory_peers", s.name.as_str()];
+        let mut r = crate::runtime::write_process_file(&dir, "version", &format!("{}\n", s.version));
         for (name, v) in s.counters() {
-            r = r.and(crate::runtime::write_file(&dir.join(name), &format!("{v}\n")));
+            r = r.and(crate::runtime::write_process_file(&dir, name, &format!("{v}\n")));
         }
         if let Err(e) = r {
             tracing::debug!("peer memory: cannot publish counters of {}: {e}", s.name);
