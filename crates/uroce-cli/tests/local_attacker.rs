@@ -5,6 +5,10 @@
 //! then the victim runs `uroce demo`. The demo must refuse the directory,
 //! say why on stderr, touch nothing outside it, and exit 0.
 
+#[path = "../../uroce/tests/skip/mod.rs"]
+#[macro_use]
+mod skip;
+
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -104,21 +108,18 @@ impl Victim {
 fn another_users_runtime_directory_is_refused_and_nothing_outside_is_touched() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        println!("SKIP local attacker test: needs root (to create users)");
-        return;
+        skip!("needs root (to create users)");
     }
     let has = |t: &str| {
         Command::new("sh").args(["-c", &format!("command -v {t}")]).output().is_ok_and(|o| o.status.success())
     };
     if !["useradd", "userdel", "setpriv"].iter().all(|t| has(t)) {
-        println!("SKIP local attacker test: useradd, userdel or setpriv missing");
-        return;
+        skip!("useradd, userdel or setpriv is not installed (Debian packages passwd, util-linux)");
     }
     let tag = std::process::id() % 100_000;
     let (Some(attacker), Some(victim)) = (User::create(&format!("uratk{tag}")), User::create(&format!("urvic{tag}")))
     else {
-        println!("SKIP local attacker test: useradd failed");
-        return;
+        skip!("useradd failed");
     };
     // The victim's private file, in a directory of the victim.
     let vdir = PathBuf::from(format!("/tmp/uroce-victim-{tag}"));
