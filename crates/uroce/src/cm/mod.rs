@@ -1,10 +1,26 @@
-//! The InfiniBand communication manager as rdma_cm uses it on RoCE: CM MADs
-//! on the wire ([`mad`]), the rdma_cm Service ID and private-data header
-//! ([`service`]). Everything here is sans-IO: bytes in, bytes out.
+//! The InfiniBand communication manager as rdma_cm uses it on RoCE, sans-IO:
+//! CM MADs on the wire ([`mad`]), the rdma_cm Service ID and private-data
+//! header ([`service`]), timer values ([`timer`]), and the agent of one
+//! device ([`Cm`]): listeners and connection records driven by received
+//! MADs, user calls and `now`, producing MADs, deadlines and rdma_cm events
+//! ([`event`]). No socket, clock or thread here.
 
+mod agent;
+mod conn;
+pub mod event;
 pub mod mad;
 pub mod service;
+pub mod timer;
 
+#[cfg(test)]
+mod tests;
+
+pub use agent::{
+    AcceptParams, Cm, CmConfig, CmStats, ConnectParams, ListenParams, Outgoing, SidrParams, MAX_BACKLOG,
+    REQ_USER_PRIVATE, SIDR_REQ_USER_PRIVATE,
+};
+pub use conn::{ConnInfo, Role};
+pub use event::{CmEvent, ConnId, ConnParam, EventKind, ListenId, Param, UdParam};
 pub use mad::{CmMad, CmMsg, MadError, MadView};
 pub use service::{CmaHdr, PortSpace};
 
