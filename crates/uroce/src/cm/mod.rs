@@ -8,6 +8,7 @@
 mod agent;
 mod conn;
 pub mod event;
+pub mod gsi;
 pub mod mad;
 pub mod service;
 pub mod timer;
