@@ -86,4 +86,88 @@ mod tests {
         assert_eq!(answer_unhandled(&rtu.to_bytes()), None);
         assert_eq!(answer_unhandled(&[0u8; 3]), None);
     }
+
+    /// The engine of a device with no QP 1 answers a REQ with REJ 8, in a
+    /// UD packet to QP 1 of the sender with a correct ICRC.
+    #[test]
+    fn an_engine_without_qp1_rejects_a_req() {
+        use crate::cm::{service, CmConfig, ConnectParams, PortSpace};
+        use crate::ib::Mtu;
+        use crate::proto::{Engine, EngineConfig};
+        use crate::wire::{build_packet, icrc, IpInfo, Packet};
+        use std::net::{IpAddr, SocketAddr};
+        use std::time::Instant;
+
+        let (a, b): (IpAddr, IpAddr) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+        let mut e = Engine::new(EngineConfig::new(b, 4791, Mtu::Mtu1024), crate::mem::Memory::new());
+        let now = Instant::now();
+        let mut cm = crate::cm::Cm::new(CmConfig::new(a, 0x42, 7));
+        let id = cm
+            .connect(
+                now,
+                ConnectParams {
+                    ps: PortSpace::Tcp,
+                    src_port: 5000,
+                    dst: SocketAddr::new(b, 7174),
+                    qpn: 0x11,
+                    transport: crate::cm::mad::TransportType::Rc,
+                    responder_resources: 1,
+                    initiator_depth: 1,
+                    flow_control: false,
+                    retry_count: 7,
+                    rnr_retry_count: 7,
+                    srq: false,
+                    traffic_class: 0,
+                    private_data: Vec::new(),
+                },
+            )
+            .unwrap();
+        let req = cm.poll_transmit().unwrap();
+        let ip = IpInfo { src: a, dst: b, sport: 4791, dport: 4791, ipv4_id: 0 };
+        let mut pkt = vec![0u8; 400];
+        let n = build_packet(&mad_headers(0), &req.mad, &ip, &mut pkt).unwrap();
+        // A corrupted copy is not answered.
+        let mut bad = pkt[..n].to_vec();
+        bad[100] ^= 1;
+        e.handle_datagram(now, SocketAddr::new(a, 4791), b, &bad, 0);
+        assert!(e.poll_transmit(now).is_none());
+        e.handle_datagram(now, SocketAddr::new(a, 4791), b, &pkt[..n], 0);
+        let t = e.poll_transmit(now).unwrap();
+        assert_eq!(t.dst, SocketAddr::new(a, 4791));
+        let back = IpInfo { src: b, dst: a, sport: 4791, dport: 4791, ipv4_id: 0 };
+        assert!(icrc::verify(&back, &t.data));
+        let p = Packet::parse(&t.data).unwrap();
+        assert_eq!(p.headers.bth.dest_qp, 1);
+        assert_eq!(p.headers.deth.map(|d| (d.qkey, d.src_qp)), Some((GSI_QKEY, GSI_QPN)));
+        // The active's agent takes it as "no listener".
+        cm.handle_mad(now, b, p.payload);
+        let ev = cm.poll_event().unwrap();
+        assert_eq!((ev.id, ev.kind, ev.status), (id, crate::cm::EventKind::Rejected, 8));
+        let _ = service::ip_to_gid(a);
+
+        // With a QP 1, the engine leaves MADs to it; no second QP 1.
+        let cq = std::sync::Arc::new(crate::proto::cq::CompletionQueue::new(1, 16));
+        let init = || crate::proto::qp::QpInit {
+            qp_type: crate::ib::QpType::Ud,
+            pd: 1,
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            srq: None,
+            cap: crate::proto::wr::QpCap {
+                max_send_wr: 8,
+                max_recv_wr: 8,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+            scatter_to_cqe: false,
+        };
+        assert_eq!(e.create_gsi_qp(init()).unwrap(), 1);
+        assert_eq!(e.create_gsi_qp(init()).unwrap_err().errno, crate::ib::Errno::EBUSY);
+        // Application QPs never get QPN 1.
+        assert!(e.create_qp(init()).unwrap() >= 0x11);
+        e.handle_datagram(now, SocketAddr::new(a, 4791), b, &pkt[..n], 0);
+        assert!(e.poll_transmit(now).is_none());
+    }
 }
