@@ -3,10 +3,13 @@
 //! header ([`service`]), timer values ([`timer`]), and the agent of one
 //! device ([`Cm`]): listeners and connection records driven by received
 //! MADs, user calls and `now`, producing MADs, deadlines and rdma_cm events
-//! ([`event`]). No socket, clock or thread here.
+//! ([`event`]). All of that is sans-IO; [`CmEndpoint`] runs it on a device
+//! (QP 1) and gives Rust users listen / accept / connect returning
+//! connected QPs.
 
 mod agent;
 mod conn;
+mod endpoint;
 pub mod event;
 pub mod gsi;
 pub mod mad;
@@ -21,6 +24,7 @@ pub use agent::{
     REQ_USER_PRIVATE, SIDR_REQ_USER_PRIVATE,
 };
 pub use conn::{ConnInfo, Role};
+pub use endpoint::{CmEndpoint, ConnOptions, Connection, Request};
 pub use event::{CmEvent, ConnId, ConnParam, EventKind, ListenId, Param, UdParam};
 pub use mad::{CmMad, CmMsg, MadError, MadView};
 pub use service::{CmaHdr, PortSpace};

@@ -1,0 +1,105 @@
+//! The CM on real devices over loopback: two uroce devices, each with its
+//! CM agent on QP 1, connect an RC QP pair with REQ/REP/RTU, move data over
+//! it, and disconnect with DREQ/DREP; a device without a CM agent answers a
+//! REQ with REJ 8, and a connect to an address with no device times out.
+
+mod common;
+
+use common::*;
+use std::net::SocketAddr;
+use std::time::Duration;
+use uroce::cm::{CmEndpoint, ConnOptions, EventKind};
+use uroce::verbs::*;
+
+const PORT: u16 = 7174;
+
+#[test]
+fn connect_accept_send_disconnect() {
+    let (ca, cb) = pair_with(None);
+    let (ea, eb) = (CmEndpoint::open(&ca).unwrap(), CmEndpoint::open(&cb).unwrap());
+    assert_eq!(CmEndpoint::open(&ca).unwrap_err().errno, uroce::ib::Errno::EBUSY, "one QP 1 per device");
+    let (a, b) = (end(ca), end(cb));
+    let listen = eb.listen(PORT, 4).unwrap();
+    let rx = b.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+    CmEndpoint::init_qp(&b.qp).unwrap();
+    b.qp.post_recv(&RecvWr { wr_id: 1, sg_list: uroce::sgl![rx.sge(0, 64)] }).unwrap();
+    let dst = SocketAddr::new(b.ctx.local_addr().ip(), PORT);
+
+    let server = std::thread::scope(|s| {
+        let server = s.spawn(|| {
+            let req = eb.get_request(listen, T).unwrap();
+            assert_eq!(&req.private_data[..5], b"hello");
+            assert_eq!(req.private_data.len(), 56);
+            assert_eq!(req.param.qp_num, a.qp.qp_num());
+            let opts = ConnOptions { private_data: b"welcome".to_vec(), ..ConnOptions::default() };
+            eb.accept(&req, &b.qp, &opts, T).unwrap()
+        });
+        let opts = ConnOptions { private_data: b"hello".to_vec(), ..ConnOptions::default() };
+        let conn = ea.connect(&a.qp, dst, &opts, T).unwrap();
+        assert_eq!(&conn.private_data[..7], b"welcome");
+        assert_eq!(conn.info.remote_qpn, b.qp.qp_num());
+        assert_eq!(a.qp.state(), QpState::Rts);
+        // Data over the QPs the CM connected.
+        let tx = a.pd.register(b"over a CM connection".to_vec(), Access::empty()).unwrap();
+        let mut w = wr(7, WrOpcode::Send, tx.sge(0, 20));
+        w.flags = SendFlags::SIGNALED;
+        a.qp.post_send(&w).unwrap();
+        assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);
+        let got = b.cq.wait(1, T).unwrap()[0];
+        assert_eq!((got.status, got.byte_len), (WcStatus::Success, 20));
+        assert_eq!(&rx.to_vec()[..20], b"over a CM connection");
+        (conn, server.join().unwrap())
+    });
+    let (conn_a, conn_b) = server;
+    assert_eq!(conn_b.info.remote_qpn, a.qp.qp_num());
+    assert_eq!(conn_a.info.local_psn, conn_b.info.remote_psn);
+    assert_eq!(b.qp.state(), QpState::Rts);
+
+    ea.disconnect(&conn_a, &a.qp).unwrap();
+    assert_eq!(eb.wait_disconnected(&conn_b, T).unwrap(), 0);
+    eb.disconnect(&conn_b, &b.qp).unwrap();
+    assert_eq!(ea.wait_disconnected(&conn_a, T).unwrap(), 0);
+    // Timewait (512 ms) ends for both.
+    ea.wait_event(conn_a.id, &[EventKind::TimewaitExit], T).unwrap();
+    eb.wait_event(conn_b.id, &[EventKind::TimewaitExit], T).unwrap();
+    ea.destroy(conn_a.id).unwrap();
+    eb.destroy(conn_b.id).unwrap();
+    let (sa, sb) = (ea.stats(), eb.stats());
+    assert_eq!((sa.malformed, sb.malformed, sa.unmatched, sb.unmatched), (0, 0, 0, 0));
+}
+
+#[test]
+fn a_device_without_cm_rejects_and_no_listener_rejects() {
+    let (ca, cb) = pair_with(None);
+    let ea = CmEndpoint::open(&ca).unwrap();
+    let a = end(ca);
+    let dst = SocketAddr::new(cb.local_addr().ip(), PORT);
+    // cb has no CM agent: its engine answers REJ 8 at once.
+    let t = std::time::Instant::now();
+    let e = ea.connect(&a.qp, dst, &ConnOptions::default(), T).unwrap_err();
+    assert_eq!(e.errno.0, libc::ECONNREFUSED);
+    assert!(t.elapsed() < Duration::from_secs(2));
+    // With an agent but no listener on the port: the same.
+    let eb = CmEndpoint::open(&cb).unwrap();
+    let qp2 = a.pd.create_qp(&QpInitAttr::rc(&a.cq, &a.cq)).unwrap();
+    let e = ea.connect(&qp2, dst, &ConnOptions::default(), T).unwrap_err();
+    assert_eq!(e.errno.0, libc::ECONNREFUSED);
+    assert_eq!(eb.stats().rej_sent, 1);
+}
+
+#[test]
+fn rejected_by_the_listener() {
+    let (ca, cb) = pair_with(None);
+    let (ea, eb) = (CmEndpoint::open(&ca).unwrap(), CmEndpoint::open(&cb).unwrap());
+    let a = end(ca);
+    let listen = eb.listen(PORT, 1).unwrap();
+    let dst = SocketAddr::new(cb.local_addr().ip(), PORT);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let req = eb.get_request(listen, T).unwrap();
+            eb.reject(&req, b"no").unwrap();
+        });
+        let e = ea.connect(&a.qp, dst, &ConnOptions::default(), T).unwrap_err();
+        assert_eq!(e.errno.0, libc::ECONNREFUSED);
+    });
+}
