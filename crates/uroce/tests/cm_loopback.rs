@@ -1,7 +1,8 @@
 //! The CM on real devices over loopback: two uroce devices, each with its
 //! CM agent on QP 1, connect an RC QP pair with REQ/REP/RTU, move data over
 //! it, and disconnect with DREQ/DREP; a device without a CM agent answers a
-//! REQ with REJ 8, and a connect to an address with no device times out.
+//! REQ with REJ 8; uroce's own CM packets, captured, carry what an rxe
+//! peer's carry.
 
 mod common;
 
@@ -15,7 +16,11 @@ const PORT: u16 = 7174;
 
 #[test]
 fn connect_accept_send_disconnect() {
-    let (ca, cb) = pair_with(None);
+    connect_send_disconnect(None);
+}
+
+fn connect_send_disconnect(capture: Option<std::path::PathBuf>) {
+    let (ca, cb) = pair_with(capture);
     let (ea, eb) = (CmEndpoint::open(&ca).unwrap(), CmEndpoint::open(&cb).unwrap());
     assert_eq!(CmEndpoint::open(&ca).unwrap_err().errno, uroce::ib::Errno::EBUSY, "one QP 1 per device");
     let (a, b) = (end(ca), end(cb));
@@ -66,6 +71,63 @@ fn connect_accept_send_disconnect() {
     eb.destroy(conn_b.id).unwrap();
     let (sa, sb) = (ea.stats(), eb.stats());
     assert_eq!((sa.malformed, sb.malformed, sa.unmatched, sb.unmatched), (0, 0, 0, 0));
+    a.ctx.flush_capture();
+}
+
+/// Captured on the active device, every CM packet is a UD SEND to QP 1 as
+/// rxe sends it (Q_Key 0x80010000, source QP 1, P_Key 0xFFFF, AckReq, a
+/// 256-byte MAD, correct ICRC) whose MAD re-emits byte for byte, and the
+/// REQ carries rxe's values (shared/spec/cm.md §7).
+#[test]
+fn own_cm_packets_look_like_rxe() {
+    use uroce::cm::mad::{CmMad, CmMsg};
+    use uroce::cm::{service, CmaHdr};
+    use uroce::wire::pcap::{extract_roce, PcapReader};
+    use uroce::wire::{icrc, Packet};
+    let dir = std::env::temp_dir().join(format!("uroce-cm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cm.pcap");
+    connect_send_disconnect(Some(path.clone()));
+    let r = PcapReader::new(std::fs::File::open(&path).unwrap()).unwrap();
+    let lt = r.linktype;
+    let mut names = Vec::new();
+    for f in r {
+        let f = f.unwrap();
+        let Some((ip, udp)) = extract_roce(lt, &f.data, ip_port(&f.data)) else { continue };
+        let p = Packet::parse(udp).unwrap();
+        if p.headers.bth.dest_qp != 1 {
+            continue;
+        }
+        assert!(icrc::verify(&ip, udp));
+        let b = p.headers.bth;
+        assert_eq!((b.opcode.0, b.pkey, b.ack_req, b.pad_count), (0x64, 0xFFFF, true, 0));
+        let d = p.headers.deth.unwrap();
+        assert_eq!((d.qkey, d.src_qp), (0x8001_0000, 1));
+        assert_eq!(p.payload.len(), 256);
+        let m = CmMad::parse(p.payload).unwrap();
+        assert_eq!(&m.to_bytes()[..], p.payload);
+        if let CmMsg::Req(r) = &m.msg {
+            let mad = p.payload;
+            assert_eq!(r.service_id, 0x0106_0000 + PORT as u64);
+            assert_eq!((mad[67], mad[71], mad[75]), (0xA0, 0xA7, 0xF0));
+            assert_eq!(mad[74] & 0x07, 7);
+            assert_eq!((r.primary.local_lid, r.primary.remote_lid, r.primary.hop_limit), (0xFFFF, 0xFFFF, 64));
+            assert_eq!(r.primary.local_ack_timeout, 17);
+            assert_eq!(r.primary.local_gid, service::ip_to_gid(ip.src));
+            let h = CmaHdr::parse(r.private_data.as_slice()).unwrap();
+            assert_eq!((h.src, h.dst), (ip.src, ip.dst));
+            assert_eq!(r.primary.flow_label, service::roce_flow_label(h.src_port, PORT));
+        }
+        names.push(m.msg.name());
+    }
+    assert_eq!(names, ["REQ", "REP", "RTU", "DREQ", "DREP"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The UDP destination port of a captured IPv4 frame (the test devices use
+/// a private port, not 4791).
+fn ip_port(frame: &[u8]) -> u16 {
+    frame.get(36..38).map_or(4791, |p| u16::from_be_bytes([p[0], p[1]]))
 }
 
 #[test]
