@@ -822,6 +822,71 @@ impl CmMad {
     }
 }
 
+/// One line naming a MAD and its main fields (for `uroce decode`).
+pub fn summarize(mad: &[u8]) -> String {
+    let m = match CmMad::parse(mad) {
+        Ok(m) => m,
+        Err(MadError::UnknownAttribute(id)) => {
+            return format!("CM {} (attribute {id:#06x}, not handled)", attr_name(id))
+        }
+        Err(e) => return format!("MAD: {e}"),
+    };
+    let ids = |l: u32, r: u32| format!("lcid={l:#010x} rcid={r:#010x}");
+    let body = match &m.msg {
+        CmMsg::Req(r) => {
+            let hdr = super::service::CmaHdr::parse(r.private_data.as_slice())
+                .map_or_else(|e| format!(" ({e})"), |h| format!(" ip {}:{} -> {}", h.src, h.src_port, h.dst));
+            format!(
+                "lcid={:#010x} sid={:#018x} guid={:#018x} qpn={:#08x} psn={:#08x} rr={} id={} retry={} rnr={} \
+                 mtu={} flow={:#07x} ack_timeout={}{hdr}",
+                r.local_comm_id,
+                r.service_id,
+                r.local_ca_guid,
+                r.local_qpn,
+                r.starting_psn,
+                r.responder_resources,
+                r.initiator_depth,
+                r.retry_count,
+                r.rnr_retry_count,
+                r.path_mtu,
+                r.primary.flow_label,
+                r.primary.local_ack_timeout
+            )
+        }
+        CmMsg::Rep(r) => format!(
+            "{} qpn={:#08x} psn={:#08x} rr={} id={} rnr={} tad={} guid={:#018x}",
+            ids(r.local_comm_id, r.remote_comm_id),
+            r.local_qpn,
+            r.starting_psn,
+            r.responder_resources,
+            r.initiator_depth,
+            r.rnr_retry_count,
+            r.target_ack_delay,
+            r.local_ca_guid
+        ),
+        CmMsg::Rtu(r) | CmMsg::Drep(r) => ids(r.local_comm_id, r.remote_comm_id),
+        CmMsg::Dreq(d) => format!("{} remote_qpn={:#08x}", ids(d.local_comm_id, d.remote_comm_id), d.remote_qpn),
+        CmMsg::Rej(r) => format!(
+            "{} reason={} msg={:?} ari_len={}",
+            ids(r.local_comm_id, r.remote_comm_id),
+            r.reason,
+            r.msg_rejected,
+            r.reject_info_len
+        ),
+        CmMsg::Mra(x) => format!(
+            "{} msg={:?} service_timeout={}",
+            ids(x.local_comm_id, x.remote_comm_id),
+            x.msg_mraed,
+            x.service_timeout
+        ),
+        CmMsg::SidrReq(x) => format!("req_id={:#010x} sid={:#018x}", x.request_id, x.service_id),
+        CmMsg::SidrRep(x) => {
+            format!("req_id={:#010x} status={} qpn={:#08x} qkey={:#010x}", x.request_id, x.status, x.qpn, x.qkey)
+        }
+    };
+    format!("CM {} tid={:#018x} {body}", m.msg.name(), m.tid)
+}
+
 /// The TransactionID Linux forms for a CM request sent by the agent
 /// `hi_tid`: the low word is the local comm ID's wire bytes read as a
 /// little-endian integer (`k/cm.c` `cm_form_tid` on x86).
