@@ -165,3 +165,61 @@ fn rejected_by_the_listener() {
         assert_eq!(e.errno.0, libc::ECONNREFUSED);
     });
 }
+
+/// Two devices that lose 10% and duplicate 5% of what they receive
+/// (`UROCE_FAULTS`): connections still establish, carry data and tear down
+/// every time, by MAD retransmission.
+#[test]
+fn lossy_devices_connect_and_disconnect_every_time() {
+    use std::net::{IpAddr, Ipv4Addr};
+    let open = |name: &str, last: u8, port: u16, seed: u32| {
+        let mut c = DeviceConfig::at(name, IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)), port);
+        c.faults = Some(format!("loss=0.1,dup=0.05,seed={seed}"));
+        Context::open(&c)
+    };
+    let mut pair = None;
+    for i in 0..50u16 {
+        let port = 40000 + (std::process::id() as u16 % 1000) * 8 + i % 8;
+        if let (Ok(a), Ok(b)) =
+            (open(&format!("cmf-a-{port}"), 1, port, 11), open(&format!("cmf-b-{port}"), 2, port, 12))
+        {
+            pair = Some((a, b));
+            break;
+        }
+    }
+    let (ca, cb) = pair.expect("a free port pair");
+    let (ea, eb) = (CmEndpoint::open(&ca).unwrap(), CmEndpoint::open(&cb).unwrap());
+    let (a, b) = (end(ca), end(cb));
+    let listen = eb.listen(PORT, 4).unwrap();
+    let dst = SocketAddr::new(b.ctx.local_addr().ip(), PORT);
+    let long = Duration::from_secs(90);
+    let rx = b.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+    let tx = a.pd.register(vec![7u8; 64], Access::empty()).unwrap();
+    for round in 0..6 {
+        let qa = a.pd.create_qp(&QpInitAttr::rc(&a.cq, &a.cq)).unwrap();
+        let qb = b.pd.create_qp(&QpInitAttr::rc(&b.cq, &b.cq)).unwrap();
+        CmEndpoint::init_qp(&qb).unwrap();
+        qb.post_recv(&RecvWr { wr_id: round, sg_list: uroce::sgl![rx.sge(0, 64)] }).unwrap();
+        let (conn_a, conn_b) = std::thread::scope(|s| {
+            let server = s.spawn(|| {
+                let req = eb.get_request(listen, long).unwrap();
+                eb.accept(&req, &qb, &ConnOptions::default(), long).unwrap()
+            });
+            let c = ea.connect(&qa, dst, &ConnOptions::default(), long).unwrap();
+            (c, server.join().unwrap())
+        });
+        let mut w = wr(round, WrOpcode::Send, tx.sge(0, 64));
+        w.flags = SendFlags::SIGNALED;
+        qa.post_send(&w).unwrap();
+        assert_eq!(a.cq.wait(1, long).unwrap()[0].status, WcStatus::Success, "round {round}");
+        assert_eq!(b.cq.wait(1, long).unwrap()[0].status, WcStatus::Success, "round {round}");
+        ea.disconnect(&conn_a, &qa).unwrap();
+        eb.wait_disconnected(&conn_b, long).unwrap();
+        eb.disconnect(&conn_b, &qb).unwrap();
+        eb.destroy(conn_b.id).unwrap();
+        assert_eq!(ea.wait_disconnected(&conn_a, long).unwrap(), 0, "round {round}");
+        ea.destroy(conn_a.id).unwrap();
+    }
+    let (sa, sb) = (ea.stats(), eb.stats());
+    assert!(sa.retransmits + sb.retransmits > 0 || sa.duplicates + sb.duplicates > 0, "{sa:?} {sb:?}");
+}
