@@ -223,3 +223,57 @@ fn lossy_devices_connect_and_disconnect_every_time() {
     let (sa, sb) = (ea.stats(), eb.stats());
     assert!(sa.retransmits + sb.retransmits > 0 || sa.duplicates + sb.duplicates > 0, "{sa:?} {sb:?}");
 }
+
+/// UD: the active side learns the listener's QP number and Q_Key by SIDR,
+/// then sends to it; a port nobody listens on is refused.
+#[test]
+fn sidr_resolves_a_ud_qp() {
+    let (ca, cb) = pair_with(None);
+    let (ea, eb) = (CmEndpoint::open(&ca).unwrap(), CmEndpoint::open(&cb).unwrap());
+    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    let (cqa, cqb) = (ca.create_cq(16, None).unwrap(), cb.create_cq(16, None).unwrap());
+    let qa = pa.create_qp(&QpInitAttr::ud(&cqa, &cqa)).unwrap();
+    let qb = pb.create_qp(&QpInitAttr::ud(&cqb, &cqb)).unwrap();
+    for q in [&qa, &qb] {
+        let mut a =
+            QpAttr { qp_state: QpState::Init, port_num: 1, qkey: uroce::cm::RDMA_UDP_QKEY, ..QpAttr::default() };
+        q.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY).unwrap();
+        a.qp_state = QpState::Rtr;
+        q.modify(&a, QpAttrMask::STATE).unwrap();
+        a.qp_state = QpState::Rts;
+        q.modify(&a, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
+    }
+    let listen = eb.listen_ud(7471, 0).unwrap();
+    let dst = SocketAddr::new(cb.local_addr().ip(), 7471);
+    let peer = std::thread::scope(|s| {
+        s.spawn(|| {
+            let req = eb.get_request(listen, T).unwrap();
+            assert_eq!(req.private_data.len(), 180);
+            assert_eq!(&req.private_data[..3], b"ud?");
+            eb.accept_ud(&req, &qb, b"ud!").unwrap();
+        });
+        ea.resolve_ud(dst, b"ud?", T).unwrap()
+    });
+    assert_eq!((peer.qpn, peer.qkey), (qb.qp_num(), uroce::cm::RDMA_UDP_QKEY));
+    assert_eq!(&peer.private_data[..3], b"ud!");
+    let rx = pb.register(vec![0u8; 40 + 64], Access::LOCAL_WRITE).unwrap();
+    qb.post_recv(&RecvWr { wr_id: 1, sg_list: uroce::sgl![rx.sge(0, 104)] }).unwrap();
+    let tx = pa.register(b"datagram".to_vec(), Access::empty()).unwrap();
+    let ah = pa
+        .create_ah(AddressVector {
+            dgid: cb.query_gid(0).unwrap(),
+            is_global: true,
+            hop_limit: 64,
+            port_num: 1,
+            ..Default::default()
+        })
+        .unwrap();
+    let mut w = wr(1, WrOpcode::Send, tx.sge(0, 8));
+    w.ud = Some(UdDest { av: ah.av, remote_qpn: peer.qpn, remote_qkey: peer.qkey });
+    qa.post_send(&w).unwrap();
+    assert_eq!(cqb.wait(1, T).unwrap()[0].status, WcStatus::Success);
+    assert_eq!(&rx.to_vec()[40..48], b"datagram");
+    // No UD listener on that port: SIDR_REP "unsupported" → refused.
+    let e = ea.resolve_ud(SocketAddr::new(cb.local_addr().ip(), 9), b"", T).unwrap_err();
+    assert_eq!(e.errno.0, libc::ECONNREFUSED);
+}

@@ -74,6 +74,17 @@ pub struct Request {
     pub remote: SocketAddr,
 }
 
+/// A UD peer resolved by SIDR: where to send and with which Q_Key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UdPeer {
+    pub id: ConnId,
+    pub addr: SocketAddr,
+    pub qpn: u32,
+    pub qkey: u32,
+    /// The SIDR_REP's private data (136 bytes).
+    pub private_data: Vec<u8>,
+}
+
 /// An established connection: its CM id and what was negotiated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Connection {
@@ -335,11 +346,20 @@ impl CmEndpoint {
         self.inner.lock().cm.listen(ListenParams { ps: PortSpace::Tcp, addr: None, port, backlog })
     }
 
-    /// Waits for a connection request on `listen`.
+    /// `rdma_listen` on `port` of RDMA_PS_UDP: answers SIDR requests.
+    pub fn listen_ud(&self, port: u16, backlog: u32) -> Result<ListenId> {
+        self.inner.lock().cm.listen(ListenParams { ps: PortSpace::Udp, addr: None, port, backlog })
+    }
+
+    /// Waits for a connection request on `listen` (RC, or UD: then
+    /// `param` is empty and the private data 180 bytes).
     pub fn get_request(&self, listen: ListenId, timeout: Duration) -> Result<Request> {
         let e =
             self.inner.wait_event(timeout, |e| e.kind == EventKind::ConnectRequest && e.listen_id == Some(listen))?;
-        let Param::Conn(param) = e.param else { return Err(Error::inval("cm: not an RC request")) };
+        let param = match e.param {
+            Param::Conn(p) => p,
+            _ => ConnParam::default(),
+        };
         let remote = self.inner.lock().cm.conn_info(e.id).map(|i| i.remote);
         let remote = remote.ok_or_else(|| errno(libc::ECONNABORTED, "cm: the request went away"))?;
         Ok(Request { id: e.id, listen_id: listen, param, private_data: e.private_data, remote })
@@ -375,6 +395,49 @@ impl CmEndpoint {
         }
         let e = self.inner.wait_event(timeout, |e| e.id == req.id && e.kind != EventKind::ConnectRequest)?;
         self.result(req.id, e, Vec::new())
+    }
+
+    /// `rdma_accept` of a UD request: tells the peer `qp`'s number and
+    /// the rdma_cm Q_Key (0x01234567, which `qp` must have).
+    pub fn accept_ud(&self, req: &Request, qp: &QueuePair, private_data: &[u8]) -> Result<()> {
+        if qp.qp_type() != QpType::Ud {
+            return Err(Error::inval("rdma_accept: a UD request needs a UD QP"));
+        }
+        let p = AcceptParams {
+            qpn: qp.qp_num(),
+            qkey: super::RDMA_UDP_QKEY,
+            private_data: private_data.to_vec(),
+            ..AcceptParams::default()
+        };
+        let mut st = self.inner.lock();
+        st.cm.accept(Instant::now(), req.id, p)?;
+        st.cm.destroy(Instant::now(), req.id)
+    }
+
+    /// `rdma_resolve_addr` + `rdma_connect` of a UD id (RDMA_PS_UDP): asks
+    /// the listener at `dst` for its QP by SIDR.
+    pub fn resolve_ud(&self, dst: SocketAddr, private_data: &[u8], timeout: Duration) -> Result<UdPeer> {
+        let id = {
+            let mut st = self.inner.lock();
+            st.next_port = if st.next_port >= 60999 { 32768 } else { st.next_port + 1 };
+            let p = super::agent::SidrParams {
+                ps: PortSpace::Udp,
+                src_port: st.next_port,
+                dst,
+                private_data: private_data.to_vec(),
+            };
+            st.cm.sidr_resolve(Instant::now(), p)?
+        };
+        let e = self.inner.wait_event(timeout, |e| e.id == id);
+        let _ = self.inner.lock().cm.destroy(Instant::now(), id);
+        let e = e?;
+        match (e.kind, e.param) {
+            (EventKind::Established, Param::Ud(u)) => {
+                Ok(UdPeer { id, addr: dst, qpn: u.qp_num, qkey: u.qkey, private_data: e.private_data })
+            }
+            (EventKind::Unreachable, _) if e.status < 0 => Err(errno(-e.status, "cm: the peer did not answer")),
+            _ => Err(errno(libc::ECONNREFUSED, "cm: the peer refused the UD request")),
+        }
     }
 
     /// `rdma_reject` with private data.

@@ -24,7 +24,7 @@ pub use agent::{
     REQ_USER_PRIVATE, SIDR_REQ_USER_PRIVATE,
 };
 pub use conn::{ConnInfo, Role};
-pub use endpoint::{CmEndpoint, ConnOptions, Connection, Request};
+pub use endpoint::{CmEndpoint, ConnOptions, Connection, Request, UdPeer};
 pub use event::{CmEvent, ConnId, ConnParam, EventKind, ListenId, Param, UdParam};
 pub use mad::{CmMad, CmMsg, MadError, MadView};
 pub use service::{CmaHdr, PortSpace};
