@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use uroce::cm::{CmEndpoint, ConnOptions, EventKind};
 use uroce::verbs::*;
+use uroce::wire::pcap::{extract_roce, PcapReader};
 
 const PORT: u16 = 7174;
 
@@ -82,7 +83,6 @@ fn connect_send_disconnect(capture: Option<std::path::PathBuf>) {
 fn own_cm_packets_look_like_rxe() {
     use uroce::cm::mad::{CmMad, CmMsg};
     use uroce::cm::{service, CmaHdr};
-    use uroce::wire::pcap::{extract_roce, PcapReader};
     use uroce::wire::{icrc, Packet};
     let dir = std::env::temp_dir().join(format!("uroce-cm-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -121,7 +121,40 @@ fn own_cm_packets_look_like_rxe() {
         names.push(m.msg.name());
     }
     assert_eq!(names, ["REQ", "REP", "RTU", "DREQ", "DREP"]);
+    tshark_sees_clean_cm_mads(&path, &names);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// tshark decodes each CM packet as a CM MAD with no expert info and
+/// nothing malformed.
+fn tshark_sees_clean_cm_mads(path: &std::path::Path, names: &[&str]) {
+    if std::process::Command::new("tshark").arg("-v").output().is_err() {
+        println!("SKIP tshark check of uroce's CM packets: tshark is not installed");
+        return;
+    }
+    let first = PcapReader::new(std::fs::File::open(path).unwrap()).unwrap().next().unwrap().unwrap();
+    let port = ip_port(&first.data);
+    let out = std::process::Command::new("tshark")
+        .arg("-r")
+        .arg(path)
+        .args(["-d", &format!("udp.port=={port},infiniband"), "--disable-protocol", "rpcordma"])
+        .args(["-Y", "infiniband.mad", "-T", "fields", "-E", "separator=;"])
+        .args(["-e", "infiniband.mad.attributeid", "-e", "_ws.expert", "-e", "_ws.malformed"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    let ids: Vec<&str> = names
+        .iter()
+        .map(|n| match *n {
+            "REQ" => "0x0010;;",
+            "REP" => "0x0013;;",
+            "RTU" => "0x0014;;",
+            "DREQ" => "0x0015;;",
+            _ => "0x0016;;",
+        })
+        .collect();
+    assert_eq!(lines, ids, "tshark: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// The UDP destination port of a captured IPv4 frame (the test devices use
