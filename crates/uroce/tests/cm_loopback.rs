@@ -310,3 +310,29 @@ fn sidr_resolves_a_ud_qp() {
     let e = ea.resolve_ud(SocketAddr::new(cb.local_addr().ip(), 9), b"", T).unwrap_err();
     assert_eq!(e.errno.0, libc::ECONNREFUSED);
 }
+
+/// The server's CM goes away with a connection established (as its process
+/// exiting closes it): the client hears a DREQ and reports DISCONNECTED;
+/// a later connect to that device is refused by the device itself.
+#[test]
+fn server_endpoint_gone_disconnects_the_client() {
+    let (ca, cb) = pair_with(None);
+    let (ea, eb) = (CmEndpoint::open(&ca).unwrap(), CmEndpoint::open(&cb).unwrap());
+    let (a, b) = (end(ca), end(cb));
+    let listen = eb.listen(PORT, 1).unwrap();
+    let dst = SocketAddr::new(b.ctx.local_addr().ip(), PORT);
+    let conn = std::thread::scope(|s| {
+        s.spawn(|| {
+            let req = eb.get_request(listen, T).unwrap();
+            eb.accept(&req, &b.qp, &ConnOptions::default(), T).unwrap();
+        });
+        ea.connect(&a.qp, dst, &ConnOptions::default(), T).unwrap()
+    });
+    drop(eb);
+    assert_eq!(ea.wait_disconnected(&conn, T).unwrap(), 0);
+    ea.disconnect(&conn, &a.qp).unwrap();
+    ea.destroy(conn.id).unwrap();
+    let qp2 = a.pd.create_qp(&QpInitAttr::rc(&a.cq, &a.cq)).unwrap();
+    let e = ea.connect(&qp2, dst, &ConnOptions::default(), T).unwrap_err();
+    assert_eq!(e.errno.0, libc::ECONNREFUSED);
+}

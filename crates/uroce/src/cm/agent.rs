@@ -597,6 +597,18 @@ impl Cm {
         Ok(())
     }
 
+    /// Destroys every id the user still holds, as closing the kernel's
+    /// rdma_cm file does when a process exits: each sends what its state
+    /// needs (a DREQ for an established connection, a REJ for a pending one).
+    pub fn destroy_all(&mut self, now: Instant) {
+        let mut live: Vec<u32> = self.conns.iter().filter(|(_, c)| !c.destroyed).map(|(&id, _)| id).collect();
+        live.sort_unstable();
+        for id in live {
+            let _ = self.destroy(now, ConnId(id));
+        }
+        self.listeners.clear();
+    }
+
     /// SIDR for a UD id: sends a SIDR_REQ, every 4096 ms up to 15 times.
     pub fn sidr_resolve(&mut self, now: Instant, p: SidrParams) -> Result<ConnId, Error> {
         if p.private_data.len() > SIDR_REQ_USER_PRIVATE {

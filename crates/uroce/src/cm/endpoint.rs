@@ -553,8 +553,10 @@ impl Drop for CmEndpoint {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        // Last words (a DREQ or REJ of a destroy) leave before QP 1 goes.
+        // As a process exit closes the kernel's rdma_cm file: every id is
+        // destroyed, and its last words (a DREQ, a REJ) leave before QP 1 goes.
         let mut st = self.inner.lock();
+        st.cm.destroy_all(Instant::now());
         self.inner.pump(&mut st);
     }
 }

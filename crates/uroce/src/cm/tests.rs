@@ -418,6 +418,25 @@ fn lost_dreq_retransmits_and_lost_drep_is_resent_from_timewait() {
 }
 
 #[test]
+fn destroy_all_sends_a_dreq_per_connection_and_a_rej_per_request() {
+    let mut n = Net::new();
+    let (_a, _b) = connected(&mut n);
+    n.a.connect(n.now, connect_params(0x12, b"")).unwrap();
+    n.run();
+    assert_eq!(events(&mut n.b).len(), 1);
+    n.b.destroy_all(n.now);
+    let mut names = n.names();
+    names.sort();
+    assert_eq!(names, ["DREQ", "REJ"]);
+    n.run();
+    let mut k = kinds(&mut n.a);
+    k.sort_by_key(|e| e.0 as u32);
+    assert_eq!(k, [(EventKind::Rejected, 28), (EventKind::Disconnected, 0)]);
+    n.advance(Duration::from_secs(1));
+    assert_eq!(n.b.records(), 0);
+}
+
+#[test]
 fn dreq_retries_exhausted_is_disconnected_etimedout() {
     let mut n = Net::new();
     let (a, _b) = connected(&mut n);
