@@ -756,3 +756,33 @@ mod fuzz {
         }
     }
 }
+
+#[test]
+fn ipv6_connection_carries_ipv6_header_and_gids() {
+    let (ia, ib): (IpAddr, IpAddr) = ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap());
+    let mut a = Cm::new(CmConfig::new(ia, A_GUID, 3));
+    let mut b = Cm::new(CmConfig::new(ib, B_GUID, 4));
+    let now = Instant::now();
+    b.listen(ListenParams { ps: PortSpace::Tcp, addr: Some(ib), port: PORT, backlog: 0 }).unwrap();
+    let mut p = connect_params(0x11, b"v6");
+    p.dst = SocketAddr::new(ib, PORT);
+    // An IPv4 destination from an IPv6 device is refused.
+    assert!(a.connect(now, connect_params(0x11, b"")).is_err());
+    let id = a.connect(now, p).unwrap();
+    let req = a.poll_transmit().unwrap();
+    assert_eq!(req.dst, ib);
+    let m = CmMad::parse(&req.mad).unwrap();
+    let CmMsg::Req(r) = &m.msg else { panic!() };
+    assert_eq!((r.primary.local_gid, r.primary.remote_gid), (service::ip_to_gid(ia), service::ip_to_gid(ib)));
+    assert_eq!(req.mad[165], 0x60);
+    assert_eq!(&req.mad[168..184], &service::ip_to_gid(ia));
+    b.handle_mad(now, ia, &req.mad);
+    let e = b.poll_event().unwrap();
+    assert_eq!(e.kind, EventKind::ConnectRequest);
+    assert_eq!(b.conn_info(e.id).unwrap().remote, SocketAddr::new(ia, 48489));
+    b.accept(now, e.id, accept_params(0x22)).unwrap();
+    let rep = b.poll_transmit().unwrap();
+    assert_eq!(rep.dst, ia);
+    a.handle_mad(now, ib, &rep.mad);
+    assert_eq!(a.poll_event().map(|e| (e.id, e.kind)), Some((id, EventKind::ConnectResponse)));
+}
