@@ -1,9 +1,11 @@
 //! The CM agent on a device: a client of the device like any application.
 //! [`CmEndpoint::open`] creates the device's GSI QP (QP 1, UD, Q_Key
 //! 0x80010000), keeps receives posted on it, and runs the sans-IO agent
-//! ([`super::Cm`]) from a small thread: MADs from QP 1's completions in,
-//! MADs out as inline UD sends to QP 1 of the peer (BTH + DETH + ICRC built
-//! by the same engine as every packet), timers every millisecond.
+//! ([`super::Cm`]): MADs from QP 1's completions in, MADs out as inline UD
+//! sends to QP 1 of the peer (BTH + DETH + ICRC built by the same engine as
+//! every packet). A small thread sleeps on QP 1's completion channel until
+//! a MAD arrives or the agent's next deadline; user calls send what they
+//! cause at once.
 //!
 //! On top sits the blocking Rust API: `listen` / `get_request` / `accept`
 //! on the passive side, `connect` on the active side, each returning once
@@ -22,7 +24,9 @@ use super::service::PortSpace;
 use super::{GSI_QKEY, GSI_QPN};
 use crate::ib::{Access, Errno, Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result, WcOpcode, WcStatus};
 use crate::proto::wr::{AddressVector, QpAttr, QpCap, RecvWr, SendWr, UdDest, WrOpcode};
-use crate::verbs::{CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpInitAttr, QueuePair};
+use crate::verbs::{
+    CompletionChannel, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpInitAttr, QueuePair,
+};
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,8 +38,8 @@ use std::time::{Duration, Instant};
 const RECV_DEPTH: usize = 64;
 /// One receive: the 40-byte GRH area, then the MAD.
 const SLOT: usize = 40 + MAD_LEN;
-/// How often the agent's thread looks at QP 1 and the timers.
-const TICK: Duration = Duration::from_millis(1);
+/// Longest sleep of the agent's thread (it also wakes for MADs and timers).
+const MAX_SLEEP: Duration = Duration::from_millis(20);
 
 /// What a side asks of a connection (`struct rdma_conn_param`); the
 /// default is rping's (1, 1, 7, 7, no private data).
@@ -105,6 +109,7 @@ struct Inner {
     qp: QueuePair,
     recv: MemoryRegion,
     cq: CompletionQueue,
+    chan: CompletionChannel,
     _pd: ProtectionDomain,
     ctx: Context,
     st: Mutex<State>,
@@ -198,6 +203,32 @@ impl Inner {
         any
     }
 
+    /// A pass after a user call: what it caused leaves now.
+    fn kick(&self, st: &mut State) {
+        if self.pump(st) {
+            self.cond.notify_all();
+        }
+    }
+
+    /// The agent's thread: a pass, then sleep until a MAD arrives on QP 1
+    /// (its CQ armed, and polled once more to close the race), the next
+    /// deadline, or `MAX_SLEEP` (to notice `stop`).
+    fn run(&self) {
+        while !self.stop.load(Ordering::Relaxed) {
+            let next = {
+                let mut st = self.lock();
+                self.kick(&mut st);
+                let _ = self.cq.req_notify(false);
+                self.kick(&mut st);
+                st.cm.poll_timeout()
+            };
+            let sleep = next.map_or(MAX_SLEEP, |t| t.saturating_duration_since(Instant::now())).min(MAX_SLEEP);
+            if !sleep.is_zero() {
+                let _ = self.chan.wait(sleep);
+            }
+        }
+    }
+
     /// Waits for the first queued event `pick` takes.
     fn wait_event(&self, timeout: Duration, mut pick: impl FnMut(&CmEvent) -> bool) -> Result<CmEvent> {
         let deadline = Instant::now() + timeout;
@@ -264,7 +295,8 @@ impl CmEndpoint {
     /// EBUSY if the device already has one.
     pub fn open(ctx: &Context) -> Result<CmEndpoint> {
         let pd = ctx.alloc_pd()?;
-        let cq = ctx.create_cq(2 * RECV_DEPTH as u32 + 64, None)?;
+        let chan = ctx.create_comp_channel()?;
+        let cq = ctx.create_cq(2 * RECV_DEPTH as u32 + 64, Some(&chan))?;
         let attr = QpInitAttr {
             cap: QpCap {
                 max_send_wr: 256,
@@ -295,6 +327,7 @@ impl CmEndpoint {
             qp,
             recv,
             cq,
+            chan,
             _pd: pd,
             ctx: ctx.clone(),
             st: Mutex::new(State { cm: Cm::new(cfg), events: VecDeque::new(), next_port }),
@@ -307,18 +340,7 @@ impl CmEndpoint {
         let t = inner.clone();
         let thread = std::thread::Builder::new()
             .name("uroce-cm".into())
-            .spawn(move || {
-                while !t.stop.load(Ordering::Relaxed) {
-                    let added = {
-                        let mut st = t.lock();
-                        t.pump(&mut st)
-                    };
-                    if added {
-                        t.cond.notify_all();
-                    }
-                    std::thread::sleep(TICK);
-                }
-            })
+            .spawn(move || t.run())
             .map_err(|e| errno(e.raw_os_error().unwrap_or(libc::EAGAIN), "cm: cannot start its thread"))?;
         Ok(CmEndpoint { inner, thread: Some(thread) })
     }
@@ -392,6 +414,7 @@ impl CmEndpoint {
                 private_data: opts.private_data.clone(),
             };
             st.cm.accept(Instant::now(), req.id, p)?;
+            self.inner.kick(&mut st);
         }
         let e = self.inner.wait_event(timeout, |e| e.id == req.id && e.kind != EventKind::ConnectRequest)?;
         self.result(req.id, e, Vec::new())
@@ -411,7 +434,9 @@ impl CmEndpoint {
         };
         let mut st = self.inner.lock();
         st.cm.accept(Instant::now(), req.id, p)?;
-        st.cm.destroy(Instant::now(), req.id)
+        st.cm.destroy(Instant::now(), req.id)?;
+        self.inner.kick(&mut st);
+        Ok(())
     }
 
     /// `rdma_resolve_addr` + `rdma_connect` of a UD id (RDMA_PS_UDP): asks
@@ -426,7 +451,9 @@ impl CmEndpoint {
                 dst,
                 private_data: private_data.to_vec(),
             };
-            st.cm.sidr_resolve(Instant::now(), p)?
+            let id = st.cm.sidr_resolve(Instant::now(), p)?;
+            self.inner.kick(&mut st);
+            id
         };
         let e = self.inner.wait_event(timeout, |e| e.id == id);
         let _ = self.inner.lock().cm.destroy(Instant::now(), id);
@@ -442,7 +469,10 @@ impl CmEndpoint {
 
     /// `rdma_reject` with private data.
     pub fn reject(&self, req: &Request, private_data: &[u8]) -> Result<()> {
-        self.inner.lock().cm.reject(Instant::now(), req.id, rej_reason::CONSUMER_DEFINED, private_data)
+        let mut st = self.inner.lock();
+        st.cm.reject(Instant::now(), req.id, rej_reason::CONSUMER_DEFINED, private_data)?;
+        self.inner.kick(&mut st);
+        Ok(())
     }
 
     /// `rdma_connect` from an ephemeral port to `dst` (RDMA_PS_TCP): sends
@@ -477,7 +507,9 @@ impl CmEndpoint {
                 traffic_class: 0,
                 private_data: opts.private_data.clone(),
             };
-            st.cm.connect(Instant::now(), p)?
+            let id = st.cm.connect(Instant::now(), p)?;
+            self.inner.kick(&mut st);
+            id
         };
         let e = match self.inner.wait_event(timeout, |e| e.id == id) {
             Ok(e) => e,
@@ -500,6 +532,7 @@ impl CmEndpoint {
             return Err(err);
         }
         st.cm.establish(Instant::now(), id)?;
+        self.inner.kick(&mut st);
         Ok(Connection { id, info, private_data: e.private_data })
     }
 
@@ -525,7 +558,10 @@ impl CmEndpoint {
     pub fn disconnect(&self, conn: &Connection, qp: &QueuePair) -> Result<()> {
         let a = QpAttr { qp_state: QpState::Err, ..QpAttr::default() };
         qp.modify(&a, QpAttrMask::STATE)?;
-        self.inner.lock().cm.disconnect(Instant::now(), conn.id)
+        let mut st = self.inner.lock();
+        st.cm.disconnect(Instant::now(), conn.id)?;
+        self.inner.kick(&mut st);
+        Ok(())
     }
 
     /// Waits for the peer's disconnect (DISCONNECTED) of `conn`.
@@ -543,7 +579,9 @@ impl CmEndpoint {
     pub fn destroy(&self, id: ConnId) -> Result<()> {
         let mut st = self.inner.lock();
         st.events.retain(|e| e.id != id);
-        st.cm.destroy(Instant::now(), id)
+        st.cm.destroy(Instant::now(), id)?;
+        self.inner.kick(&mut st);
+        Ok(())
     }
 }
 
