@@ -336,3 +336,29 @@ fn server_endpoint_gone_disconnects_the_client() {
     let e = ea.connect(&qp2, dst, &ConnOptions::default(), T).unwrap_err();
     assert_eq!(e.errno.0, libc::ECONNREFUSED);
 }
+
+/// A UC QP pair connects the same way (REQ Transport Service Type 1).
+#[test]
+fn uc_connects_too() {
+    let (ca, cb) = pair_with(None);
+    let (ea, eb) = (CmEndpoint::open(&ca).unwrap(), CmEndpoint::open(&cb).unwrap());
+    let (a, b) = (end(ca), end(cb));
+    let uc = |e: &End| e.pd.create_qp(&QpInitAttr { qp_type: QpType::Uc, ..QpInitAttr::rc(&e.cq, &e.cq) }).unwrap();
+    let (qa, qb) = (uc(&a), uc(&b));
+    let listen = eb.listen(PORT, 1).unwrap();
+    let dst = SocketAddr::new(b.ctx.local_addr().ip(), PORT);
+    CmEndpoint::init_qp(&qb).unwrap();
+    let rx = b.pd.register(vec![0u8; 16], Access::LOCAL_WRITE).unwrap();
+    qb.post_recv(&RecvWr { wr_id: 1, sg_list: uroce::sgl![rx.sge(0, 16)] }).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let req = eb.get_request(listen, T).unwrap();
+            eb.accept(&req, &qb, &ConnOptions::default(), T).unwrap();
+        });
+        ea.connect(&qa, dst, &ConnOptions::default(), T).unwrap();
+    });
+    let tx = a.pd.register(b"uc".to_vec(), Access::empty()).unwrap();
+    qa.post_send(&wr(1, WrOpcode::Send, tx.sge(0, 2))).unwrap();
+    assert_eq!(b.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);
+    assert_eq!(&rx.to_vec()[..2], b"uc");
+}
