@@ -25,6 +25,7 @@ macro_rules! sgl {
     }};
 }
 
+pub mod cm;
 pub mod config;
 pub mod ib;
 pub mod io;

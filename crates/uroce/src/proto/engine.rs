@@ -110,6 +110,9 @@ pub struct Engine {
     /// packet once the pool is warm).
     spare: Vec<Vec<u8>>,
     xrc_srqs: XrcSrqs,
+    /// CM answers of a device with no QP 1 (`cm::gsi`), and their PSNs.
+    gsi_out: VecDeque<Transmit>,
+    gsi_psn: u32,
 }
 
 /// Most packet buffers kept for reuse: a full send window of MTU packets.
@@ -138,6 +141,8 @@ impl Engine {
             last_drop_log: None,
             spare: Vec::new(),
             xrc_srqs: XrcSrqs::default(),
+            gsi_out: VecDeque::new(),
+            gsi_psn: 0,
         }
     }
 
@@ -224,6 +229,20 @@ impl Engine {
 
     pub fn create_qp(&mut self, init: QpInit) -> Result<u32> {
         self.insert_qp(|qpn| Qp::new(qpn, init))
+    }
+
+    /// The GSI QP (QP 1, a UD QP) of the device's CM agent: the one QP
+    /// number no `create_qp` hands out. EBUSY if it exists.
+    pub fn create_gsi_qp(&mut self, init: QpInit) -> Result<u32> {
+        let qpn = crate::cm::GSI_QPN;
+        if init.qp_type != QpType::Ud {
+            return Err(Error::inval("create_gsi_qp: QP 1 is a UD QP"));
+        }
+        if self.qps.contains_key(&qpn) {
+            return Err(Error::new(crate::ib::Errno::EBUSY, "create_gsi_qp: QP 1 exists"));
+        }
+        self.qps.insert(qpn, Qp::new(qpn, init)?);
+        Ok(qpn)
     }
 
     /// An XRC_RECV QP of XRC domain `xrcd`: its receives come from the
@@ -341,6 +360,8 @@ impl Engine {
                 // An ACK or response that reaches a requester after its QP
                 // was destroyed: routine at teardown (counted, not a warning).
                 tracing::debug!(%src, qpn = bth.dest_qp, "dropped a response for a QP that no longer exists");
+            } else if bth.dest_qp == crate::cm::GSI_QPN {
+                self.answer_without_cm(src, dst, pkt, data, max_ipv4_id);
             } else {
                 self.log_drop(now, src, "no such QP");
             }
@@ -407,6 +428,33 @@ impl Engine {
         });
     }
 
+    /// A CM MAD to a device whose process runs no CM (no QP 1): answered
+    /// as the kernel answers for an agent without state (`cm::gsi`).
+    fn answer_without_cm(&mut self, src: SocketAddr, dst: IpAddr, pkt: &Packet, data: &[u8], max_ipv4_id: u16) {
+        let ip = IpInfo { src: src.ip(), dst, sport: src.port(), dport: self.cfg.port, ipv4_id: 0 };
+        let deth_ok = pkt.headers.deth.is_some_and(|d| d.qkey == crate::cm::GSI_QKEY);
+        if pkt.headers.bth.opcode != wire::Opcode::UD_SEND_ONLY || !deth_ok {
+            return;
+        }
+        let icrc_ok = icrc::find_ipv4_id(&ip, data, max_ipv4_id).is_some()
+            || (self.cfg.ipv4_any_id && src.is_ipv4() && icrc::solve_ipv4_id(&ip, data).is_some());
+        let Some(answer) = crate::cm::gsi::answer_unhandled(pkt.payload).filter(|_| icrc_ok) else { return };
+        let h = crate::cm::gsi::mad_headers(self.gsi_psn);
+        self.gsi_psn = (self.gsi_psn + 1) & 0xFF_FFFF;
+        let out = IpInfo { src: self.cfg.addr, dst: src.ip(), sport: self.cfg.port, dport: self.cfg.port, ipv4_id: 0 };
+        let mut buf = vec![0u8; wire::packet_len(h.header_len(), crate::cm::mad::MAD_LEN)];
+        if let Ok(n) = wire::build_packet(&h, &answer.to_bytes(), &out, &mut buf) {
+            buf.truncate(n);
+            self.stats.tx_packets += 1;
+            self.stats.tx_bytes += n as u64;
+            self.gsi_out.push_back(Transmit {
+                dst: SocketAddr::new(src.ip(), self.cfg.port),
+                data: buf,
+                in_place: None,
+            });
+        }
+    }
+
     /// A warning for a dropped packet, at most one per second (the counters
     /// have them all).
     fn log_drop(&mut self, now: Instant, src: SocketAddr, reason: &str) {
@@ -419,6 +467,9 @@ impl Engine {
     /// The next packet to send, round-robin over queue pairs; responses of a
     /// QP go before its requests.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        if let Some(t) = self.gsi_out.pop_front() {
+            return Some(t);
+        }
         while let Some(qpn) = self.active.pop_front() {
             let Some(qp) = self.qps.get_mut(&qpn) else { continue };
             qp.queued = false;
@@ -446,7 +497,7 @@ impl Engine {
 
     /// Whether some QP may have a packet to send.
     pub fn has_transmit(&self) -> bool {
-        !self.active.is_empty()
+        !self.active.is_empty() || !self.gsi_out.is_empty()
     }
 
     /// The earliest timer deadline, if any.

@@ -161,7 +161,9 @@ impl Qp {
         let ud = self.qp_type == QpType::Ud;
         let opcode = self.wire_opcode(request_opcode(op, first, last, ud));
 
-        let mut ack_req = false;
+        // rxe sets AckReq on the last packet of every message, UC and UD
+        // included (their receivers ignore it; CM MADs to QP 1 carry it).
+        let mut ack_req = last;
         if self.qp_type.is_reliable() {
             self.req.noack += 1;
             if last || self.req.noack > MAX_PKT_PER_ACK {

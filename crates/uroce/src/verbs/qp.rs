@@ -85,6 +85,12 @@ impl ProtectionDomain {
         QueuePair::new(self, attr)
     }
 
+    /// The device's GSI QP (QP 1, UD), for its CM agent ([`crate::cm::CmEndpoint`]).
+    /// EBUSY if it exists.
+    pub fn create_gsi_qp(&self, attr: &QpInitAttr) -> Result<QueuePair> {
+        QueuePair::new_in(self, attr, true)
+    }
+
     /// `ibv_create_srq`.
     pub fn create_srq(&self, max_wr: u32, max_sge: u32, limit: u32) -> Result<SharedReceiveQueue> {
         SharedReceiveQueue::new(self, max_wr, max_sge, limit)
@@ -93,6 +99,10 @@ impl ProtectionDomain {
 
 impl QueuePair {
     fn new(pd: &ProtectionDomain, a: &QpInitAttr) -> Result<QueuePair> {
+        Self::new_in(pd, a, false)
+    }
+
+    fn new_in(pd: &ProtectionDomain, a: &QpInitAttr, gsi: bool) -> Result<QueuePair> {
         let init = QpInit {
             qp_type: a.qp_type,
             pd: pd.handle(),
@@ -107,7 +117,7 @@ impl QueuePair {
         // What the QP keeps of the attributes (an XRC_SEND QP has no receive side).
         let (qpn, cap, recv_cq, srq) = {
             let mut e = pd.inner.ctx.dev.rt.engine();
-            let qpn = e.create_qp(init)?;
+            let qpn = if gsi { e.create_gsi_qp(init)? } else { e.create_qp(init)? };
             let q = e.qp(qpn).expect("just created");
             (qpn, q.cap, q.recv_cq.clone(), q.srq.clone())
         };

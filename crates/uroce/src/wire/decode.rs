@@ -59,7 +59,12 @@ pub fn describe(p: &Packet) -> String {
     if let Some(v) = h.ieth {
         s += &format!(" | IETH rkey={v:#010x}");
     }
-    s + &format!(" | payload={}", p.payload.len())
+    s += &format!(" | payload={}", p.payload.len());
+    // A MAD to the GSI QP: the CM message by name.
+    if h.deth.is_some_and(|d| d.qkey == crate::cm::GSI_QKEY) && b.dest_qp == crate::cm::GSI_QPN {
+        s += &format!(" | {}", crate::cm::mad::summarize(p.payload));
+    }
+    s
 }
 
 /// Decodes every RoCE packet (UDP to `port`) of a pcap stream into `out`.
@@ -114,4 +119,25 @@ fn hex(b: &[u8]) -> String {
 /// The IP facts of a packet, for callers that decode single packets.
 pub fn ip_of(ip: &IpInfo) -> String {
     format!("{}:{} -> {}:{}", ip.src, ip.sport, ip.dst, ip.dport)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cm_mads_are_named_with_their_fields() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/rxe/rping.pcap");
+        let mut out = Vec::new();
+        let s = super::decode_pcap(std::fs::File::open(path).unwrap(), 4791, &mut out).unwrap();
+        assert_eq!((s.roce, s.icrc_ok), (65, 65));
+        let out = String::from_utf8(out).unwrap();
+        let cm: Vec<&str> = out.lines().filter(|l| l.contains("| CM ")).collect();
+        assert_eq!(cm.len(), 5);
+        assert!(cm[0].contains("CM REQ tid=0x000000026dc5c06e lcid=0x6ec0c56d sid=0x0000000001061c06"), "{}", cm[0]);
+        assert!(cm[0].contains("qpn=0x00002c psn=0x003da6 rr=1 id=1 retry=7 rnr=7 mtu=3 flow=0x70bbd"), "{}", cm[0]);
+        assert!(cm[0].contains("ip 10.1.16.62:48489 -> 10.1.16.61"), "{}", cm[0]);
+        assert!(cm[1].contains("CM REP") && cm[1].contains("qpn=0x00002b psn=0xfebd3d"), "{}", cm[1]);
+        assert!(cm[2].contains("CM RTU tid=0x000000026dc5c06e lcid=0x6ec0c56d rcid=0x9d88f456"), "{}", cm[2]);
+        assert!(cm[3].contains("CM DREQ") && cm[3].contains("remote_qpn=0x00002b"), "{}", cm[3]);
+        assert!(cm[4].contains("CM DREP"), "{}", cm[4]);
+    }
 }

@@ -1,0 +1,606 @@
+//! The CM agent on a device: a client of the device like any application.
+//! [`CmEndpoint::open`] creates the device's GSI QP (QP 1, UD, Q_Key
+//! 0x80010000), keeps receives posted on it, and runs the sans-IO agent
+//! ([`super::Cm`]): MADs from QP 1's completions in, MADs out as inline UD
+//! sends to QP 1 of the peer (BTH + DETH + ICRC built by the same engine as
+//! every packet). A small thread sleeps on QP 1's completion channel until
+//! a MAD arrives or the agent's next deadline; user calls send what they
+//! cause at once.
+//!
+//! On top sits the blocking Rust API: `listen` / `get_request` / `accept`
+//! on the passive side, `connect` on the active side, each returning once
+//! the caller's RC QP has been moved through INIT, RTR and RTS with the
+//! values the CM negotiated (as the kernel hands them to librdmacm:
+//! `shared/spec/cm.md` §4.6), then `disconnect`.
+//!
+//! Lock order: the endpoint's state lock, then the device engine's lock
+//! (taken inside the verbs calls); the device never calls back into here.
+
+use super::agent::{AcceptParams, Cm, CmConfig, CmStats, ConnectParams, ListenParams};
+use super::conn::ConnInfo;
+use super::event::{CmEvent, ConnId, ConnParam, EventKind, ListenId, Param};
+use super::mad::{rej_reason, TransportType, MAD_LEN};
+use super::service::PortSpace;
+use super::{GSI_QKEY, GSI_QPN};
+use crate::ib::{Access, Errno, Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result, WcOpcode, WcStatus};
+use crate::proto::wr::{AddressVector, QpAttr, QpCap, RecvWr, SendWr, UdDest, WrOpcode};
+use crate::verbs::{
+    CompletionChannel, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpInitAttr, QueuePair,
+};
+use std::collections::VecDeque;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Receives kept posted on QP 1.
+const RECV_DEPTH: usize = 64;
+/// One receive: the 40-byte GRH area, then the MAD.
+const SLOT: usize = 40 + MAD_LEN;
+/// Longest sleep of the agent's thread (it also wakes for MADs and timers).
+const MAX_SLEEP: Duration = Duration::from_millis(20);
+
+/// What a side asks of a connection (`struct rdma_conn_param`); the
+/// default is rping's (1, 1, 7, 7, no private data).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnOptions {
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub private_data: Vec<u8>,
+}
+
+impl Default for ConnOptions {
+    fn default() -> Self {
+        ConnOptions {
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            private_data: Vec::new(),
+        }
+    }
+}
+
+/// A connection request a listener received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub id: ConnId,
+    pub listen_id: ListenId,
+    /// The active side's values, turned around (`responder_resources` is
+    /// what the active side's initiator depth allows here).
+    pub param: ConnParam,
+    /// The active's user private data (56 bytes, zero-filled).
+    pub private_data: Vec<u8>,
+    /// The active side's address and port.
+    pub remote: SocketAddr,
+}
+
+/// A UD peer resolved by SIDR: where to send and with which Q_Key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UdPeer {
+    pub id: ConnId,
+    pub addr: SocketAddr,
+    pub qpn: u32,
+    pub qkey: u32,
+    /// The SIDR_REP's private data (136 bytes).
+    pub private_data: Vec<u8>,
+}
+
+/// An established connection: its CM id and what was negotiated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connection {
+    pub id: ConnId,
+    pub info: ConnInfo,
+    /// The peer's private data (the REP's 196 bytes on the active side).
+    pub private_data: Vec<u8>,
+}
+
+struct State {
+    cm: Cm,
+    events: VecDeque<CmEvent>,
+    next_port: u16,
+}
+
+struct Inner {
+    // Dropped first: the QP before the memory and queues it uses.
+    qp: QueuePair,
+    recv: MemoryRegion,
+    cq: CompletionQueue,
+    chan: CompletionChannel,
+    _pd: ProtectionDomain,
+    ctx: Context,
+    st: Mutex<State>,
+    cond: Condvar,
+    stop: AtomicBool,
+}
+
+/// The CM agent of one device.
+pub struct CmEndpoint {
+    inner: Arc<Inner>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn errno(e: i32, what: &'static str) -> Error {
+    Error::new(Errno(e), what)
+}
+
+/// The source address a received UD message's GRH area carries.
+fn grh_source(g: &[u8]) -> Option<IpAddr> {
+    if g.get(20) == Some(&0x45) {
+        let a: [u8; 4] = g.get(32..36)?.try_into().ok()?;
+        Some(IpAddr::V4(Ipv4Addr::from(a)))
+    } else {
+        let a: [u8; 16] = g.get(8..24)?.try_into().ok()?;
+        let v6 = Ipv6Addr::from(a);
+        Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4))
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn post_recv_slot(&self, slot: usize) -> Result<()> {
+        self.qp.post_recv(&RecvWr { wr_id: slot as u64, sg_list: crate::sgl![self.recv.sge(slot * SLOT, SLOT as u32)] })
+    }
+
+    fn send_mad(&self, dst: IpAddr, mad: &[u8; MAD_LEN]) {
+        let mut w = SendWr::new(0, WrOpcode::Send);
+        w.inline = Some(mad.to_vec());
+        let av = AddressVector {
+            dgid: Gid::from_ip(dst),
+            is_global: true,
+            hop_limit: 64,
+            port_num: 1,
+            ..Default::default()
+        };
+        w.ud = Some(UdDest { av, remote_qpn: GSI_QPN, remote_qkey: GSI_QKEY });
+        if let Err(e) = self.qp.post_send(&w) {
+            tracing::warn!(%dst, "cm: could not send a MAD: {e}");
+        }
+    }
+
+    /// One pass: received MADs, timers, MADs to send, events. Returns
+    /// whether events were added.
+    fn pump(&self, st: &mut State) -> bool {
+        let now = Instant::now();
+        let mut mad = [0u8; SLOT];
+        while let Some(wc) = self.cq.poll_one() {
+            if wc.opcode != WcOpcode::Recv {
+                continue;
+            }
+            let slot = wc.wr_id as usize;
+            if slot >= RECV_DEPTH {
+                continue;
+            }
+            if wc.status == WcStatus::Success
+                && wc.byte_len as usize == SLOT
+                && self.recv.read_at(slot * SLOT, &mut mad).is_ok()
+            {
+                if let Some(src) = grh_source(&mad[..40]) {
+                    st.cm.handle_mad(now, src, &mad[40..]);
+                }
+            }
+            if wc.status != WcStatus::WrFlushErr {
+                let _ = self.post_recv_slot(slot);
+            }
+        }
+        if st.cm.poll_timeout().is_some_and(|t| t <= now) {
+            st.cm.handle_timeout(now);
+        }
+        while let Some(o) = st.cm.poll_transmit() {
+            self.send_mad(o.dst, &o.mad);
+        }
+        let mut any = false;
+        while let Some(e) = st.cm.poll_event() {
+            st.events.push_back(e);
+            any = true;
+        }
+        any
+    }
+
+    /// A pass after a user call: what it caused leaves now.
+    fn kick(&self, st: &mut State) {
+        if self.pump(st) {
+            self.cond.notify_all();
+        }
+    }
+
+    /// The agent's thread: a pass, then sleep until a MAD arrives on QP 1
+    /// (its CQ armed, and polled once more to close the race), the next
+    /// deadline, or `MAX_SLEEP` (to notice `stop`).
+    fn run(&self) {
+        while !self.stop.load(Ordering::Relaxed) {
+            let next = {
+                let mut st = self.lock();
+                self.kick(&mut st);
+                let _ = self.cq.req_notify(false);
+                self.kick(&mut st);
+                st.cm.poll_timeout()
+            };
+            let sleep = next.map_or(MAX_SLEEP, |t| t.saturating_duration_since(Instant::now())).min(MAX_SLEEP);
+            if !sleep.is_zero() {
+                let _ = self.chan.wait(sleep);
+            }
+        }
+    }
+
+    /// Waits for the first queued event `pick` takes.
+    fn wait_event(&self, timeout: Duration, mut pick: impl FnMut(&CmEvent) -> bool) -> Result<CmEvent> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        loop {
+            if let Some(i) = st.events.iter().position(&mut pick) {
+                return st.events.remove(i).ok_or_else(|| errno(libc::EIO, "cm: event vanished"));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(errno(libc::ETIMEDOUT, "cm: timed out waiting for the peer"));
+            }
+            st = self.cond.wait_timeout(st, left.min(Duration::from_millis(50))).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+}
+
+/// The RTR/RTS attributes of a CM connection, moved on `qp`
+/// (`k/cm.c` `cm_init_qp_*_attr`).
+fn move_qp(qp: &QueuePair, info: &ConnInfo, dev_mtu: Mtu) -> Result<()> {
+    let t = qp.qp_type();
+    if !matches!(t, QpType::Rc | QpType::Uc) {
+        return Err(Error::inval("cm: only RC and UC QPs are connected by the CM"));
+    }
+    let required = |cur, next| QpAttrMask::STATE | crate::proto::qp::required_attributes(t, cur, next);
+    let mut access = Access::REMOTE_WRITE;
+    if info.responder_resources > 0 {
+        access |= Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    }
+    let mut a =
+        QpAttr { qp_state: QpState::Init, pkey_index: 0, port_num: 1, qp_access_flags: access, ..QpAttr::default() };
+    let cur = qp.state();
+    if cur != QpState::Reset && cur != QpState::Init {
+        return Err(Error::inval("cm: the QP must be in RESET or INIT"));
+    }
+    qp.modify(&a, required(cur, QpState::Init))?;
+    a.qp_state = QpState::Rtr;
+    a.path_mtu = Mtu::from_raw(info.path_mtu as u32).unwrap_or(Mtu::Mtu1024).min_by_bytes(dev_mtu);
+    a.dest_qp_num = info.remote_qpn;
+    a.rq_psn = info.local_psn;
+    a.max_dest_rd_atomic = info.responder_resources;
+    a.min_rnr_timer = 0;
+    a.ah_attr = AddressVector {
+        dgid: Gid::from_ip(info.remote.ip()),
+        is_global: true,
+        hop_limit: info.hop_limit,
+        traffic_class: info.traffic_class,
+        flow_label: info.flow_label,
+        port_num: 1,
+        ..Default::default()
+    };
+    qp.modify(&a, required(QpState::Init, QpState::Rtr))?;
+    a.qp_state = QpState::Rts;
+    a.sq_psn = info.remote_psn;
+    a.timeout = info.ack_timeout;
+    a.retry_cnt = info.retry_count;
+    a.rnr_retry = info.rnr_retry_count;
+    a.max_rd_atomic = info.initiator_depth;
+    qp.modify(&a, required(QpState::Rtr, QpState::Rts))
+}
+
+impl CmEndpoint {
+    /// Starts the CM agent of `ctx`'s device: QP 1 with its receives.
+    /// EBUSY if the device already has one.
+    pub fn open(ctx: &Context) -> Result<CmEndpoint> {
+        let pd = ctx.alloc_pd()?;
+        let chan = ctx.create_comp_channel()?;
+        let cq = ctx.create_cq(2 * RECV_DEPTH as u32 + 64, Some(&chan))?;
+        let attr = QpInitAttr {
+            cap: QpCap {
+                max_send_wr: 256,
+                max_recv_wr: RECV_DEPTH as u32,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: MAD_LEN as u32,
+            },
+            ..QpInitAttr::ud(&cq, &cq)
+        };
+        let qp = pd.create_gsi_qp(&attr)?;
+        let mut a = QpAttr { qp_state: QpState::Init, port_num: 1, qkey: GSI_QKEY, ..QpAttr::default() };
+        qp.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY)?;
+        a.qp_state = QpState::Rtr;
+        qp.modify(&a, QpAttrMask::STATE)?;
+        a.qp_state = QpState::Rts;
+        qp.modify(&a, QpAttrMask::STATE | QpAttrMask::SQ_PSN)?;
+        let recv = pd.register(vec![0u8; RECV_DEPTH * SLOT], Access::LOCAL_WRITE)?;
+        let attr = ctx.query_device();
+        let ip = ctx.local_addr().ip();
+        let seed =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+                ^ (std::process::id() as u64) << 32;
+        let mut cfg = CmConfig::new(ip, attr.node_guid, seed);
+        cfg.path_mtu = ctx.query_port(1)?.active_mtu.to_raw() as u8;
+        let next_port = 32768 + (seed % 28000) as u16;
+        let inner = Arc::new(Inner {
+            qp,
+            recv,
+            cq,
+            chan,
+            _pd: pd,
+            ctx: ctx.clone(),
+            st: Mutex::new(State { cm: Cm::new(cfg), events: VecDeque::new(), next_port }),
+            cond: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        for slot in 0..RECV_DEPTH {
+            inner.post_recv_slot(slot)?;
+        }
+        let t = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("uroce-cm".into())
+            .spawn(move || t.run())
+            .map_err(|e| errno(e.raw_os_error().unwrap_or(libc::EAGAIN), "cm: cannot start its thread"))?;
+        Ok(CmEndpoint { inner, thread: Some(thread) })
+    }
+
+    /// What `rdma_create_qp` does to a new RC/UC QP: RESET → INIT (P_Key
+    /// index 0, port 1, no remote access until the CM connects it), so
+    /// receives can be posted before connecting.
+    pub fn init_qp(qp: &QueuePair) -> Result<()> {
+        let t = qp.qp_type();
+        if !matches!(t, QpType::Rc | QpType::Uc) {
+            return Err(Error::inval("cm: only RC and UC QPs are connected by the CM"));
+        }
+        let a = QpAttr { qp_state: QpState::Init, pkey_index: 0, port_num: 1, ..QpAttr::default() };
+        let mask = QpAttrMask::STATE | crate::proto::qp::required_attributes(t, QpState::Reset, QpState::Init);
+        qp.modify(&a, mask)
+    }
+
+    /// What the agent counted.
+    pub fn stats(&self) -> CmStats {
+        self.inner.lock().cm.stats()
+    }
+
+    /// `rdma_listen` on `port` of RDMA_PS_TCP, any address of the device.
+    pub fn listen(&self, port: u16, backlog: u32) -> Result<ListenId> {
+        self.inner.lock().cm.listen(ListenParams { ps: PortSpace::Tcp, addr: None, port, backlog })
+    }
+
+    /// `rdma_listen` on `port` of RDMA_PS_UDP: answers SIDR requests.
+    pub fn listen_ud(&self, port: u16, backlog: u32) -> Result<ListenId> {
+        self.inner.lock().cm.listen(ListenParams { ps: PortSpace::Udp, addr: None, port, backlog })
+    }
+
+    /// Waits for a connection request on `listen` (RC, or UD: then
+    /// `param` is empty and the private data 180 bytes).
+    pub fn get_request(&self, listen: ListenId, timeout: Duration) -> Result<Request> {
+        let e =
+            self.inner.wait_event(timeout, |e| e.kind == EventKind::ConnectRequest && e.listen_id == Some(listen))?;
+        let param = match e.param {
+            Param::Conn(p) => p,
+            _ => ConnParam::default(),
+        };
+        let remote = self.inner.lock().cm.conn_info(e.id).map(|i| i.remote);
+        let remote = remote.ok_or_else(|| errno(libc::ECONNABORTED, "cm: the request went away"))?;
+        Ok(Request { id: e.id, listen_id: listen, param, private_data: e.private_data, remote })
+    }
+
+    /// `rdma_accept`: moves `qp` to RTS for the request, sends the REP and
+    /// waits for the RTU (or data: the caller may call [`Self::notify`]).
+    pub fn accept(&self, req: &Request, qp: &QueuePair, opts: &ConnOptions, timeout: Duration) -> Result<Connection> {
+        let dev_mtu = self.inner.ctx.query_port(1)?.active_mtu;
+        {
+            let mut st = self.inner.lock();
+            let mut info = st.cm.conn_info(req.id).cloned().ok_or_else(|| Error::inval("rdma_accept: no request"))?;
+            let rr = opts.responder_resources.min(req.param.responder_resources);
+            let id = opts.initiator_depth.min(req.param.initiator_depth);
+            info.responder_resources = rr;
+            info.initiator_depth = id;
+            info.local_qpn = qp.qp_num();
+            if let Err(e) = move_qp(qp, &info, dev_mtu) {
+                let _ = st.cm.reject(Instant::now(), req.id, rej_reason::CONSUMER_DEFINED, &[]);
+                return Err(e);
+            }
+            let p = AcceptParams {
+                qpn: qp.qp_num(),
+                responder_resources: rr,
+                initiator_depth: id,
+                flow_control: false,
+                rnr_retry_count: opts.rnr_retry_count,
+                srq: false,
+                qkey: 0,
+                private_data: opts.private_data.clone(),
+            };
+            st.cm.accept(Instant::now(), req.id, p)?;
+            self.inner.kick(&mut st);
+        }
+        let e = self.inner.wait_event(timeout, |e| e.id == req.id && e.kind != EventKind::ConnectRequest)?;
+        self.result(req.id, e, Vec::new())
+    }
+
+    /// `rdma_accept` of a UD request: tells the peer `qp`'s number and
+    /// the rdma_cm Q_Key (0x01234567, which `qp` must have).
+    pub fn accept_ud(&self, req: &Request, qp: &QueuePair, private_data: &[u8]) -> Result<()> {
+        if qp.qp_type() != QpType::Ud {
+            return Err(Error::inval("rdma_accept: a UD request needs a UD QP"));
+        }
+        let p = AcceptParams {
+            qpn: qp.qp_num(),
+            qkey: super::RDMA_UDP_QKEY,
+            private_data: private_data.to_vec(),
+            ..AcceptParams::default()
+        };
+        let mut st = self.inner.lock();
+        st.cm.accept(Instant::now(), req.id, p)?;
+        st.cm.destroy(Instant::now(), req.id)?;
+        self.inner.kick(&mut st);
+        Ok(())
+    }
+
+    /// `rdma_resolve_addr` + `rdma_connect` of a UD id (RDMA_PS_UDP): asks
+    /// the listener at `dst` for its QP by SIDR.
+    pub fn resolve_ud(&self, dst: SocketAddr, private_data: &[u8], timeout: Duration) -> Result<UdPeer> {
+        let id = {
+            let mut st = self.inner.lock();
+            st.next_port = if st.next_port >= 60999 { 32768 } else { st.next_port + 1 };
+            let p = super::agent::SidrParams {
+                ps: PortSpace::Udp,
+                src_port: st.next_port,
+                dst,
+                private_data: private_data.to_vec(),
+            };
+            let id = st.cm.sidr_resolve(Instant::now(), p)?;
+            self.inner.kick(&mut st);
+            id
+        };
+        let e = self.inner.wait_event(timeout, |e| e.id == id);
+        let _ = self.inner.lock().cm.destroy(Instant::now(), id);
+        let e = e?;
+        match (e.kind, e.param) {
+            (EventKind::Established, Param::Ud(u)) => {
+                Ok(UdPeer { id, addr: dst, qpn: u.qp_num, qkey: u.qkey, private_data: e.private_data })
+            }
+            (EventKind::Unreachable, _) if e.status < 0 => Err(errno(-e.status, "cm: the peer did not answer")),
+            _ => Err(errno(libc::ECONNREFUSED, "cm: the peer refused the UD request")),
+        }
+    }
+
+    /// `rdma_reject` with private data.
+    pub fn reject(&self, req: &Request, private_data: &[u8]) -> Result<()> {
+        let mut st = self.inner.lock();
+        st.cm.reject(Instant::now(), req.id, rej_reason::CONSUMER_DEFINED, private_data)?;
+        self.inner.kick(&mut st);
+        Ok(())
+    }
+
+    /// `rdma_connect` from an ephemeral port to `dst` (RDMA_PS_TCP): sends
+    /// the REQ, moves `qp` to RTS on the REP, sends the RTU.
+    pub fn connect(
+        &self,
+        qp: &QueuePair,
+        dst: SocketAddr,
+        opts: &ConnOptions,
+        timeout: Duration,
+    ) -> Result<Connection> {
+        let transport = match qp.qp_type() {
+            QpType::Rc => TransportType::Rc,
+            QpType::Uc => TransportType::Uc,
+            _ => return Err(Error::inval("rdma_connect: only RC and UC QPs connect")),
+        };
+        let id = {
+            let mut st = self.inner.lock();
+            st.next_port = if st.next_port >= 60999 { 32768 } else { st.next_port + 1 };
+            let p = ConnectParams {
+                ps: PortSpace::Tcp,
+                src_port: st.next_port,
+                dst,
+                qpn: qp.qp_num(),
+                transport,
+                responder_resources: opts.responder_resources,
+                initiator_depth: opts.initiator_depth,
+                flow_control: false,
+                retry_count: opts.retry_count,
+                rnr_retry_count: opts.rnr_retry_count,
+                srq: false,
+                traffic_class: 0,
+                private_data: opts.private_data.clone(),
+            };
+            let id = st.cm.connect(Instant::now(), p)?;
+            self.inner.kick(&mut st);
+            id
+        };
+        let e = match self.inner.wait_event(timeout, |e| e.id == id) {
+            Ok(e) => e,
+            Err(err) => {
+                let _ = self.inner.lock().cm.destroy(Instant::now(), id);
+                return Err(err);
+            }
+        };
+        if e.kind != EventKind::ConnectResponse {
+            let r = self.result(id, e, Vec::new());
+            let _ = self.inner.lock().cm.destroy(Instant::now(), id);
+            return r;
+        }
+        let dev_mtu = self.inner.ctx.query_port(1)?.active_mtu;
+        let mut st = self.inner.lock();
+        let info = st.cm.conn_info(id).cloned().ok_or_else(|| errno(libc::ECONNABORTED, "rdma_connect: gone"))?;
+        if let Err(err) = move_qp(qp, &info, dev_mtu) {
+            // The library's CONNECT_ERROR: destroying the id rejects the REP.
+            let _ = st.cm.destroy(Instant::now(), id);
+            return Err(err);
+        }
+        st.cm.establish(Instant::now(), id)?;
+        self.inner.kick(&mut st);
+        Ok(Connection { id, info, private_data: e.private_data })
+    }
+
+    fn result(&self, id: ConnId, e: CmEvent, private_data: Vec<u8>) -> Result<Connection> {
+        match e.kind {
+            EventKind::Established | EventKind::ConnectResponse => {
+                let info = self.inner.lock().cm.conn_info(id).cloned();
+                let info = info.ok_or_else(|| errno(libc::ECONNABORTED, "cm: connection gone"))?;
+                Ok(Connection { id, info, private_data })
+            }
+            EventKind::Rejected => Err(errno(libc::ECONNREFUSED, "cm: the peer rejected the connection")),
+            EventKind::Unreachable if e.status < 0 => Err(errno(-e.status, "cm: the peer did not answer")),
+            _ => Err(errno(libc::ECONNABORTED, "cm: connection failed")),
+        }
+    }
+
+    /// `rdma_notify(COMM_EST)`: data arrived on a passive QP before the RTU.
+    pub fn notify(&self, id: ConnId) -> Result<()> {
+        self.inner.lock().cm.notify_established(Instant::now(), id)
+    }
+
+    /// `rdma_disconnect`: `qp` to ERR, then DREQ (or DREP to the peer's DREQ).
+    pub fn disconnect(&self, conn: &Connection, qp: &QueuePair) -> Result<()> {
+        let a = QpAttr { qp_state: QpState::Err, ..QpAttr::default() };
+        qp.modify(&a, QpAttrMask::STATE)?;
+        let mut st = self.inner.lock();
+        st.cm.disconnect(Instant::now(), conn.id)?;
+        self.inner.kick(&mut st);
+        Ok(())
+    }
+
+    /// Waits for the peer's disconnect (DISCONNECTED) of `conn`.
+    pub fn wait_disconnected(&self, conn: &Connection, timeout: Duration) -> Result<i32> {
+        self.inner.wait_event(timeout, |e| e.id == conn.id && e.kind == EventKind::Disconnected).map(|e| e.status)
+    }
+
+    /// The next event of `id` of one of `kinds` (for callers that drive
+    /// the state machine themselves).
+    pub fn wait_event(&self, id: ConnId, kinds: &[EventKind], timeout: Duration) -> Result<CmEvent> {
+        self.inner.wait_event(timeout, |e| e.id == id && kinds.contains(&e.kind))
+    }
+
+    /// `rdma_destroy_id`: what the state needs on the wire, then no events.
+    pub fn destroy(&self, id: ConnId) -> Result<()> {
+        let mut st = self.inner.lock();
+        st.events.retain(|e| e.id != id);
+        st.cm.destroy(Instant::now(), id)?;
+        self.inner.kick(&mut st);
+        Ok(())
+    }
+}
+
+impl Drop for CmEndpoint {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        // As a process exit closes the kernel's rdma_cm file: every id is
+        // destroyed, and its last words (a DREQ, a REJ) leave before QP 1 goes.
+        let mut st = self.inner.lock();
+        st.cm.destroy_all(Instant::now());
+        self.inner.pump(&mut st);
+    }
+}
+
+impl std::fmt::Debug for CmEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmEndpoint").field("addr", &self.inner.ctx.local_addr()).finish()
+    }
+}

@@ -1,0 +1,37 @@
+//! The InfiniBand communication manager as rdma_cm uses it on RoCE, sans-IO:
+//! CM MADs on the wire ([`mad`]), the rdma_cm Service ID and private-data
+//! header ([`service`]), timer values ([`timer`]), and the agent of one
+//! device ([`Cm`]): listeners and connection records driven by received
+//! MADs, user calls and `now`, producing MADs, deadlines and rdma_cm events
+//! ([`event`]). All of that is sans-IO; [`CmEndpoint`] runs it on a device
+//! (QP 1) and gives Rust users listen / accept / connect returning
+//! connected QPs.
+
+mod agent;
+mod conn;
+mod endpoint;
+pub mod event;
+pub mod gsi;
+pub mod mad;
+pub mod service;
+pub mod timer;
+
+#[cfg(test)]
+mod tests;
+
+pub use agent::{
+    AcceptParams, Cm, CmConfig, CmStats, ConnectParams, ListenParams, Outgoing, SidrParams, MAX_BACKLOG,
+    REQ_USER_PRIVATE, SIDR_REQ_USER_PRIVATE,
+};
+pub use conn::{ConnInfo, Role};
+pub use endpoint::{CmEndpoint, ConnOptions, Connection, Request, UdPeer};
+pub use event::{CmEvent, ConnId, ConnParam, EventKind, ListenId, Param, UdParam};
+pub use mad::{CmMad, CmMsg, MadError, MadView};
+pub use service::{CmaHdr, PortSpace};
+
+/// Q_Key of the General Services Interface QP (QP 1), `IB_QP1_QKEY`.
+pub const GSI_QKEY: u32 = 0x8001_0000;
+/// The GSI QP number.
+pub const GSI_QPN: u32 = 1;
+/// Q_Key rdma_cm gives UD ids of RDMA_PS_UDP / RDMA_PS_IB (`RDMA_UDP_QKEY`).
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
