@@ -27,6 +27,9 @@ pub struct UContext {
     pub qps: Mutex<HashMap<u32, usize>>,
     /// SRQ handle → `ibv_srq` pointer, for asynchronous events.
     pub srqs: Mutex<HashMap<u32, usize>>,
+    /// Asynchronous events delivered per object (by its pointer), not yet
+    /// waited for by its destruction (`events.rs`).
+    pub events_reported: Mutex<HashMap<usize, u32>>,
     /// The `cmd_fd` and the objects shared with imported contexts (`import.rs`).
     pub share: crate::import::Share,
 }
@@ -209,6 +212,7 @@ pub(crate) unsafe fn new_context(dev: *mut ibv_device, ctx: Context, share: crat
         cqs: Mutex::new(HashMap::new()),
         qps: Mutex::new(HashMap::new()),
         srqs: Mutex::new(HashMap::new()),
+        events_reported: Mutex::new(HashMap::new()),
         share,
     });
     let u = Box::into_raw(u);
@@ -460,16 +464,18 @@ pub extern "C" fn ibv_get_sysfs_path() -> *const c_char {
     c"/sys".as_ptr()
 }
 
+/// Succeeds: uroce reaches registered memory by virtual address from its
+/// own threads, so it needs no `MADV_DONTFORK` (README, "fork and uroce").
 #[no_mangle]
 pub extern "C" fn ibv_fork_init() -> c_int {
     0
 }
 
-/// `IBV_FORK_DISABLED`: uroce needs no fork protection of registered memory
-/// beyond what mlock gives.
+/// `IBV_FORK_UNNEEDED` (2), what rdma-core answers on a kernel with
+/// copy-on-fork for pinned pages: fork protection is not needed.
 #[no_mangle]
 pub extern "C" fn ibv_is_fork_initialized() -> u32 {
-    0
+    2
 }
 
 #[no_mangle]

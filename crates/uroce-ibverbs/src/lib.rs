@@ -21,6 +21,7 @@ mod device;
 mod dm;
 mod domain;
 mod errno;
+mod events;
 mod ext;
 mod import;
 mod mw;

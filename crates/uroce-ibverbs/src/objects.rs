@@ -299,6 +299,16 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             // SAFETY: the CQ's context and channel outlive it.
             let u = unsafe { UContext::from_ctx(c.cq.context) };
             u.cqs.lock().unwrap().remove(&c.cq.handle);
+            // SAFETY: the CQ's own mutex, condition and counter.
+            unsafe {
+                crate::events::wait_acknowledged(
+                    u,
+                    cq as usize,
+                    &mut c.cq.mutex,
+                    &mut c.cq.cond,
+                    &c.cq.async_events_completed,
+                )
+            };
             if let Some(ch) = unsafe { (c.cq.channel as *mut UChannel).as_mut() } {
                 ch.ch.refcnt -= 1;
             }
@@ -588,10 +598,17 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         return libc::EINVAL;
     }
     // SAFETY: a QP from ibv_create_qp.
-    let b = unsafe { Box::from_raw(qp as *mut UQp) };
+    let mut b = unsafe { Box::from_raw(qp as *mut UQp) };
     // SAFETY: its context outlives it.
     let u = unsafe { UContext::from_ctx(b.qp.qp_base.context) };
+    // Out of the table first: no event is delivered about it after this.
     u.qps.lock().unwrap().remove(&b.qp.qp_base.qp_num);
+    drop(b.inner.take());
+    let base = &mut b.qp.qp_base;
+    // SAFETY: the QP's own mutex, condition and counter.
+    unsafe {
+        crate::events::wait_acknowledged(u, qp as usize, &mut base.mutex, &mut base.cond, &base.events_completed)
+    };
     drop(b);
     0
 }
@@ -640,38 +657,6 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     drop(unsafe { Box::from_raw(ah as *mut UAh) });
     0
 }
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
-    if ctx.is_null() || event.is_null() {
-        set_errno(libc::EINVAL);
-        return -1;
-    }
-    // SAFETY: our context.
-    let u = unsafe { UContext::from_ctx(ctx) };
-    match u.ctx.get_async_event() {
-        Ok(ev) => {
-            // SAFETY: the caller's event struct (plain old data).
-            let e = unsafe { &mut *event };
-            e.event_type = ev.kind.to_raw();
-            use uroce::verbs::EventElement as El;
-            match ev.element {
-                El::Qp(n) => e.element.qp = u.qps.lock().unwrap().get(&n).copied().unwrap_or(0) as *mut ibv_qp,
-                El::Cq(h) => e.element.cq = u.cqs.lock().unwrap().get(&h).copied().unwrap_or(0) as *mut ibv_cq,
-                El::Srq(h) => e.element.srq = u.srqs.lock().unwrap().get(&h).copied().unwrap_or(0) as *mut ibv_srq,
-                El::Port(p) => e.element.port_num = p as c_int,
-            }
-            0
-        }
-        Err(e) => {
-            set_errno(e.errno.0);
-            -1
-        }
-    }
-}
-
-#[no_mangle]
-pub extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
 
 /// `ibv_rereg_mr`: 0, or an `IBV_REREG_MR_ERR_*` code with errno set
 /// (-1: input error found before anything changed, -4: the device refused).

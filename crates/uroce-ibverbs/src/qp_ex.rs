@@ -435,7 +435,7 @@ unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg_list
             }
             // SAFETY: the caller's array of `num_sge` SGEs (checked against
             // the QP's maximum, which fits a c_int).
-            wr.sg_list = crate::datapath::sges(sg_list, num_sge as c_int);
+            wr.sg_list = crate::datapath::sges(sg_list, num_sge);
             wr.inline = None;
             Ok(())
         })

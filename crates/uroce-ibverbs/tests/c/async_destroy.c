@@ -1,0 +1,204 @@
+/* Asynchronous events and destruction (issue 17 §2), as the kernel with
+ * rdma-core: ibv_destroy_qp / ibv_destroy_cq wait until the events
+ * delivered about the object are acknowledged (events_completed), and no
+ * event is delivered about an object already destroyed. Events come from
+ * a QP on an SRQ moved to ERR (IBV_EVENT_QP_LAST_WQE_REACHED) and from an
+ * overrun CQ (IBV_EVENT_CQ_ERR, with the QP's IBV_EVENT_QP_FATAL).
+ * Prints "all ok". */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <infiniband/verbs.h>
+
+#include "check.h"
+#include "connect.h"
+
+static struct ibv_context *ctx;
+
+static void sleep_ms(int ms)
+{
+	struct timespec t = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000 };
+	nanosleep(&t, NULL);
+}
+
+/* Whether an event is pending within `ms`. */
+static int event_pending(int ms)
+{
+	struct pollfd p = { .fd = ctx->async_fd, .events = POLLIN };
+	return poll(&p, 1, ms) == 1;
+}
+
+static struct ibv_qp *srq_qp(struct ibv_pd *pd, struct ibv_cq *cq, struct ibv_srq *srq)
+{
+	struct ibv_qp_init_attr a = { .send_cq = cq, .recv_cq = cq, .srq = srq,
+				      .cap = { .max_send_wr = 4, .max_send_sge = 1 }, .qp_type = IBV_QPT_RC };
+	struct ibv_qp *q = ibv_create_qp(pd, &a);
+	CHECK(q, "create_qp: %s", strerror(errno));
+	return q;
+}
+
+static void to_err(struct ibv_qp *q)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+	CHECK(ibv_modify_qp(q, &a, IBV_QP_STATE) == 0, "modify to ERR");
+}
+
+struct destroyer {
+	void *obj;
+	int is_cq;
+	volatile int done;
+	int rc;
+};
+
+static void *destroy_thread(void *arg)
+{
+	struct destroyer *d = arg;
+	d->rc = d->is_cq ? ibv_destroy_cq(d->obj) : ibv_destroy_qp(d->obj);
+	__atomic_store_n(&d->done, 1, __ATOMIC_SEQ_CST);
+	return NULL;
+}
+
+/* Destroying `obj` (whose event `ev` was delivered and not acknowledged)
+ * waits for the acknowledgement. */
+static void destroy_waits_for_ack(void *obj, int is_cq, struct ibv_async_event *ev)
+{
+	struct destroyer d = { .obj = obj, .is_cq = is_cq };
+	pthread_t t;
+	CHECK(pthread_create(&t, NULL, destroy_thread, &d) == 0, "pthread_create");
+	sleep_ms(300);
+	CHECK(!__atomic_load_n(&d.done, __ATOMIC_SEQ_CST), "destroy_%s returned (%d) with an event not acknowledged",
+	      is_cq ? "cq" : "qp", d.rc);
+	ibv_ack_async_event(ev);
+	for (int i = 0; i < 500 && !__atomic_load_n(&d.done, __ATOMIC_SEQ_CST); i++)
+		sleep_ms(10);
+	CHECK(__atomic_load_n(&d.done, __ATOMIC_SEQ_CST), "destroy_%s still waiting after the acknowledgement",
+	      is_cq ? "cq" : "qp");
+	pthread_join(t, NULL);
+	CHECK(d.rc == 0, "destroy rc %d", d.rc);
+}
+
+int main(void)
+{
+	int n;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	CHECK(list && n > 0, "no device");
+	ctx = ibv_open_device(list[0]);
+	CHECK(ctx, "open_device: %s", strerror(errno));
+	ibv_free_device_list(list);
+	union ibv_gid gid;
+	CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0, "query_gid");
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	struct ibv_srq *srq = ibv_create_srq(pd, &si);
+	CHECK(pd && cq && srq, "pd/cq/srq");
+
+	/* 1. A delivered, unacknowledged LAST_WQE_REACHED: destroy_qp waits. */
+	struct ibv_qp *q = srq_qp(pd, cq, srq);
+	to_err(q);
+	CHECK(event_pending(2000), "no event after ERR");
+	struct ibv_async_event ev;
+	CHECK(ibv_get_async_event(ctx, &ev) == 0, "get_async_event");
+	CHECK(ev.event_type == IBV_EVENT_QP_LAST_WQE_REACHED && ev.element.qp == q,
+	      "want LAST_WQE_REACHED of the QP, got %d qp %p", ev.event_type, (void *)ev.element.qp);
+	destroy_waits_for_ack(q, 0, &ev);
+
+	/* 2. An event queued for a QP that is then destroyed: never delivered. */
+	for (int round = 0; round < 20; round++) {
+		struct ibv_qp *q2 = srq_qp(pd, cq, srq);
+		to_err(q2);
+		CHECK(ibv_destroy_qp(q2) == 0, "destroy_qp with a queued event");
+		if (event_pending(round == 0 ? 200 : 0)) {
+			CHECK(ibv_get_async_event(ctx, &ev) == 0, "get_async_event");
+			CHECK(0, "event %d for a destroyed QP delivered (element %p)", ev.event_type,
+			      (void *)ev.element.qp);
+		}
+	}
+	int fl = fcntl(ctx->async_fd, F_GETFL);
+	fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
+	errno = 0;
+	CHECK(ibv_get_async_event(ctx, &ev) == -1 && errno == EAGAIN, "no event left: errno %d", errno);
+	fcntl(ctx->async_fd, F_SETFL, fl);
+
+	/* 3. CQ_ERR of an overrun CQ, delivered and not acknowledged:
+	 * destroy_cq waits; an undelivered one goes with its CQ. */
+	for (int pass = 0; pass < 2; pass++) {
+		struct ibv_cq *small = ibv_create_cq(ctx, 1, NULL, NULL, 0);
+		CHECK(small, "create_cq 1");
+		struct ibv_qp_init_attr ci = { .send_cq = small, .recv_cq = cq,
+					       .cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
+							.max_recv_sge = 1 },
+					       .qp_type = IBV_QPT_RC };
+		struct ibv_qp *c = ibv_create_qp(pd, &ci), *d = ibv_create_qp(pd, &ci);
+		CHECK(c && d, "create_qp");
+		connect_qp(c, d->qp_num, &gid);
+		connect_qp(d, c->qp_num, &gid);
+		static char buf[64];
+		struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+		CHECK(mr, "reg_mr");
+		struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey };
+		struct ibv_send_wr w[2], *bad;
+		for (int i = 0; i < 2; i++) {
+			memset(&w[i], 0, sizeof(w[i]));
+			w[i].wr_id = i;
+			w[i].sg_list = &sge;
+			w[i].num_sge = 1;
+			w[i].opcode = IBV_WR_RDMA_WRITE;
+			w[i].send_flags = IBV_SEND_SIGNALED;
+			w[i].wr.rdma.remote_addr = (uintptr_t)buf + 32;
+			w[i].wr.rdma.rkey = mr->rkey;
+			w[i].next = i == 0 ? &w[1] : NULL;
+		}
+		CHECK(ibv_post_send(c, w, &bad) == 0, "post_send");
+		struct ibv_wc wc;
+		int polled = 0;
+		for (long spins = 0; spins < 50000000; spins++) {
+			int k = ibv_poll_cq(small, 1, &wc);
+			if (k < 0)
+				break;
+			polled += k;
+		}
+		CHECK(polled <= 1, "polled %d from a 1-entry CQ", polled);
+		CHECK(event_pending(2000), "no event after the overrun");
+		if (pass == 0) {
+			/* Take events until CQ_ERR; acknowledge the others. */
+			int got_cq_err = 0;
+			for (int i = 0; i < 4 && !got_cq_err; i++) {
+				CHECK(ibv_get_async_event(ctx, &ev) == 0, "get_async_event");
+				if (ev.event_type == IBV_EVENT_CQ_ERR) {
+					CHECK(ev.element.cq == small, "CQ_ERR names the CQ");
+					got_cq_err = 1;
+				} else {
+					ibv_ack_async_event(&ev);
+				}
+			}
+			CHECK(got_cq_err, "no CQ_ERR");
+			CHECK(ibv_destroy_qp(c) == 0 && ibv_destroy_qp(d) == 0, "destroy_qp");
+			destroy_waits_for_ack(small, 1, &ev);
+		} else {
+			/* Nothing taken: both the QP's and the CQ's events go with them. */
+			CHECK(ibv_destroy_qp(c) == 0 && ibv_destroy_qp(d) == 0, "destroy_qp");
+			CHECK(ibv_destroy_cq(small) == 0, "destroy_cq");
+			if (event_pending(200)) {
+				CHECK(ibv_get_async_event(ctx, &ev) == 0, "get_async_event");
+				CHECK(0, "event %d for a destroyed object delivered", ev.event_type);
+			}
+		}
+		CHECK(ibv_dereg_mr(mr) == 0, "dereg_mr");
+	}
+
+	CHECK(ibv_destroy_srq(srq) == 0, "destroy_srq");
+	CHECK(ibv_destroy_cq(cq) == 0, "destroy_cq");
+	CHECK(ibv_dealloc_pd(pd) == 0, "dealloc_pd");
+	CHECK(ibv_close_device(ctx) == 0, "close_device");
+	printf("all ok\n");
+	return 0;
+}
