@@ -15,6 +15,7 @@
 
 pub mod ffi;
 
+mod ah_from_wc;
 mod cq_ex;
 mod datapath;
 mod device;
