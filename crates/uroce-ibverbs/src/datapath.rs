@@ -84,7 +84,7 @@ pub(crate) unsafe fn send_wr_head(w: &ibv_send_wr, qp_type: ibv_qp_type) -> Opti
 pub(crate) unsafe fn ud_dest(ah: *mut ibv_ah, remote_qpn: u32, remote_qkey: u32) -> Option<UdDest> {
     // SAFETY: an AH from ibv_create_ah, or NULL.
     let ah = unsafe { (ah as *const crate::objects::UAh).as_ref() }?;
-    Some(UdDest { av: ah.inner.av, remote_qpn, remote_qkey })
+    Some(UdDest { av: ah.av, remote_qpn, remote_qkey })
 }
 
 /// The bytes the SGEs address, concatenated (inline data).

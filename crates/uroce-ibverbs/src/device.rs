@@ -27,6 +27,8 @@ pub struct UContext {
     pub qps: Mutex<HashMap<u32, usize>>,
     /// SRQ handle → `ibv_srq` pointer, for asynchronous events.
     pub srqs: Mutex<HashMap<u32, usize>>,
+    /// Address handles (their `UAh`s), released by `ibv_close_device`.
+    pub ahs: Mutex<std::collections::HashSet<usize>>,
     /// Asynchronous events delivered per object (by its pointer), not yet
     /// waited for by its destruction (`events.rs`).
     pub events_reported: Mutex<HashMap<usize, u32>>,
@@ -213,6 +215,7 @@ pub(crate) unsafe fn new_context(dev: *mut ibv_device, ctx: Context, share: crat
         qps: Mutex::new(HashMap::new()),
         srqs: Mutex::new(HashMap::new()),
         events_reported: Mutex::new(HashMap::new()),
+        ahs: Mutex::new(Default::default()),
         share,
     });
     let u = Box::into_raw(u);
@@ -233,8 +236,41 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
     }
     let off = std::mem::offset_of!(verbs_context, context);
     // SAFETY: `ctx` came from ibv_open_device: it is inside a boxed UContext.
-    drop(unsafe { Box::from_raw((ctx as *mut u8).sub(off) as *mut UContext) });
+    let u = unsafe { Box::from_raw((ctx as *mut u8).sub(off) as *mut UContext) };
+    if u.share.is_last() {
+        // SAFETY: the objects of this context, which the application leaked.
+        unsafe { release_leaked(&u) };
+    }
+    drop(u);
     0
+}
+
+/// What the application did not destroy before closing the last context of
+/// its file is released, as the kernel does when it releases the file: QPs,
+/// SRQs, CQs, AHs, then regions and PDs. Without this a leaked object kept
+/// the device (its socket, progress thread and capture) alive until the
+/// process ended. The structs stay allocated (the application holds the
+/// pointers) with no object behind them; using them is an error, as after
+/// a kernel device's close.
+unsafe fn release_leaked(u: &UContext) {
+    let take = |m: &Mutex<HashMap<u32, usize>>| std::mem::take(&mut *m.lock().unwrap());
+    for (_, p) in take(&u.qps) {
+        // SAFETY: a QP of this context, not destroyed.
+        drop(unsafe { (*(p as *mut crate::objects::UQp)).inner.take() });
+    }
+    for (_, p) in take(&u.srqs) {
+        // SAFETY: an SRQ of this context, not destroyed.
+        drop(unsafe { (*(p as *mut crate::srq::USrq)).inner.take() });
+    }
+    for (_, p) in take(&u.cqs) {
+        // SAFETY: a CQ of this context, not destroyed.
+        drop(unsafe { (*(p as *mut crate::objects::UCq)).inner.take() });
+    }
+    for p in std::mem::take(&mut *u.ahs.lock().unwrap()) {
+        // SAFETY: an AH of this context, not destroyed.
+        drop(unsafe { (*(p as *mut crate::objects::UAh)).inner.take() });
+    }
+    u.share.release_objects();
 }
 
 #[no_mangle]

@@ -617,7 +617,11 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 #[repr(C)]
 pub struct UAh {
     pub ah: ibv_ah,
-    pub inner: uroce::verbs::AddressHandle,
+    /// The address (read by every UD post).
+    pub av: AddressVector,
+    /// The handle, which keeps its PD; None once `ibv_close_device`
+    /// released what the context owned.
+    pub inner: Option<uroce::verbs::AddressHandle>,
 }
 
 #[no_mangle]
@@ -642,7 +646,10 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
             static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
             let raw =
                 ibv_ah { context: p.pd.context, pd, handle: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) };
-            Box::into_raw(Box::new(UAh { ah: raw, inner: ah })) as *mut ibv_ah
+            let b = Box::into_raw(Box::new(UAh { ah: raw, av: ah.av, inner: Some(ah) }));
+            // SAFETY: the PD's context is ours.
+            unsafe { UContext::from_ctx(p.pd.context) }.ahs.lock().unwrap().insert(b as usize);
+            b as *mut ibv_ah
         }
         Err(e) => null(fail(&e)),
     }
@@ -654,7 +661,10 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         return libc::EINVAL;
     }
     // SAFETY: an AH from ibv_create_ah.
-    drop(unsafe { Box::from_raw(ah as *mut UAh) });
+    let b = unsafe { Box::from_raw(ah as *mut UAh) };
+    // SAFETY: its context outlives it.
+    unsafe { UContext::from_ctx(b.ah.context) }.ahs.lock().unwrap().remove(&(ah as usize));
+    drop(b);
     0
 }
 
