@@ -114,9 +114,9 @@ fn lists_on_a_qp_in_error_stop_at_the_free_slots_too() {
     qp.modify(&QpAttr { qp_state: QpState::Err, ..QpAttr::default() }, QpAttrMask::STATE).unwrap();
     let m = pd.register(vec![0u8; 256], Access::LOCAL_WRITE).unwrap();
     let rwr = RecvWr { wr_id: 1, sg_list: uroce::sgl![m.sge(0, 64)] };
-    let (i, e) = qp.post_recv_list(std::iter::repeat(rwr).take(10_000)).unwrap_err();
+    let (i, e) = qp.post_recv_list(std::iter::repeat_n(rwr, 10_000)).unwrap_err();
     assert_eq!((i, e.errno), (256, Errno::ENOMEM));
-    let (i, e) = qp.post_send_list(std::iter::repeat(wr(2, WrOpcode::Send, m.sge(0, 8))).take(10_000)).unwrap_err();
+    let (i, e) = qp.post_send_list(std::iter::repeat_n(wr(2, WrOpcode::Send, m.sge(0, 8)), 10_000)).unwrap_err();
     assert_eq!((i, e.errno), (256, Errno::ENOMEM));
     assert_eq!(cq.wait(512, T).unwrap().len(), 512);
 }
