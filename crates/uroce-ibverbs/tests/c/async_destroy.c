@@ -2,8 +2,9 @@
  * rdma-core: ibv_destroy_qp / ibv_destroy_cq wait until the events
  * delivered about the object are acknowledged (events_completed), and no
  * event is delivered about an object already destroyed. Events come from
- * a QP on an SRQ moved to ERR (IBV_EVENT_QP_LAST_WQE_REACHED) and from an
- * overrun CQ (IBV_EVENT_CQ_ERR, with the QP's IBV_EVENT_QP_FATAL).
+ * a QP on an SRQ moved to ERR (IBV_EVENT_QP_LAST_WQE_REACHED), an overrun
+ * CQ (IBV_EVENT_CQ_ERR, with the QP's IBV_EVENT_QP_FATAL) and an SRQ below
+ * its limit (IBV_EVENT_SRQ_LIMIT_REACHED).
  * Prints "all ok". */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -53,7 +54,7 @@ static void to_err(struct ibv_qp *q)
 
 struct destroyer {
 	void *obj;
-	int is_cq;
+	int is_cq; /* 0 QP, 1 CQ, 2 SRQ */
 	volatile int done;
 	int rc;
 };
@@ -61,7 +62,7 @@ struct destroyer {
 static void *destroy_thread(void *arg)
 {
 	struct destroyer *d = arg;
-	d->rc = d->is_cq ? ibv_destroy_cq(d->obj) : ibv_destroy_qp(d->obj);
+	d->rc = d->is_cq == 2 ? ibv_destroy_srq(d->obj) : d->is_cq ? ibv_destroy_cq(d->obj) : ibv_destroy_qp(d->obj);
 	__atomic_store_n(&d->done, 1, __ATOMIC_SEQ_CST);
 	return NULL;
 }
@@ -192,6 +193,64 @@ int main(void)
 				CHECK(0, "event %d for a destroyed object delivered", ev.event_type);
 			}
 		}
+		CHECK(ibv_dereg_mr(mr) == 0, "dereg_mr");
+	}
+
+	/* 4. SRQ_LIMIT_REACHED, delivered and not acknowledged: destroy_srq
+	 * waits. x (on srq2, limit 2 with 2 receives posted) gets one SEND. */
+	{
+		struct ibv_srq_init_attr si2 = { .attr = { .max_wr = 4, .max_sge = 1 } };
+		struct ibv_srq *srq2 = ibv_create_srq(pd, &si2);
+		CHECK(srq2, "create_srq");
+		static char sbuf[256];
+		struct ibv_mr *mr = ibv_reg_mr(pd, sbuf, sizeof(sbuf), IBV_ACCESS_LOCAL_WRITE);
+		CHECK(mr, "reg_mr");
+		struct ibv_qp *x = srq_qp(pd, cq, srq2);
+		struct ibv_qp_init_attr yi = { .send_cq = cq, .recv_cq = cq,
+					       .cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
+							.max_recv_sge = 1 },
+					       .qp_type = IBV_QPT_RC };
+		struct ibv_qp *y = ibv_create_qp(pd, &yi);
+		CHECK(y, "create_qp y");
+		connect_qp(x, y->qp_num, &gid);
+		connect_qp(y, x->qp_num, &gid);
+		struct ibv_sge sge = { .addr = (uintptr_t)sbuf, .length = 16, .lkey = mr->lkey };
+		struct ibv_recv_wr rw[2], *rbad;
+		for (int i = 0; i < 2; i++)
+			rw[i] = (struct ibv_recv_wr){ .wr_id = 50 + i, .sg_list = &sge, .num_sge = 1,
+						      .next = i == 0 ? &rw[1] : NULL };
+		CHECK(ibv_post_srq_recv(srq2, rw, &rbad) == 0, "post_srq_recv");
+		struct ibv_srq_attr sa = { .srq_limit = 2 };
+		CHECK(ibv_modify_srq(srq2, &sa, IBV_SRQ_LIMIT) == 0, "arm the limit");
+		struct ibv_send_wr sw = { .wr_id = 60, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+					  .send_flags = IBV_SEND_SIGNALED },
+				   *sbad;
+		CHECK(ibv_post_send(y, &sw, &sbad) == 0, "post_send");
+		int got_limit = 0;
+		for (int i = 0; i < 4 && !got_limit && event_pending(2000); i++) {
+			CHECK(ibv_get_async_event(ctx, &ev) == 0, "get_async_event");
+			if (ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED) {
+				CHECK(ev.element.srq == srq2, "SRQ_LIMIT_REACHED names the SRQ");
+				got_limit = 1;
+			} else {
+				ibv_ack_async_event(&ev);
+			}
+		}
+		CHECK(got_limit, "no SRQ_LIMIT_REACHED");
+		CHECK(ibv_destroy_qp(x) == 0 && ibv_destroy_qp(y) == 0, "destroy_qp x, y");
+		/* x's LAST_WQE_REACHED (if raised) went with x. */
+		struct destroyer d = { .obj = srq2, .is_cq = 2 };
+		pthread_t t;
+		CHECK(pthread_create(&t, NULL, destroy_thread, &d) == 0, "pthread_create");
+		sleep_ms(300);
+		CHECK(!__atomic_load_n(&d.done, __ATOMIC_SEQ_CST), "destroy_srq returned (%d) with an event not acknowledged",
+		      d.rc);
+		ibv_ack_async_event(&ev);
+		pthread_join(t, NULL);
+		CHECK(d.rc == 0, "destroy_srq rc %d", d.rc);
+		struct ibv_wc wc;
+		while (ibv_poll_cq(cq, 1, &wc) == 1)
+			;
 		CHECK(ibv_dereg_mr(mr) == 0, "dereg_mr");
 	}
 
