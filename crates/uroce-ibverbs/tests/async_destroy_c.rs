@@ -1,7 +1,7 @@
 //! Asynchronous events and destruction through the C ABI (issue 17 §2): a
-//! C client (tests/c/async_destroy.c) checks that `ibv_destroy_qp` and
-//! `ibv_destroy_cq` and `ibv_destroy_srq` wait (in a thread) until a delivered event about the
-//! object is acknowledged, and that an event queued about an object that
+//! C client (tests/c/async_destroy.c) checks that `ibv_destroy_qp`,
+//! `ibv_destroy_cq` and `ibv_destroy_srq` wait (in a thread) until a
+//! delivered event about the object is acknowledged, and that an event queued about an object that
 //! is then destroyed is never delivered. Skipped with a reason when
 //! verbs.h is missing.
 

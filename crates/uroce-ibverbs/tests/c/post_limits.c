@@ -229,6 +229,36 @@ int main(void)
 	CHECK(failed, "ibv_poll_cq on the overrun CQ never failed");
 	CHECK(ibv_poll_cq(small, 4, wc) < 0, "poll keeps failing");
 
+	/* The ibv_wr_* API: a batch larger than the free slots is refused whole
+	 * (ENOSPC, as rxe) and nothing of it is posted. q's peer does not exist,
+	 * so its three SENDs stay in its 4-slot queue while it retries. */
+	struct ibv_qp *q = qp_of(pd, cq, NULL, IBV_QPT_RC);
+	connect_qp(q, 0xabcd, &gid);
+	struct ibv_send_wr s3[3];
+	for (int i = 0; i < 3; i++) {
+		s3[i] = wr;
+		s3[i].wr_id = 300 + i;
+		s3[i].next = i < 2 ? &s3[i + 1] : NULL;
+	}
+	RC(ibv_post_send(q, s3, &bad), 0);
+	struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(q);
+	CHECK(qx, "qp_to_qp_ex");
+	ibv_wr_start(qx);
+	for (int i = 0; i < 2; i++) {
+		qx->wr_id = 400 + i;
+		qx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_send(qx);
+		ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)buf, 8);
+	}
+	RC(ibv_wr_complete(qx), ENOSPC);
+	/* One slot is still free: the batch took none. */
+	wr.next = NULL;
+	RC(ibv_post_send(q, &wr, &bad), 0);
+	RC(ibv_post_send(q, &wr, &bad), ENOMEM);
+	RC(ibv_destroy_qp(q), 0);
+	while (ibv_poll_cq(cq, 16, wc) > 0)
+		;
+
 	RC(ibv_destroy_qp(c), 0);
 	RC(ibv_destroy_qp(d), 0);
 	RC(ibv_destroy_cq(small), 0);
