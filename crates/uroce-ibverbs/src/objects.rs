@@ -335,25 +335,25 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     }
     // SAFETY: a channel from ibv_create_comp_channel.
     let c = unsafe { &*(ch as *const UChannel) };
-    let handle = match c.inner.as_ref().unwrap().get_event() {
-        Ok(h) => h,
-        Err(e) => {
-            set_errno(e.errno.0);
-            return -1;
-        }
-    };
     // SAFETY: the channel's context is ours.
     let u = unsafe { UContext::from_ctx(c.ch.context) };
-    let Some(&p) = u.cqs.lock().unwrap().get(&handle) else {
-        set_errno(libc::EAGAIN);
-        return -1;
-    };
-    // SAFETY: out parameters, and a live CQ of this context.
-    unsafe {
-        *cq = p as *mut ibv_cq;
-        *cq_context = (*(p as *mut ibv_cq)).cq_context;
+    loop {
+        let handle = match c.inner.as_ref().unwrap().get_event() {
+            Ok(h) => h,
+            Err(e) => {
+                set_errno(e.errno.0);
+                return -1;
+            }
+        };
+        // An event raised while its CQ was being destroyed is not delivered.
+        let Some(&p) = u.cqs.lock().unwrap().get(&handle) else { continue };
+        // SAFETY: out parameters, and a live CQ of this context.
+        unsafe {
+            *cq = p as *mut ibv_cq;
+            *cq_context = (*(p as *mut ibv_cq)).cq_context;
+        }
+        return 0;
     }
-    0
 }
 
 #[no_mangle]

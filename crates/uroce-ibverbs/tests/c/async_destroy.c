@@ -254,6 +254,34 @@ int main(void)
 		CHECK(ibv_dereg_mr(mr) == 0, "dereg_mr");
 	}
 
+	/* 5. A completion event not taken goes with its CQ: the channel's fd is
+	 * not readable afterwards, and the channel, used by no CQ, is destroyed. */
+	{
+		struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+		CHECK(ch, "create_comp_channel");
+		struct ibv_cq *ccq = ibv_create_cq(ctx, 4, NULL, ch, 0);
+		CHECK(ccq, "create_cq on the channel");
+		struct ibv_qp_init_attr qi = { .send_cq = ccq, .recv_cq = ccq, .qp_type = IBV_QPT_RC,
+					       .cap = { .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1,
+							.max_recv_sge = 1 } };
+		struct ibv_qp *qp = ibv_create_qp(pd, &qi);
+		CHECK(qp, "create_qp");
+		to_err(qp);
+		CHECK(ibv_req_notify_cq(ccq, 0) == 0, "req_notify_cq");
+		static char rbuf[16];
+		struct ibv_sge sge = { .addr = (uintptr_t)rbuf, .length = 16, .lkey = 0 };
+		struct ibv_recv_wr rw = { .wr_id = 70, .sg_list = &sge, .num_sge = 1 }, *rbad;
+		CHECK(ibv_post_recv(qp, &rw, &rbad) == 0, "post_recv in ERR (flushed at once)");
+		struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+		CHECK(poll(&p, 1, 2000) == 1, "no completion event");
+		CHECK(ibv_destroy_qp(qp) == 0, "destroy_qp");
+		CHECK(ibv_destroy_comp_channel(ch) == EBUSY, "a CQ still uses the channel");
+		CHECK(ibv_destroy_cq(ccq) == 0, "destroy_cq with an event not taken");
+		p.revents = 0;
+		CHECK(poll(&p, 1, 100) == 0, "the channel still signals an event of a destroyed CQ");
+		CHECK(ibv_destroy_comp_channel(ch) == 0, "destroy_comp_channel");
+	}
+
 	CHECK(ibv_destroy_srq(srq) == 0, "destroy_srq");
 	CHECK(ibv_destroy_cq(cq) == 0, "destroy_cq");
 	CHECK(ibv_dealloc_pd(pd) == 0, "dealloc_pd");

@@ -73,15 +73,7 @@ impl DeviceShared {
         // Keep the eventfd's count in step with the queue (a reader that
         // took a count for a discarded event finds none and waits again).
         for _ in q.events.len()..before {
-            let mut v = 0u64;
-            // SAFETY: a non-blocking read of 8 bytes of our semaphore eventfd into a u64.
-            unsafe {
-                let fd = self.async_fd.as_raw_fd();
-                let fl = libc::fcntl(fd, libc::F_GETFL);
-                libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
-                libc::read(fd, (&mut v as *mut u64).cast(), 8);
-                libc::fcntl(fd, libc::F_SETFL, fl);
-            }
+            drain_one(self.async_fd.as_raw_fd());
         }
     }
 
@@ -405,6 +397,29 @@ impl ChannelInner {
         self.fired.lock().unwrap().push_back(cq);
         write_eventfd(self.fd.as_raw_fd());
     }
+
+    /// A CQ of the channel is destroyed: its events not yet taken go (the
+    /// kernel never delivers a completion event for a destroyed CQ).
+    pub(crate) fn discard(&self, cq: u32) {
+        let mut f = self.fired.lock().unwrap();
+        let before = f.len();
+        f.retain(|&h| h != cq);
+        for _ in f.len()..before {
+            drain_one(self.fd.as_raw_fd());
+        }
+    }
+}
+
+/// Takes one count of a semaphore eventfd without blocking (none: nothing).
+fn drain_one(fd: RawFd) {
+    let mut v = 0u64;
+    // SAFETY: a non-blocking read of 8 bytes of our eventfd into a u64.
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+        libc::read(fd, (&mut v as *mut u64).cast(), 8);
+        libc::fcntl(fd, libc::F_SETFL, fl);
+    }
 }
 
 /// A completion channel (`ibv_comp_channel`): a pollable fd that becomes
@@ -421,9 +436,16 @@ impl CompletionChannel {
 
     /// Waits (unless the fd was made non-blocking) for the next CQ event and
     /// returns the handle of the CQ it is for (`ibv_get_cq_event`).
+    /// A count whose event was discarded since (its CQ was destroyed) is
+    /// skipped: the call waits for the next event (EAGAIN on a non-blocking
+    /// fd).
     pub fn get_event(&self) -> Result<u32> {
-        read_eventfd(self.fd())?;
-        self.inner.fired.lock().unwrap().pop_front().ok_or_else(|| Error::new(Errno::EAGAIN, "no CQ event"))
+        loop {
+            read_eventfd(self.fd())?;
+            if let Some(cq) = self.inner.fired.lock().unwrap().pop_front() {
+                return Ok(cq);
+            }
+        }
     }
 
     /// Waits at most `timeout` for a CQ event.

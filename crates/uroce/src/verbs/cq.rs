@@ -117,6 +117,7 @@ impl Drop for CompletionQueue {
         self.ctx.dev.untrack_events(crate::proto::EventElement::Cq(self.ring.handle));
         if let Some(ch) = &self.channel {
             self.ctx.dev.unbind_channel(self.ring.handle);
+            ch.discard(self.ring.handle);
             ch.cqs.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         }
     }
