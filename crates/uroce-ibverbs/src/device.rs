@@ -27,6 +27,9 @@ pub struct UContext {
     pub qps: Mutex<HashMap<u32, usize>>,
     /// SRQ handle → `ibv_srq` pointer, for asynchronous events.
     pub srqs: Mutex<HashMap<u32, usize>>,
+    /// Completion events delivered per CQ (by its pointer), not yet waited
+    /// for by its destruction.
+    pub comp_reported: Mutex<HashMap<usize, u32>>,
     /// Address handles (their `UAh`s), released by `ibv_close_device`.
     pub ahs: Mutex<std::collections::HashSet<usize>>,
     /// Asynchronous events delivered per object (by its pointer), not yet
@@ -215,6 +218,7 @@ pub(crate) unsafe fn new_context(dev: *mut ibv_device, ctx: Context, share: crat
         qps: Mutex::new(HashMap::new()),
         srqs: Mutex::new(HashMap::new()),
         events_reported: Mutex::new(HashMap::new()),
+        comp_reported: Mutex::new(HashMap::new()),
         ahs: Mutex::new(Default::default()),
         share,
     });

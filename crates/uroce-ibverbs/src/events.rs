@@ -129,7 +129,38 @@ pub(crate) unsafe fn wait_acknowledged(
     c: *mut pthread_cond_t,
     completed: *const u32,
 ) {
-    let Some(want) = u.events_reported.lock().unwrap().remove(&ptr) else { return };
+    // SAFETY: the caller's contract.
+    unsafe { wait_for(&u.events_reported, ptr, m, c, completed) }
+}
+
+/// The same for the completion events `ibv_get_cq_event` delivered about
+/// the CQ at `ptr` and `ibv_ack_cq_events` acknowledges
+/// (`comp_events_completed`), as rdma-core's `ibv_destroy_cq`.
+pub(crate) unsafe fn wait_comp_acknowledged(
+    u: &UContext,
+    ptr: usize,
+    m: *mut pthread_mutex_t,
+    c: *mut pthread_cond_t,
+    completed: *const u32,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { wait_for(&u.comp_reported, ptr, m, c, completed) }
+}
+
+/// Counts a completion event delivered about the CQ at `ptr` (called with
+/// the context's CQ table locked).
+pub(crate) fn comp_reported(u: &UContext, ptr: usize) {
+    *u.comp_reported.lock().unwrap().entry(ptr).or_insert(0) += 1;
+}
+
+unsafe fn wait_for(
+    counts: &std::sync::Mutex<std::collections::HashMap<usize, u32>>,
+    ptr: usize,
+    m: *mut pthread_mutex_t,
+    c: *mut pthread_cond_t,
+    completed: *const u32,
+) {
+    let Some(want) = counts.lock().unwrap().remove(&ptr) else { return };
     // SAFETY: the object's mutex, condition and counter, alive until the
     // caller frees it after this returns.
     unsafe {

@@ -299,8 +299,17 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             // SAFETY: the CQ's context and channel outlive it.
             let u = unsafe { UContext::from_ctx(c.cq.context) };
             u.cqs.lock().unwrap().remove(&c.cq.handle);
-            // SAFETY: the CQ's own mutex, condition and counter.
+            // SAFETY: the CQ's own mutex, condition and counters: the
+            // completion and asynchronous events delivered about it must be
+            // acknowledged first (rdma-core's ibv_cmd_destroy_cq).
             unsafe {
+                crate::events::wait_comp_acknowledged(
+                    u,
+                    cq as usize,
+                    &mut c.cq.mutex,
+                    &mut c.cq.cond,
+                    &c.cq.comp_events_completed,
+                );
                 crate::events::wait_acknowledged(
                     u,
                     cq as usize,
@@ -346,7 +355,12 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             }
         };
         // An event raised while its CQ was being destroyed is not delivered.
-        let Some(&p) = u.cqs.lock().unwrap().get(&handle) else { continue };
+        let Some(p) = u.cqs.lock().unwrap().get(&handle).map(|&p| {
+            crate::events::comp_reported(u, p);
+            p
+        }) else {
+            continue;
+        };
         // SAFETY: out parameters, and a live CQ of this context.
         unsafe {
             *cq = p as *mut ibv_cq;
@@ -366,7 +380,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
         let m = &mut (*cq).mutex as *mut _ as *mut libc::pthread_mutex_t;
         libc::pthread_mutex_lock(m);
         (*cq).comp_events_completed += nevents;
-        libc::pthread_cond_signal(&mut (*cq).cond as *mut _ as *mut libc::pthread_cond_t);
+        libc::pthread_cond_broadcast(&mut (*cq).cond as *mut _ as *mut libc::pthread_cond_t);
         libc::pthread_mutex_unlock(m);
     }
 }

@@ -1,10 +1,11 @@
 /* Asynchronous events and destruction (issue 17 §2), as the kernel with
- * rdma-core: ibv_destroy_qp / ibv_destroy_cq wait until the events
+ * rdma-core: ibv_destroy_qp / _cq / _srq wait until the events
  * delivered about the object are acknowledged (events_completed), and no
  * event is delivered about an object already destroyed. Events come from
  * a QP on an SRQ moved to ERR (IBV_EVENT_QP_LAST_WQE_REACHED), an overrun
  * CQ (IBV_EVENT_CQ_ERR, with the QP's IBV_EVENT_QP_FATAL) and an SRQ below
- * its limit (IBV_EVENT_SRQ_LIMIT_REACHED).
+ * its limit (IBV_EVENT_SRQ_LIMIT_REACHED). Completion events likewise: one
+ * not taken goes with its CQ, and destroy_cq waits for ibv_ack_cq_events.
  * Prints "all ok". */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -279,6 +280,39 @@ int main(void)
 		CHECK(ibv_destroy_cq(ccq) == 0, "destroy_cq with an event not taken");
 		p.revents = 0;
 		CHECK(poll(&p, 1, 100) == 0, "the channel still signals an event of a destroyed CQ");
+		CHECK(ibv_destroy_comp_channel(ch) == 0, "destroy_comp_channel");
+	}
+
+	/* 6. A completion event taken and not acknowledged: destroy_cq waits
+	 * for ibv_ack_cq_events (rdma-core's comp_events_completed). */
+	{
+		struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+		struct ibv_cq *ccq = ibv_create_cq(ctx, 4, NULL, ch, 0);
+		CHECK(ch && ccq, "channel and CQ");
+		struct ibv_qp_init_attr qi = { .send_cq = ccq, .recv_cq = ccq, .qp_type = IBV_QPT_RC,
+					       .cap = { .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1,
+							.max_recv_sge = 1 } };
+		struct ibv_qp *qp = ibv_create_qp(pd, &qi);
+		CHECK(qp, "create_qp");
+		to_err(qp);
+		CHECK(ibv_req_notify_cq(ccq, 0) == 0, "req_notify_cq");
+		static char rbuf[16];
+		struct ibv_sge sge = { .addr = (uintptr_t)rbuf, .length = 16, .lkey = 0 };
+		struct ibv_recv_wr rw = { .wr_id = 80, .sg_list = &sge, .num_sge = 1 }, *rbad;
+		CHECK(ibv_post_recv(qp, &rw, &rbad) == 0, "post_recv in ERR");
+		struct ibv_cq *ev_cq;
+		void *ev_ctx;
+		CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0 && ev_cq == ccq, "get_cq_event");
+		CHECK(ibv_destroy_qp(qp) == 0, "destroy_qp");
+		struct destroyer d = { .obj = ccq, .is_cq = 1 };
+		pthread_t t;
+		CHECK(pthread_create(&t, NULL, destroy_thread, &d) == 0, "pthread_create");
+		sleep_ms(300);
+		CHECK(!__atomic_load_n(&d.done, __ATOMIC_SEQ_CST),
+		      "destroy_cq returned (%d) with a completion event not acknowledged", d.rc);
+		ibv_ack_cq_events(ccq, 1);
+		pthread_join(t, NULL);
+		CHECK(d.rc == 0, "destroy_cq rc %d", d.rc);
 		CHECK(ibv_destroy_comp_channel(ch) == 0, "destroy_comp_channel");
 	}
 
