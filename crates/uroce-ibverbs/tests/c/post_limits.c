@@ -6,8 +6,10 @@
  * inline SGE of 0xFFFFFFFF bytes is EINVAL before anything is copied; an
  * opcode the QP type lacks is EINVAL before its SGEs are read; bad_wr names
  * the refused WR and the ones before it are posted. A CQ that overflows
- * raises IBV_EVENT_CQ_ERR (element.cq set) and ibv_poll_cq fails once its
- * stored completions are taken (docs/reliability.md). Prints "all ok". */
+ * raises IBV_EVENT_CQ_ERR (element.cq set) and ibv_poll_cq (and
+ * ibv_start_poll) fails once its stored completions are taken
+ * (docs/reliability.md). An ibv_wr_* batch larger than the free slots is
+ * refused whole with ENOSPC. Prints "all ok". */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
@@ -189,8 +191,10 @@ int main(void)
 
 	/* CQ overrun: a 2-entry CQ gets 3 completions. Its stored ones are
 	 * polled, then polls fail; IBV_EVENT_CQ_ERR names the CQ. */
-	struct ibv_cq *small = ibv_create_cq(ctx, 2, NULL, NULL, 0);
-	CHECK(small, "create_cq 2");
+	struct ibv_cq_init_attr_ex cia = { .cqe = 2, .wc_flags = IBV_WC_STANDARD_FLAGS };
+	struct ibv_cq_ex *smallx = ibv_create_cq_ex(ctx, &cia);
+	CHECK(smallx, "create_cq_ex 2");
+	struct ibv_cq *small = ibv_cq_ex_to_cq(smallx);
 	struct ibv_qp_init_attr ci = { .send_cq = small, .recv_cq = cq,
 				       .cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
 						.max_recv_sge = 1 },
@@ -228,6 +232,8 @@ int main(void)
 	CHECK(polled == 2, "the 2 stored completions are polled, got %d", polled);
 	CHECK(failed, "ibv_poll_cq on the overrun CQ never failed");
 	CHECK(ibv_poll_cq(small, 4, wc) < 0, "poll keeps failing");
+	struct ibv_poll_cq_attr pca = { 0 };
+	RC(ibv_start_poll(smallx, &pca), EIO); /* the extended poll too */
 
 	/* The ibv_wr_* API: a batch larger than the free slots is refused whole
 	 * (ENOSPC, as rxe) and nothing of it is posted. q's peer does not exist,
