@@ -32,6 +32,8 @@ pub struct UContext {
     pub comp_reported: Mutex<HashMap<usize, u32>>,
     /// Address handles (their `UAh`s), released by `ibv_close_device`.
     pub ahs: Mutex<std::collections::HashSet<usize>>,
+    /// Memory windows (their `UMw`s), likewise.
+    pub mws: Mutex<std::collections::HashSet<usize>>,
     /// Asynchronous events delivered per object (by its pointer), not yet
     /// waited for by its destruction (`events.rs`).
     pub events_reported: Mutex<HashMap<usize, u32>>,
@@ -220,6 +222,7 @@ pub(crate) unsafe fn new_context(dev: *mut ibv_device, ctx: Context, share: crat
         events_reported: Mutex::new(HashMap::new()),
         comp_reported: Mutex::new(HashMap::new()),
         ahs: Mutex::new(Default::default()),
+        mws: Mutex::new(Default::default()),
         share,
     });
     let u = Box::into_raw(u);
@@ -251,7 +254,7 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
 
 /// What the application did not destroy before closing the last context of
 /// its file is released, as the kernel does when it releases the file: QPs,
-/// SRQs, CQs, AHs, then regions and PDs. Without this a leaked object kept
+/// SRQs, CQs, AHs, memory windows, then regions and PDs. Without this a leaked object kept
 /// the device (its socket, progress thread and capture) alive until the
 /// process ended. The structs stay allocated (the application holds the
 /// pointers) with no object behind them; using them is an error, as after
@@ -273,6 +276,10 @@ unsafe fn release_leaked(u: &UContext) {
     for p in std::mem::take(&mut *u.ahs.lock().unwrap()) {
         // SAFETY: an AH of this context, not destroyed.
         drop(unsafe { (*(p as *mut crate::objects::UAh)).inner.take() });
+    }
+    for p in std::mem::take(&mut *u.mws.lock().unwrap()) {
+        // SAFETY: a memory window of this context, not deallocated.
+        drop(unsafe { (*(p as *mut crate::mw::UMw)).inner.take() });
     }
     u.share.release_objects();
 }

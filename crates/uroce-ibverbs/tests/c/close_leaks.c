@@ -1,6 +1,6 @@
 /* ibv_close_device with leaked objects (issue 17 §2; perftest's
  * `ib_send_bw -c UD` client leaks and closes): as the kernel releases a
- * file's objects on close, the context's QP, CQ, SRQ, AH, MR and PD go with
+ * file's objects on close, the context's QP, CQ, SRQ, AH, MW, MR and PD go with
  * it, and so does the device: its progress thread ends, its UDP port is free (a plain socket binds it), and a new
  * ibv_open_device starts a working device on the same address.
  * Run with UROCE_ADDR set. Prints "all ok". */
@@ -93,7 +93,8 @@ int main(void)
 		struct ibv_qp *qp2 = ibv_create_qp(pd, &qi);
 		struct ibv_ah_attr aa = { .is_global = 1, .port_num = 1, .grh = { .dgid = gid, .hop_limit = 1 } };
 		struct ibv_ah *ah = ibv_create_ah(pd, &aa);
-		CHECK(pd && mr && cq && srq && qp && qp2 && ah, "objects: %s", strerror(errno));
+		struct ibv_mw *mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+		CHECK(pd && mr && cq && srq && qp && qp2 && ah && mw, "objects: %s", strerror(errno));
 		CHECK(ibv_close_device(ctx) == 0, "close_device");
 		/* The device is gone: its thread ended and its port is free. */
 		int n = threads();
