@@ -88,7 +88,8 @@ pub unsafe extern "C" fn create_cq_ex(ctx: *mut ibv_context, attr: *mut ibv_cq_i
     cx
 }
 
-/// Takes the next completion: 0, or ENOENT when the CQ is empty.
+/// Takes the next completion: 0, ENOENT when the CQ is empty, or EIO once
+/// an overrun CQ is empty (as `ibv_poll_cq`'s -EIO; docs/reliability.md).
 unsafe fn take(cq: *mut ibv_cq_ex) -> c_int {
     let got = {
         // SAFETY: every ibv_cq_ex we hand out is the first field of a UCq.
@@ -96,6 +97,9 @@ unsafe fn take(cq: *mut ibv_cq_ex) -> c_int {
         let Some(ring) = c.inner.as_ref() else { return libc::EINVAL };
         let wc = ring.poll_one();
         c.cur.set(wc);
+        if wc.is_none() && ring.is_overrun() {
+            return libc::EIO;
+        }
         wc
     };
     match got {

@@ -5,33 +5,41 @@ use crate::ffi::*;
 use crate::objects::{UCq, UQp};
 use std::ffi::c_int;
 use uroce::ib::{SendFlags, Sge, Wc};
-use uroce::verbs::{RecvWr, SendWr, SgList, UdDest, WrOpcode};
+use uroce::verbs::{QueueLimits, RecvWr, SendWr, SgList, UdDest, WrOpcode};
 
-pub(crate) unsafe fn sges(list: *const ibv_sge, n: c_int) -> SgList {
-    if list.is_null() || n <= 0 {
+/// The `n` SGEs at `list` (`n` already checked against the queue's
+/// max_sge, so the read and the copy are bounded).
+pub(crate) unsafe fn sges(list: *const ibv_sge, n: usize) -> SgList {
+    if list.is_null() || n == 0 {
         return SgList::new();
     }
     // SAFETY: the caller's array of `n` SGEs.
-    unsafe { std::slice::from_raw_parts(list, n as usize) }
+    unsafe { std::slice::from_raw_parts(list, n) }
         .iter()
         .map(|s| Sge { addr: s.addr, length: s.length, lkey: s.lkey })
         .collect()
 }
 
-/// Converts one C send WR for a QP of type `qp_type`; None for an opcode
-/// uroce does not execute.
-unsafe fn send_wr(w: &ibv_send_wr, qp_type: ibv_qp_type) -> Option<SendWr> {
+/// Converts send WR number `index` of a post after checking it against the
+/// queue's limits: room, opcode for the QP type, SGE count, then the inline
+/// total; the SGE array is read and inline data copied only after.
+unsafe fn send_wr(w: &ibv_send_wr, qp_type: ibv_qp_type, index: usize, lim: &QueueLimits) -> uroce::ib::Result<SendWr> {
+    lim.check_room(index)?;
+    lim.check_opcode(w.opcode)?;
+    let n = lim.check_num_sge(i64::from(w.num_sge))?;
     // SAFETY: the caller's work request.
-    let mut wr = unsafe { send_wr_head(w, qp_type) }?;
-    // SAFETY: the caller's SGE array.
-    wr.sg_list = unsafe { sges(w.sg_list, w.num_sge) };
+    let mut wr = unsafe { send_wr_head(w, qp_type) }
+        .ok_or_else(|| uroce::ib::Error::inval("post_send: BIND_MW without a window"))?;
+    // SAFETY: the caller's SGE array, of `n` ≤ max_send_sge entries.
+    wr.sg_list = unsafe { sges(w.sg_list, n) };
     if wr.flags.contains(SendFlags::INLINE) && !wr.opcode.is_read_or_atomic() {
+        lim.check_inline(wr.opcode, uroce::mem::sge_total(&wr.sg_list))?;
         // Inline data is copied now, so the buffers may be reused at once.
         // SAFETY: verbs' inline contract: the SGE addresses are readable
         // memory of the caller for the duration of the call.
         wr.inline = Some(unsafe { gather(&wr.sg_list) });
     }
-    Some(wr)
+    Ok(wr)
 }
 
 /// Everything of a C send WR but its SGEs and inline data: the one
@@ -76,7 +84,7 @@ pub(crate) unsafe fn send_wr_head(w: &ibv_send_wr, qp_type: ibv_qp_type) -> Opti
 pub(crate) unsafe fn ud_dest(ah: *mut ibv_ah, remote_qpn: u32, remote_qkey: u32) -> Option<UdDest> {
     // SAFETY: an AH from ibv_create_ah, or NULL.
     let ah = unsafe { (ah as *const crate::objects::UAh).as_ref() }?;
-    Some(UdDest { av: ah.inner.av, remote_qpn, remote_qkey })
+    Some(UdDest { av: ah.av, remote_qpn, remote_qkey })
 }
 
 /// The bytes the SGEs address, concatenated (inline data).
@@ -97,34 +105,31 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *
     }
     // SAFETY: a QP from ibv_create_qp.
     let q = unsafe { &*(qp as *const UQp) };
+    let Some(inner) = q.inner.as_ref() else { return libc::EINVAL };
     let qp_type = q.qp.qp_base.qp_type;
-    let mut ptrs = Vec::new();
-    let mut wrs = Vec::new();
-    let mut cur = wr;
-    while !cur.is_null() {
+    // The WR `next` last handed out (or refused): the one a failure names.
+    let (mut cur, mut last) = (wr, wr);
+    let r = inner.post_send_with(|i, lim| {
+        if cur.is_null() {
+            return None;
+        }
+        last = cur;
         // SAFETY: the caller's linked list.
         let w = unsafe { &*cur };
-        match unsafe { send_wr(w, qp_type) } {
-            Some(x) => wrs.push(x),
-            None => break,
-        }
-        ptrs.push(cur);
         cur = w.next;
+        // SAFETY: the caller's work request, checked before it is read further.
+        Some(unsafe { send_wr(w, qp_type, i, lim) })
+    });
+    match r {
+        Ok(()) => 0,
+        Err((_, e)) => {
+            if !bad.is_null() {
+                // SAFETY: the caller's out parameter.
+                unsafe { *bad = last };
+            }
+            e.errno.0
+        }
     }
-    let unconverted = if cur.is_null() { None } else { Some(cur) };
-    let r = q.inner.as_ref().unwrap().post_send_list(wrs);
-    let (fail_at, rc) = match r {
-        Ok(()) => match unconverted {
-            None => return 0,
-            Some(p) => (p, libc::EINVAL),
-        },
-        Err((i, e)) => (ptrs[i], e.errno.0),
-    };
-    if !bad.is_null() {
-        // SAFETY: the caller's out parameter.
-        unsafe { *bad = fail_at };
-    }
-    rc
 }
 
 pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
@@ -133,26 +138,41 @@ pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *
     }
     // SAFETY: a QP from ibv_create_qp.
     let q = unsafe { &*(qp as *const UQp) };
-    let mut ptrs = Vec::new();
-    let mut wrs = Vec::new();
-    let mut cur = wr;
-    while !cur.is_null() {
-        // SAFETY: the caller's linked list.
-        let w = unsafe { &*cur };
-        wrs.push(RecvWr { wr_id: w.wr_id, sg_list: unsafe { sges(w.sg_list, w.num_sge) } });
-        ptrs.push(cur);
-        cur = w.next;
-    }
-    match q.inner.as_ref().unwrap().post_recv_list(wrs) {
+    let Some(inner) = q.inner.as_ref() else { return libc::EINVAL };
+    let (mut cur, mut last) = (wr, wr);
+    // SAFETY: the caller's linked list and SGE arrays.
+    let r = inner.post_recv_with(|i, lim| unsafe { next_recv_wr(&mut cur, &mut last, i, lim) });
+    match r {
         Ok(()) => 0,
-        Err((i, e)) => {
+        Err((_, e)) => {
             if !bad.is_null() {
                 // SAFETY: the caller's out parameter.
-                unsafe { *bad = ptrs[i] };
+                unsafe { *bad = last };
             }
             e.errno.0
         }
     }
+}
+
+/// The next receive WR of a list at `*cur` (None at its end), checked
+/// against the queue's limits before its SGE array is read; `*last` names
+/// it (for `bad_wr`). Shared by `ibv_post_recv` and `ibv_post_srq_recv`.
+pub(crate) unsafe fn next_recv_wr(
+    cur: &mut *mut ibv_recv_wr,
+    last: &mut *mut ibv_recv_wr,
+    index: usize,
+    lim: &QueueLimits,
+) -> Option<uroce::ib::Result<RecvWr>> {
+    if cur.is_null() {
+        return None;
+    }
+    *last = *cur;
+    // SAFETY: the caller's linked list.
+    let w = unsafe { &**cur };
+    *cur = w.next;
+    let checked = lim.check_room(index).and_then(|()| lim.check_num_sge(i64::from(w.num_sge)));
+    // SAFETY: `n` ≤ max_sge SGEs at `sg_list`.
+    Some(checked.map(|n| RecvWr { wr_id: w.wr_id, sg_list: unsafe { sges(w.sg_list, n) } }))
 }
 
 pub(crate) fn to_c(wc: &Wc, out: &mut ibv_wc) {
@@ -185,6 +205,11 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> 
         // SAFETY: the caller's array of `n` completions.
         to_c(&w, unsafe { &mut *wc.add(got as usize) });
         got += 1;
+    }
+    if got == 0 && n > 0 && ring.is_overrun() {
+        // The CQ lost a completion (IBV_EVENT_CQ_ERR was raised): once what
+        // it stored is taken, polls fail (docs/reliability.md).
+        return -libc::EIO;
     }
     got
 }

@@ -27,6 +27,16 @@ pub struct UContext {
     pub qps: Mutex<HashMap<u32, usize>>,
     /// SRQ handle → `ibv_srq` pointer, for asynchronous events.
     pub srqs: Mutex<HashMap<u32, usize>>,
+    /// Completion events delivered per CQ (by its pointer), not yet waited
+    /// for by its destruction.
+    pub comp_reported: Mutex<HashMap<usize, u32>>,
+    /// Address handles (their `UAh`s), released by `ibv_close_device`.
+    pub ahs: Mutex<std::collections::HashSet<usize>>,
+    /// Memory windows (their `UMw`s), likewise.
+    pub mws: Mutex<std::collections::HashSet<usize>>,
+    /// Asynchronous events delivered per object (by its pointer), not yet
+    /// waited for by its destruction (`events.rs`).
+    pub events_reported: Mutex<HashMap<usize, u32>>,
     /// The `cmd_fd` and the objects shared with imported contexts (`import.rs`).
     pub share: crate::import::Share,
 }
@@ -215,6 +225,10 @@ pub(crate) unsafe fn new_context(dev: *mut ibv_device, ctx: Context, share: crat
         cqs: Mutex::new(HashMap::new()),
         qps: Mutex::new(HashMap::new()),
         srqs: Mutex::new(HashMap::new()),
+        events_reported: Mutex::new(HashMap::new()),
+        comp_reported: Mutex::new(HashMap::new()),
+        ahs: Mutex::new(Default::default()),
+        mws: Mutex::new(Default::default()),
         share,
     });
     let u = Box::into_raw(u);
@@ -235,8 +249,45 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
     }
     let off = std::mem::offset_of!(verbs_context, context);
     // SAFETY: `ctx` came from ibv_open_device: it is inside a boxed UContext.
-    drop(unsafe { Box::from_raw((ctx as *mut u8).sub(off) as *mut UContext) });
+    let u = unsafe { Box::from_raw((ctx as *mut u8).sub(off) as *mut UContext) };
+    if u.share.is_last() {
+        // SAFETY: the objects of this context, which the application leaked.
+        unsafe { release_leaked(&u) };
+    }
+    drop(u);
     0
+}
+
+/// What the application did not destroy before closing the last context of
+/// its file is released, as the kernel does when it releases the file: QPs,
+/// SRQs, CQs, AHs, memory windows, then regions and PDs. Without this a leaked object kept
+/// the device (its socket, progress thread and capture) alive until the
+/// process ended. The structs stay allocated (the application holds the
+/// pointers) with no object behind them; using them is an error, as after
+/// a kernel device's close.
+unsafe fn release_leaked(u: &UContext) {
+    let take = |m: &Mutex<HashMap<u32, usize>>| std::mem::take(&mut *m.lock().unwrap());
+    for (_, p) in take(&u.qps) {
+        // SAFETY: a QP of this context, not destroyed.
+        drop(unsafe { (*(p as *mut crate::objects::UQp)).inner.take() });
+    }
+    for (_, p) in take(&u.srqs) {
+        // SAFETY: an SRQ of this context, not destroyed.
+        drop(unsafe { (*(p as *mut crate::srq::USrq)).inner.take() });
+    }
+    for (_, p) in take(&u.cqs) {
+        // SAFETY: a CQ of this context, not destroyed.
+        drop(unsafe { (*(p as *mut crate::objects::UCq)).inner.take() });
+    }
+    for p in std::mem::take(&mut *u.ahs.lock().unwrap()) {
+        // SAFETY: an AH of this context, not destroyed.
+        drop(unsafe { (*(p as *mut crate::objects::UAh)).inner.take() });
+    }
+    for p in std::mem::take(&mut *u.mws.lock().unwrap()) {
+        // SAFETY: a memory window of this context, not deallocated.
+        drop(unsafe { (*(p as *mut crate::mw::UMw)).inner.take() });
+    }
+    u.share.release_objects();
 }
 
 #[no_mangle]
@@ -466,16 +517,18 @@ pub extern "C" fn ibv_get_sysfs_path() -> *const c_char {
     c"/sys".as_ptr()
 }
 
+/// Succeeds: uroce reaches registered memory by virtual address from its
+/// own threads, so it needs no `MADV_DONTFORK` (README, "fork and uroce").
 #[no_mangle]
 pub extern "C" fn ibv_fork_init() -> c_int {
     0
 }
 
-/// `IBV_FORK_DISABLED`: uroce needs no fork protection of registered memory
-/// beyond what mlock gives.
+/// `IBV_FORK_UNNEEDED` (2), what rdma-core answers on a kernel with
+/// copy-on-fork for pinned pages: fork protection is not needed.
 #[no_mangle]
 pub extern "C" fn ibv_is_fork_initialized() -> u32 {
-    0
+    2
 }
 
 #[no_mangle]

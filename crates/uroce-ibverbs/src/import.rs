@@ -96,6 +96,38 @@ impl Share {
     pub fn cmd_fd(&self) -> RawFd {
         self.cmd_fd.as_raw_fd()
     }
+
+    /// Whether this context is the last one open on its file (contexts of
+    /// `ibv_import_device` share it).
+    pub fn is_last(&self) -> bool {
+        Arc::strong_count(&self.file) == 1
+    }
+
+    /// `ibv_close_device` of the file's last context, with regions and PDs
+    /// the application leaked: they are released, as the kernel releases a
+    /// file's objects. The structs stay (the application still holds
+    /// them) with no object behind them.
+    pub fn release_objects(&self) {
+        let reg = registry();
+        for e in reg.objects.values().filter(|e| e.file == self.file.id) {
+            match &e.obj {
+                Object::Mr { primary, released: false, .. } => {
+                    // SAFETY: the UMr that registered the region, which its
+                    // application leaked (it is in the table).
+                    let m = unsafe { &mut *(*primary as *mut UMr) };
+                    m.inner = None;
+                    m.dm = None;
+                }
+                Object::Pd { structs, .. } => {
+                    for &p in structs {
+                        // SAFETY: the UPds naming the PD, leaked by the application.
+                        unsafe { (*(p as *mut UPd)).inner = None };
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 impl Drop for ContextFile {

@@ -15,12 +15,14 @@
 
 pub mod ffi;
 
+mod ah_from_wc;
 mod cq_ex;
 mod datapath;
 mod device;
 mod dm;
 mod domain;
 mod errno;
+mod events;
 mod ext;
 mod import;
 mod mw;

@@ -13,7 +13,8 @@ use uroce::verbs::{MemoryWindow, SendWr, WrOpcode};
 #[repr(C)]
 pub struct UMw {
     pub mw: ibv_mw,
-    pub inner: MemoryWindow,
+    /// None once `ibv_close_device` released what the context owned.
+    pub inner: Option<MemoryWindow>,
 }
 
 pub unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, ty: ibv_mw_type) -> *mut ibv_mw {
@@ -30,7 +31,10 @@ pub unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, ty: ibv_mw_type) -> *mut ibv_
     match p.inner.as_ref().unwrap().alloc_mw(mw_type) {
         Ok(w) => {
             let raw = ibv_mw { context: p.pd.context, pd, rkey: w.rkey(), handle: w.rkey() >> 8, type_: ty };
-            Box::into_raw(Box::new(UMw { mw: raw, inner: w })) as *mut ibv_mw
+            let b = Box::into_raw(Box::new(UMw { mw: raw, inner: Some(w) }));
+            // SAFETY: the PD's context is ours.
+            unsafe { crate::device::UContext::from_ctx(p.pd.context) }.mws.lock().unwrap().insert(b as usize);
+            b as *mut ibv_mw
         }
         Err(e) => null(crate::errno::fail(&e)),
     }
@@ -41,7 +45,10 @@ pub unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
         return libc::EINVAL;
     }
     // SAFETY: a window from alloc_mw.
-    drop(unsafe { Box::from_raw(mw as *mut UMw) });
+    let b = unsafe { Box::from_raw(mw as *mut UMw) };
+    // SAFETY: its context outlives it.
+    unsafe { crate::device::UContext::from_ctx(b.mw.context) }.mws.lock().unwrap().remove(&(mw as usize));
+    drop(b);
     0
 }
 
@@ -57,8 +64,9 @@ pub unsafe extern "C" fn bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, bind: *mut ib
     // SAFETY: an MR from ibv_reg_mr, or NULL.
     let mr = unsafe { (info.mr as *const UMr).as_ref() }.and_then(|m| m.inner.as_ref());
     let access = Access::from_bits_retain(info.mw_access_flags);
+    let Some(window) = w.inner.as_ref() else { return libc::EINVAL };
     match q.inner.as_ref().unwrap().bind_mw(
-        &w.inner,
+        window,
         b.wr_id,
         SendFlags::from_bits_retain(b.send_flags),
         mr,
@@ -80,10 +88,11 @@ pub unsafe fn bind_wr(w: &ibv_send_wr, wr: &mut SendWr) -> bool {
     let bm = unsafe { &w.__bindgen_anon_2.bind_mw };
     // SAFETY: a window from alloc_mw, and an MR from ibv_reg_mr or NULL.
     let Some(umw) = (unsafe { (bm.mw as *mut UMw).as_mut() }) else { return false };
+    let Some(mw_key) = umw.inner.as_ref().map(|w| w.rkey()) else { return false };
     let mr_key = unsafe { (bm.bind_info.mr as *const UMr).as_ref() }.map_or(0, |m| m.mr.lkey);
     wr.opcode = WrOpcode::BindMw;
     wr.bind = Some(Box::new(BindRequest {
-        mw_key: umw.inner.rkey(),
+        mw_key,
         new_key: bm.rkey,
         mr_key,
         addr: bm.bind_info.addr,
@@ -92,6 +101,6 @@ pub unsafe fn bind_wr(w: &ibv_send_wr, wr: &mut SendWr) -> bool {
     }));
     // The consumer reads mw->rkey after the bind completes: it names the
     // window with the requested tag (shared/spec/memory.md §4.1).
-    umw.mw.rkey = (umw.inner.rkey() & !0xff) | (bm.rkey & 0xff);
+    umw.mw.rkey = (mw_key & !0xff) | (bm.rkey & 0xff);
     true
 }

@@ -299,6 +299,25 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             // SAFETY: the CQ's context and channel outlive it.
             let u = unsafe { UContext::from_ctx(c.cq.context) };
             u.cqs.lock().unwrap().remove(&c.cq.handle);
+            // SAFETY: the CQ's own mutex, condition and counters: the
+            // completion and asynchronous events delivered about it must be
+            // acknowledged first (rdma-core's ibv_cmd_destroy_cq).
+            unsafe {
+                crate::events::wait_comp_acknowledged(
+                    u,
+                    cq as usize,
+                    &mut c.cq.mutex,
+                    &mut c.cq.cond,
+                    &c.cq.comp_events_completed,
+                );
+                crate::events::wait_acknowledged(
+                    u,
+                    cq as usize,
+                    &mut c.cq.mutex,
+                    &mut c.cq.cond,
+                    &c.cq.async_events_completed,
+                )
+            };
             if let Some(ch) = unsafe { (c.cq.channel as *mut UChannel).as_mut() } {
                 ch.ch.refcnt -= 1;
             }
@@ -325,25 +344,30 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     }
     // SAFETY: a channel from ibv_create_comp_channel.
     let c = unsafe { &*(ch as *const UChannel) };
-    let handle = match c.inner.as_ref().unwrap().get_event() {
-        Ok(h) => h,
-        Err(e) => {
-            set_errno(e.errno.0);
-            return -1;
-        }
-    };
     // SAFETY: the channel's context is ours.
     let u = unsafe { UContext::from_ctx(c.ch.context) };
-    let Some(&p) = u.cqs.lock().unwrap().get(&handle) else {
-        set_errno(libc::EAGAIN);
-        return -1;
-    };
-    // SAFETY: out parameters, and a live CQ of this context.
-    unsafe {
-        *cq = p as *mut ibv_cq;
-        *cq_context = (*(p as *mut ibv_cq)).cq_context;
+    loop {
+        let handle = match c.inner.as_ref().unwrap().get_event() {
+            Ok(h) => h,
+            Err(e) => {
+                set_errno(e.errno.0);
+                return -1;
+            }
+        };
+        // An event raised while its CQ was being destroyed is not delivered.
+        let Some(p) = u.cqs.lock().unwrap().get(&handle).map(|&p| {
+            crate::events::comp_reported(u, p);
+            p
+        }) else {
+            continue;
+        };
+        // SAFETY: out parameters, and a live CQ of this context.
+        unsafe {
+            *cq = p as *mut ibv_cq;
+            *cq_context = (*(p as *mut ibv_cq)).cq_context;
+        }
+        return 0;
     }
-    0
 }
 
 #[no_mangle]
@@ -356,7 +380,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
         let m = &mut (*cq).mutex as *mut _ as *mut libc::pthread_mutex_t;
         libc::pthread_mutex_lock(m);
         (*cq).comp_events_completed += nevents;
-        libc::pthread_cond_signal(&mut (*cq).cond as *mut _ as *mut libc::pthread_cond_t);
+        libc::pthread_cond_broadcast(&mut (*cq).cond as *mut _ as *mut libc::pthread_cond_t);
         libc::pthread_mutex_unlock(m);
     }
 }
@@ -588,10 +612,17 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         return libc::EINVAL;
     }
     // SAFETY: a QP from ibv_create_qp.
-    let b = unsafe { Box::from_raw(qp as *mut UQp) };
+    let mut b = unsafe { Box::from_raw(qp as *mut UQp) };
     // SAFETY: its context outlives it.
     let u = unsafe { UContext::from_ctx(b.qp.qp_base.context) };
+    // Out of the table first: no event is delivered about it after this.
     u.qps.lock().unwrap().remove(&b.qp.qp_base.qp_num);
+    drop(b.inner.take());
+    let base = &mut b.qp.qp_base;
+    // SAFETY: the QP's own mutex, condition and counter.
+    unsafe {
+        crate::events::wait_acknowledged(u, qp as usize, &mut base.mutex, &mut base.cond, &base.events_completed)
+    };
     drop(b);
     0
 }
@@ -600,7 +631,11 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 #[repr(C)]
 pub struct UAh {
     pub ah: ibv_ah,
-    pub inner: uroce::verbs::AddressHandle,
+    /// The address (read by every UD post).
+    pub av: AddressVector,
+    /// The handle, which keeps its PD; None once `ibv_close_device`
+    /// released what the context owned.
+    pub inner: Option<uroce::verbs::AddressHandle>,
 }
 
 #[no_mangle]
@@ -625,7 +660,10 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
             static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
             let raw =
                 ibv_ah { context: p.pd.context, pd, handle: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) };
-            Box::into_raw(Box::new(UAh { ah: raw, inner: ah })) as *mut ibv_ah
+            let b = Box::into_raw(Box::new(UAh { ah: raw, av: ah.av, inner: Some(ah) }));
+            // SAFETY: the PD's context is ours.
+            unsafe { UContext::from_ctx(p.pd.context) }.ahs.lock().unwrap().insert(b as usize);
+            b as *mut ibv_ah
         }
         Err(e) => null(fail(&e)),
     }
@@ -637,41 +675,12 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         return libc::EINVAL;
     }
     // SAFETY: an AH from ibv_create_ah.
-    drop(unsafe { Box::from_raw(ah as *mut UAh) });
+    let b = unsafe { Box::from_raw(ah as *mut UAh) };
+    // SAFETY: its context outlives it.
+    unsafe { UContext::from_ctx(b.ah.context) }.ahs.lock().unwrap().remove(&(ah as usize));
+    drop(b);
     0
 }
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
-    if ctx.is_null() || event.is_null() {
-        set_errno(libc::EINVAL);
-        return -1;
-    }
-    // SAFETY: our context.
-    let u = unsafe { UContext::from_ctx(ctx) };
-    match u.ctx.get_async_event() {
-        Ok(ev) => {
-            // SAFETY: the caller's event struct (plain old data).
-            let e = unsafe { &mut *event };
-            e.event_type = ev.kind.to_raw();
-            use uroce::verbs::EventElement as El;
-            match ev.element {
-                El::Qp(n) => e.element.qp = u.qps.lock().unwrap().get(&n).copied().unwrap_or(0) as *mut ibv_qp,
-                El::Cq(h) => e.element.cq = u.cqs.lock().unwrap().get(&h).copied().unwrap_or(0) as *mut ibv_cq,
-                El::Srq(h) => e.element.srq = u.srqs.lock().unwrap().get(&h).copied().unwrap_or(0) as *mut ibv_srq,
-                El::Port(p) => e.element.port_num = p as c_int,
-            }
-            0
-        }
-        Err(e) => {
-            set_errno(e.errno.0);
-            -1
-        }
-    }
-}
-
-#[no_mangle]
-pub extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
 
 /// `ibv_rereg_mr`: 0, or an `IBV_REREG_MR_ERR_*` code with errno set
 /// (-1: input error found before anything changed, -4: the device refused).

@@ -435,7 +435,7 @@ unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg_list
             }
             // SAFETY: the caller's array of `num_sge` SGEs (checked against
             // the QP's maximum, which fits a c_int).
-            wr.sg_list = crate::datapath::sges(sg_list, num_sge as c_int);
+            wr.sg_list = crate::datapath::sges(sg_list, num_sge);
             wr.inline = None;
             Ok(())
         })
@@ -466,7 +466,17 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     }
     let Some(inner) = q.inner.as_ref() else { return libc::EINVAL };
     let n = wrs.len();
-    match inner.post_send_list(wrs) {
+    // The batch goes whole or not at all (rxe's wr_complete drops a batch
+    // that did not fit): refused with ENOSPC, as rxe's builders, when the
+    // send queue has fewer free slots than it has WRs.
+    let mut wrs = wrs.into_iter();
+    let posted = inner.post_send_with(|i, lim| {
+        if i == 0 && lim.free < n {
+            return Some(Err(uroce::ib::Error::new(uroce::ib::Errno(libc::ENOSPC), "wr_complete: send queue full")));
+        }
+        wrs.next().map(Ok)
+    });
+    match posted {
         Ok(()) => {
             trace_once(n);
             0

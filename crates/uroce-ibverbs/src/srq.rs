@@ -8,7 +8,7 @@ use crate::ffi::*;
 use crate::objects::{UCq, UPd};
 use crate::xrcd::UXrcd;
 use std::ffi::c_int;
-use uroce::verbs::{RecvWr, SharedReceiveQueue};
+use uroce::verbs::SharedReceiveQueue;
 
 #[repr(C)]
 pub struct USrq {
@@ -160,7 +160,16 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         Ok(()) => {
             // SAFETY: its context outlives it; nothing refers to it any more.
             unsafe {
-                UContext::from_ctx(q.srq.context).srqs.lock().unwrap().remove(&q.srq.handle);
+                let u = UContext::from_ctx(q.srq.context);
+                u.srqs.lock().unwrap().remove(&q.srq.handle);
+                // The SRQ's own mutex, condition and counter.
+                crate::events::wait_acknowledged(
+                    u,
+                    srq as usize,
+                    &mut q.srq.mutex,
+                    &mut q.srq.cond,
+                    &q.srq.events_completed,
+                );
                 drop(Box::from_raw(srq as *mut USrq));
             }
             0
@@ -178,20 +187,18 @@ pub unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, 
     }
     // SAFETY: an SRQ from ibv_create_srq.
     let q = unsafe { &*(srq as *const USrq) };
-    let mut cur = wr;
-    while !cur.is_null() {
-        // SAFETY: the caller's linked list and SGE arrays.
-        let w = unsafe { &*cur };
-        // SAFETY: `num_sge` SGEs at `sg_list`.
-        let sges = unsafe { crate::datapath::sges(w.sg_list, w.num_sge) };
-        if let Err(e) = q.inner.as_ref().unwrap().post_recv(&RecvWr { wr_id: w.wr_id, sg_list: sges }) {
+    let Some(inner) = q.inner.as_ref() else { return libc::EINVAL };
+    let (mut cur, mut last) = (wr, wr);
+    // SAFETY: the caller's linked list and SGE arrays.
+    let r = inner.post_recv_with(|i, lim| unsafe { crate::datapath::next_recv_wr(&mut cur, &mut last, i, lim) });
+    match r {
+        Ok(()) => 0,
+        Err((_, e)) => {
             if !bad.is_null() {
                 // SAFETY: the caller's out parameter.
-                unsafe { *bad = cur };
+                unsafe { *bad = last };
             }
-            return e.errno.0;
+            e.errno.0
         }
-        cur = w.next;
     }
-    0
 }

@@ -49,16 +49,18 @@ fail_int! {
     ibv_cmd_open_qp, ibv_cmd_open_xrcd, ibv_cmd_query_context, ibv_cmd_query_device_any, ibv_cmd_query_mr,
     ibv_cmd_query_port, ibv_cmd_query_qp, ibv_cmd_query_srq, ibv_cmd_read_counters, ibv_cmd_reg_dm_mr,
     ibv_cmd_reg_dmabuf_mr, ibv_cmd_reg_mr, ibv_cmd_rereg_mr, ibv_cmd_resize_cq,
+    ibv_cmd_create_cq, ibv_cmd_create_qp, ibv_cmd_poll_cq, ibv_cmd_post_recv, ibv_cmd_post_send,
+    ibv_cmd_post_srq_recv, ibv_cmd_req_notify_cq, ibv_read_ibdev_sysfs_file, __ioctl_final_num_attrs,
     ibv_attach_mcast, ibv_detach_mcast, ibv_query_ece, ibv_set_ece, ibv_resolve_eth_l2_from_gid,
 }
 
 fail_ptr! {
-    _verbs_init_and_alloc_context, verbs_open_device, ibv_create_ah_from_wc,
+    _verbs_init_and_alloc_context, verbs_open_device,
 }
 
 nothing! {
     __verbs_log, verbs_set_ops, verbs_uninit_context, verbs_init_cq, ibv_copy_ah_attr_from_kern,
-    ibv_copy_path_rec_from_kern, ibv_copy_qp_attr_from_kern,
+    ibv_copy_path_rec_from_kern, ibv_copy_path_rec_to_kern, ibv_copy_qp_attr_from_kern,
 }
 
 /// `bool verbs_allow_disassociate_destroy(int cmd, int ret)`: never.

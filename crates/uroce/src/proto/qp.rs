@@ -485,13 +485,7 @@ impl Qp {
         if self.sq.len() >= self.cap.max_send_wr as usize {
             return Err(Error::new(Errno::ENOMEM, "post_send: send queue full"));
         }
-        let allowed = match self.qp_type {
-            QpType::Ud => matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendImm),
-            QpType::Uc => !wr.opcode.uses_rd_atomic() && wr.opcode != WrOpcode::SendInv,
-            QpType::Rc => true,
-            QpType::XrcSend => wr.opcode != WrOpcode::AtomicWrite,
-            QpType::XrcRecv => unreachable!("has no send queue"),
-        };
+        let allowed = wr.opcode.allowed_on(self.qp_type);
         if !allowed {
             return Err(Error::inval(format!("post_send: {:?} not supported on {:?}", wr.opcode, self.qp_type)));
         }

@@ -2,7 +2,7 @@
 //! configure a queue pair (`ibv_send_wr`, `ibv_recv_wr`, `ibv_qp_attr`, …) in
 //! Rust form. These are inputs to the protocol core; they carry no behaviour.
 
-use crate::ib::{Access, Gid, Mtu, QpState, SendFlags, Sge};
+use crate::ib::{Access, Errno, Error, Gid, Mtu, QpState, QpType, Result, SendFlags, Sge};
 
 /// `enum ibv_wr_opcode`, as far as uroce executes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -67,6 +67,76 @@ impl WrOpcode {
     /// Operations executed locally, without packets.
     pub fn is_local(self) -> bool {
         matches!(self, WrOpcode::LocalInv | WrOpcode::BindMw | WrOpcode::Umr)
+    }
+
+    /// Whether a QP of type `t` executes this operation (rxe's
+    /// `RXE_SUP_*_QP_SEND_OPS_FLAGS`; XRC_SEND as RC but ATOMIC WRITE; an
+    /// XRC_RECV QP sends nothing).
+    pub fn allowed_on(self, t: QpType) -> bool {
+        match t {
+            QpType::Ud => matches!(self, WrOpcode::Send | WrOpcode::SendImm),
+            QpType::Uc => !self.uses_rd_atomic() && self != WrOpcode::SendInv,
+            QpType::Rc => true,
+            QpType::XrcSend => self != WrOpcode::AtomicWrite,
+            QpType::XrcRecv => false,
+        }
+    }
+}
+
+/// What each work request of a post is checked against before any of it is
+/// read beyond its fixed fields: room in the queue, the SGE count and the
+/// inline size the queue was created with, and the operations its QP type
+/// executes. A post takes these once, under the device lock, and checks
+/// WR `i` of its list before it reads that WR's SGE array or copies its
+/// inline data, so a cyclic list, a huge `num_sge` or a huge inline SGE is
+/// refused without allocating or reading past the caller's buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// Free slots when the post began.
+    pub free: usize,
+    pub max_sge: u32,
+    /// 0 for a receive queue.
+    pub max_inline: u32,
+    pub qp_type: QpType,
+}
+
+impl QueueLimits {
+    /// WR number `index` (from 0) of a list needs a free slot: ENOMEM
+    /// otherwise, whatever the list's shape or length.
+    pub fn check_room(&self, index: usize) -> Result<()> {
+        if index >= self.free {
+            return Err(Error::new(Errno::ENOMEM, "post: work request list longer than the queue's free slots"));
+        }
+        Ok(())
+    }
+
+    /// A WR's `num_sge`, before its array is read: 0..=max_sge (EINVAL).
+    pub fn check_num_sge(&self, num_sge: i64) -> Result<usize> {
+        if num_sge < 0 || num_sge > i64::from(self.max_sge) {
+            return Err(Error::inval("post: num_sge negative or above the queue's max_sge"));
+        }
+        Ok(num_sge as usize)
+    }
+
+    /// A send WR's opcode on this queue's QP type (EINVAL).
+    pub fn check_opcode(&self, raw: u32) -> Result<WrOpcode> {
+        let op = WrOpcode::from_raw(raw).ok_or_else(|| Error::inval(format!("post_send: unknown opcode {raw}")))?;
+        if !op.allowed_on(self.qp_type) {
+            return Err(Error::inval(format!("post_send: {op:?} not supported on {:?}", self.qp_type)));
+        }
+        Ok(op)
+    }
+
+    /// The total length of an inline WR's SGEs, before anything is copied:
+    /// at most max_inline_data (an ATOMIC WRITE's 8 bytes travel in the WQE
+    /// whatever the limit, as rxe's `dma.atomic_wr`).
+    pub fn check_inline(&self, op: WrOpcode, total: u64) -> Result<()> {
+        let limit =
+            if op == WrOpcode::AtomicWrite { u64::from(self.max_inline).max(8) } else { u64::from(self.max_inline) };
+        if total > limit {
+            return Err(Error::inval("post_send: inline data above max_inline_data"));
+        }
+        Ok(())
     }
 }
 

@@ -6,7 +6,8 @@ use super::config::DeviceConfig;
 use crate::ib::{Errno, Error, Gid, Mtu, Result};
 use crate::io::{EventSink, Runtime, RuntimeConfig};
 use crate::mem::Memory;
-use crate::proto::{AsyncEvent, EngineConfig, Event, Stats};
+use crate::proto::{AsyncEvent, EngineConfig, Event, EventElement, Stats};
+use std::collections::HashSet;
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -26,13 +27,56 @@ pub(crate) struct DeviceShared {
     pub inline_recv: usize,
     next_handle: AtomicU32,
     channels: Mutex<HashMap<u32, Weak<ChannelInner>>>,
-    async_events: Mutex<VecDeque<AsyncEvent>>,
+    async_events: Mutex<AsyncQueue>,
     async_fd: OwnedFd,
     /// XRC domains opened through a file, by the file's (device, inode).
     pub xrcds: Mutex<HashMap<(u64, u64), Weak<super::xrcd::Domain>>>,
 }
 
+/// The asynchronous events not yet taken, and the objects they may be
+/// about: as the kernel, an event is never delivered for an object already
+/// destroyed (its queued events go when it does, and one raised while it
+/// was being destroyed is dropped).
+#[derive(Default)]
+struct AsyncQueue {
+    events: VecDeque<AsyncEvent>,
+    live: HashSet<(u8, u32)>,
+}
+
+/// The object an event is about, as a key of [`AsyncQueue::live`] (None: the
+/// port, which always exists).
+fn object_key(el: EventElement) -> Option<(u8, u32)> {
+    match el {
+        EventElement::Qp(n) => Some((0, n)),
+        EventElement::Cq(h) => Some((1, h)),
+        EventElement::Srq(h) => Some((2, h)),
+        EventElement::Port(_) => None,
+    }
+}
+
 impl DeviceShared {
+    /// An object (QP, CQ, SRQ) that events may be about from now on.
+    pub(crate) fn track_events(&self, el: EventElement) {
+        if let Some(k) = object_key(el) {
+            self.async_events.lock().unwrap().live.insert(k);
+        }
+    }
+
+    /// An object being destroyed: its events not yet taken are discarded,
+    /// and none raised later is queued.
+    pub(crate) fn untrack_events(&self, el: EventElement) {
+        let Some(k) = object_key(el) else { return };
+        let mut q = self.async_events.lock().unwrap();
+        q.live.remove(&k);
+        let before = q.events.len();
+        q.events.retain(|e| e.element != el);
+        // Keep the eventfd's count in step with the queue (a reader that
+        // took a count for a discarded event finds none and waits again).
+        for _ in q.events.len()..before {
+            drain_one(self.async_fd.as_raw_fd());
+        }
+    }
+
     pub fn next_handle(&self) -> u32 {
         self.next_handle.fetch_add(1, Ordering::Relaxed)
     }
@@ -70,7 +114,12 @@ impl EventSink for DeviceShared {
             }
             Event::Async(a) => {
                 tracing::debug!(?a, "async event");
-                self.async_events.lock().unwrap().push_back(a);
+                let mut q = self.async_events.lock().unwrap();
+                if object_key(a.element).is_some_and(|k| !q.live.contains(&k)) {
+                    tracing::debug!(?a, "async event for a destroyed object dropped");
+                    return;
+                }
+                q.events.push_back(a);
                 write_eventfd(self.async_fd.as_raw_fd());
             }
         }
@@ -155,7 +204,7 @@ impl Context {
             inline_recv: if cfg.cqe_size == 128 { 64 } else { 32 },
             next_handle: AtomicU32::new(1),
             channels: Mutex::new(HashMap::new()),
-            async_events: Mutex::new(VecDeque::new()),
+            async_events: Mutex::new(AsyncQueue::default()),
             async_fd: new_eventfd(libc::EFD_SEMAPHORE)?,
             xrcds: Mutex::new(HashMap::new()),
         });
@@ -221,7 +270,11 @@ impl Context {
 
     pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
         Ok(CompletionChannel {
-            inner: Arc::new(ChannelInner { fd: new_eventfd(libc::EFD_SEMAPHORE)?, fired: Mutex::new(VecDeque::new()) }),
+            inner: Arc::new(ChannelInner {
+                fd: new_eventfd(libc::EFD_SEMAPHORE)?,
+                fired: Mutex::new(VecDeque::new()),
+                cqs: AtomicU32::new(0),
+            }),
         })
     }
 
@@ -231,14 +284,21 @@ impl Context {
     }
 
     /// Waits for the next asynchronous event (`ibv_get_async_event`).
+    /// An event counted by the fd but discarded since (its object was
+    /// destroyed) is skipped: the call waits for the next one (or fails
+    /// with EAGAIN on a non-blocking fd).
     pub fn get_async_event(&self) -> Result<AsyncEvent> {
-        read_eventfd(self.dev.async_fd.as_raw_fd())?;
-        self.dev.async_events.lock().unwrap().pop_front().ok_or_else(|| Error::new(Errno::EAGAIN, "no async event"))
+        loop {
+            read_eventfd(self.dev.async_fd.as_raw_fd())?;
+            if let Some(ev) = self.dev.async_events.lock().unwrap().events.pop_front() {
+                return Ok(ev);
+            }
+        }
     }
 
     /// The next asynchronous event, if one is pending.
     pub fn try_async_event(&self) -> Option<AsyncEvent> {
-        let ev = self.dev.async_events.lock().unwrap().pop_front()?;
+        let ev = self.dev.async_events.lock().unwrap().events.pop_front()?;
         let mut v = 0u64;
         // SAFETY: non-blocking read of our semaphore eventfd to keep the count in step.
         unsafe {
@@ -338,12 +398,39 @@ fn capture_error(e: &std::io::Error) -> Option<Error> {
 pub(crate) struct ChannelInner {
     fd: OwnedFd,
     fired: Mutex<VecDeque<u32>>,
+    /// CQs created on the channel and not yet destroyed (rdma-core's
+    /// `refcnt`): what decides whether it may be destroyed. The progress
+    /// thread's passing reference while it notifies does not count.
+    pub(crate) cqs: AtomicU32,
 }
 
 impl ChannelInner {
     fn notify(&self, cq: u32) {
         self.fired.lock().unwrap().push_back(cq);
         write_eventfd(self.fd.as_raw_fd());
+    }
+
+    /// A CQ of the channel is destroyed: its events not yet taken go (the
+    /// kernel never delivers a completion event for a destroyed CQ).
+    pub(crate) fn discard(&self, cq: u32) {
+        let mut f = self.fired.lock().unwrap();
+        let before = f.len();
+        f.retain(|&h| h != cq);
+        for _ in f.len()..before {
+            drain_one(self.fd.as_raw_fd());
+        }
+    }
+}
+
+/// Takes one count of a semaphore eventfd without blocking (none: nothing).
+fn drain_one(fd: RawFd) {
+    let mut v = 0u64;
+    // SAFETY: a non-blocking read of 8 bytes of our eventfd into a u64.
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+        libc::read(fd, (&mut v as *mut u64).cast(), 8);
+        libc::fcntl(fd, libc::F_SETFL, fl);
     }
 }
 
@@ -361,9 +448,16 @@ impl CompletionChannel {
 
     /// Waits (unless the fd was made non-blocking) for the next CQ event and
     /// returns the handle of the CQ it is for (`ibv_get_cq_event`).
+    /// A count whose event was discarded since (its CQ was destroyed) is
+    /// skipped: the call waits for the next event (EAGAIN on a non-blocking
+    /// fd).
     pub fn get_event(&self) -> Result<u32> {
-        read_eventfd(self.fd())?;
-        self.inner.fired.lock().unwrap().pop_front().ok_or_else(|| Error::new(Errno::EAGAIN, "no CQ event"))
+        loop {
+            read_eventfd(self.fd())?;
+            if let Some(cq) = self.inner.fired.lock().unwrap().pop_front() {
+                return Ok(cq);
+            }
+        }
     }
 
     /// Waits at most `timeout` for a CQ event.
@@ -377,9 +471,9 @@ impl CompletionChannel {
         self.get_event().map(Some)
     }
 
-    /// Number of channel users (CQs) besides this handle.
+    /// Whether a CQ that was not destroyed uses the channel.
     pub fn is_used(&self) -> bool {
-        Arc::strong_count(&self.inner) > 1
+        self.inner.cqs.load(Ordering::SeqCst) > 0
     }
 }
 

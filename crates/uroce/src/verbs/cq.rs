@@ -21,8 +21,10 @@ impl CompletionQueue {
         }
         let handle = ctx.dev.next_handle();
         let ring = Arc::new(Ring::with_inline(handle, cqe as usize, Some(ctx.dev.mem.clone()), ctx.dev.inline_recv));
+        ctx.dev.track_events(crate::proto::EventElement::Cq(handle));
         let channel = channel.map(|c| c.inner.clone());
         if let Some(ch) = &channel {
+            ch.cqs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             ctx.dev.bind_channel(handle, ch);
         }
         Ok(CompletionQueue { ctx, ring, channel })
@@ -48,6 +50,13 @@ impl CompletionQueue {
             return self.ring.poll(out);
         }
         Ok(n)
+    }
+
+    /// Whether a completion was lost because the queue was full: the CQ is
+    /// in error (IBV_EVENT_CQ_ERR was raised) and polls fail with EIO once
+    /// the stored completions are taken.
+    pub fn is_overrun(&self) -> bool {
+        self.ring.is_overrun()
     }
 
     /// Polls one completion.
@@ -105,8 +114,11 @@ impl CompletionQueue {
 
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
-        if self.channel.is_some() {
+        self.ctx.dev.untrack_events(crate::proto::EventElement::Cq(self.ring.handle));
+        if let Some(ch) = &self.channel {
             self.ctx.dev.unbind_channel(self.ring.handle);
+            ch.discard(self.ring.handle);
+            ch.cqs.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         }
     }
 }

@@ -30,7 +30,7 @@ mod xrcd;
 pub use crate::ib::{Access, Gid, Mtu, QpAttrMask, QpState, QpType, SendFlags, Sge, Wc, WcFlags, WcOpcode, WcStatus};
 pub use crate::mem::odp::{Advice, OdpStats};
 pub use crate::mem::{InterleavedEntry, Layout, MwType};
-pub use crate::proto::wr::{AddressVector, QpAttr, QpCap, RecvWr, SendWr, SgList, UdDest, WrOpcode};
+pub use crate::proto::wr::{AddressVector, QpAttr, QpCap, QueueLimits, RecvWr, SendWr, SgList, UdDest, WrOpcode};
 pub use crate::proto::{AsyncEvent, EventElement, Stats};
 pub use attr::{cap, DeviceAttr, PortAttr};
 pub use config::DeviceConfig;

@@ -11,7 +11,7 @@ use crate::ib::{Error, QpAttrMask, QpState, QpType, Result};
 use crate::proto::cq::CompletionQueue as Ring;
 use crate::proto::qp::QpInit;
 use crate::proto::srq::SharedRecvQueue;
-use crate::proto::wr::{QpAttr, QpCap, RecvWr, SendWr};
+use crate::proto::wr::{QpAttr, QpCap, QueueLimits, RecvWr, SendWr};
 use std::sync::Arc;
 
 /// Creation attributes (`ibv_qp_init_attr`).
@@ -121,6 +121,7 @@ impl QueuePair {
             let q = e.qp(qpn).expect("just created");
             (qpn, q.cap, q.recv_cq.clone(), q.srq.clone())
         };
+        pd.inner.ctx.dev.track_events(crate::proto::EventElement::Qp(qpn));
         Ok(QueuePair {
             owner: Owner::Pd(pd.inner.clone()),
             qpn,
@@ -135,6 +136,7 @@ impl QueuePair {
     pub(crate) fn new_xrc_recv(xrcd: &Xrcd) -> Result<QueuePair> {
         let ctx = &xrcd.inner.ctx;
         let qpn = ctx.dev.rt.engine().create_xrc_recv_qp(xrcd.number(), ctx.dev.scatter_to_cqe)?;
+        ctx.dev.track_events(crate::proto::EventElement::Qp(qpn));
         Ok(QueuePair {
             owner: Owner::Xrcd(xrcd.inner.clone()),
             qpn,
@@ -185,24 +187,103 @@ impl QueuePair {
 
     /// `ibv_post_send`.
     pub fn post_send(&self, wr: &SendWr) -> Result<()> {
-        self.owner.ctx().dev.rt.pump(|e, now| e.post_send(now, self.qpn, wr.clone()))
+        self.post_send_list(std::iter::once(wr.clone())).map_err(|(_, e)| e)
     }
 
     /// `ibv_post_recv`.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
-        self.owner.ctx().dev.rt.pump(|e, now| e.post_recv(now, self.qpn, wr.clone()))
+        self.post_recv_list(std::iter::once(wr.clone())).map_err(|(_, e)| e)
     }
 
     /// Posts a list of send WRs with one pass through the device (as one
     /// `ibv_post_send` call with a chained list). On failure, the index of the
     /// first WR not posted (`bad_wr`) and why; the WRs before it are posted.
+    /// A list longer than the free slots stops there with ENOMEM, whatever
+    /// its length (an endless iterator included).
     pub fn post_send_list(&self, wrs: impl IntoIterator<Item = SendWr>) -> std::result::Result<(), (usize, Error)> {
-        self.owner.ctx().dev.rt.pump(|e, now| e.post_send_list(now, self.qpn, wrs))
+        let mut wrs = wrs.into_iter();
+        self.post_send_with(|i, lim| wrs.next().map(|w| lim.check_room(i).map(|()| w)))
     }
 
     /// The same for receive WRs.
     pub fn post_recv_list(&self, wrs: impl IntoIterator<Item = RecvWr>) -> std::result::Result<(), (usize, Error)> {
-        self.owner.ctx().dev.rt.pump(|e, now| e.post_recv_list(now, self.qpn, wrs))
+        let mut wrs = wrs.into_iter();
+        self.post_recv_with(|i, lim| wrs.next().map(|w| lim.check_room(i).map(|()| w)))
+    }
+
+    /// Posts the send WRs `next` makes, under the device lock: `next(i,
+    /// limits)` returns WR `i` of the list (None at its end) after checking
+    /// it against the queue's [`QueueLimits`] as they stand, or the error
+    /// that refuses it. The C ABI converts each WR there, so that nothing
+    /// of a WR is read before it is known to fit. Stops at the first
+    /// refused WR: `Err((i, e))`, the ones before it posted.
+    pub fn post_send_with(
+        &self,
+        mut next: impl FnMut(usize, &QueueLimits) -> Option<Result<SendWr>>,
+    ) -> std::result::Result<(), (usize, Error)> {
+        let qpn = self.qpn;
+        self.owner.ctx().dev.rt.pump(|e, now| {
+            let lim = match e.qp(qpn) {
+                Some(q) if q.send_cq.is_some() => QueueLimits {
+                    free: (q.cap.max_send_wr as usize).saturating_sub(q.sq.len()),
+                    max_sge: q.cap.max_send_sge,
+                    max_inline: q.cap.max_inline_data,
+                    qp_type: q.qp_type,
+                },
+                Some(_) => return Err((0, Error::inval("post_send: an XRC_RECV QP has no send queue"))),
+                None => return Err((0, Error::inval("post_send: no such QP"))),
+            };
+            let mut refused = None;
+            let mut i = 0;
+            let wrs = std::iter::from_fn(|| match next(i, &lim)? {
+                Ok(w) => {
+                    i += 1;
+                    Some(w)
+                }
+                Err(err) => {
+                    refused = Some((i, err));
+                    None
+                }
+            });
+            e.post_send_list(now, qpn, wrs)?;
+            refused.map_or(Ok(()), Err)
+        })
+    }
+
+    /// [`QueuePair::post_send_with`] for receive WRs (`max_inline` is 0).
+    pub fn post_recv_with(
+        &self,
+        mut next: impl FnMut(usize, &QueueLimits) -> Option<Result<RecvWr>>,
+    ) -> std::result::Result<(), (usize, Error)> {
+        let qpn = self.qpn;
+        self.owner.ctx().dev.rt.pump(|e, now| {
+            let lim = match e.qp(qpn) {
+                Some(q) if q.srq.is_none() && q.recv_cq.is_some() => QueueLimits {
+                    free: (q.cap.max_recv_wr as usize).saturating_sub(q.rq.len()),
+                    max_sge: q.cap.max_recv_sge,
+                    max_inline: 0,
+                    qp_type: q.qp_type,
+                },
+                Some(_) => {
+                    return Err((0, Error::inval("post_recv: QP has no receive queue (it uses an SRQ, or is XRC)")))
+                }
+                None => return Err((0, Error::inval("post_recv: no such QP"))),
+            };
+            let mut refused = None;
+            let mut i = 0;
+            let wrs = std::iter::from_fn(|| match next(i, &lim)? {
+                Ok(w) => {
+                    i += 1;
+                    Some(w)
+                }
+                Err(err) => {
+                    refused = Some((i, err));
+                    None
+                }
+            });
+            e.post_recv_list(now, qpn, wrs)?;
+            refused.map_or(Ok(()), Err)
+        })
     }
 
     /// Moves a connected QP (RC, UC or either XRC half) through INIT, RTR
@@ -261,6 +342,8 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
+        // No event is delivered for it from now on (those not yet taken go).
+        self.owner.ctx().dev.untrack_events(crate::proto::EventElement::Qp(self.qpn));
         let rt = &self.owner.ctx().dev.rt;
         // What it acknowledged leaves before it goes (an application often
         // destroys its QPs right after its last receive, then exits).

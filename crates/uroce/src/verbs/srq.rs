@@ -7,7 +7,7 @@ use super::pd::{PdInner, ProtectionDomain};
 use super::xrcd::{Xrcd, XrcdInner};
 use crate::ib::{Errno, Error, Result};
 use crate::proto::srq::{RecvWqe, SharedRecvQueue as Queue, XrcSrq};
-use crate::proto::wr::RecvWr;
+use crate::proto::wr::{QueueLimits, RecvWr};
 use std::sync::Arc;
 
 pub struct SharedReceiveQueue {
@@ -21,6 +21,7 @@ impl SharedReceiveQueue {
     /// `ibv_create_srq`.
     pub fn new(pd: &ProtectionDomain, max_wr: u32, max_sge: u32, limit: u32) -> Result<SharedReceiveQueue> {
         let queue = Self::queue(pd, max_wr, max_sge, limit)?;
+        pd.inner.ctx.dev.track_events(crate::proto::EventElement::Srq(queue.handle));
         Ok(SharedReceiveQueue { queue: Arc::new(queue), pd: pd.inner.clone(), _xrcd: None })
     }
 
@@ -39,6 +40,7 @@ impl SharedReceiveQueue {
         }
         let queue = Arc::new(queue.with_xrc(XrcSrq { xrcd: xrcd.number(), cq: cq.ring.clone() }));
         pd.inner.ctx.dev.rt.engine().register_xrc_srq(&queue);
+        pd.inner.ctx.dev.track_events(crate::proto::EventElement::Srq(queue.handle));
         Ok(SharedReceiveQueue { queue, pd: pd.inner.clone(), _xrcd: Some(xrcd.inner.clone()) })
     }
 
@@ -65,11 +67,34 @@ impl SharedReceiveQueue {
 
     /// `ibv_post_srq_recv`.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
-        if wr.sg_list.len() > self.queue.max_sge as usize {
-            return Err(Error::inval("post_srq_recv: num_sge above max_sge"));
-        }
-        if !self.queue.post(RecvWqe { wr_id: wr.wr_id, sges: wr.sg_list.clone() }) {
-            return Err(Error::new(Errno::ENOMEM, "post_srq_recv: SRQ full"));
+        let mut one = Some(wr.clone());
+        self.post_recv_with(|i, lim| one.take().map(|w| lim.check_room(i).map(|()| w))).map_err(|(_, e)| e)
+    }
+
+    /// Posts the receive WRs `next` makes (see
+    /// [`super::QueuePair::post_send_with`]): WR `i` is checked against the
+    /// SRQ's limits as they stood when the post began before it is made,
+    /// and a list longer than the free slots stops there with ENOMEM.
+    pub fn post_recv_with(
+        &self,
+        mut next: impl FnMut(usize, &QueueLimits) -> Option<Result<RecvWr>>,
+    ) -> std::result::Result<(), (usize, Error)> {
+        let q = &self.queue;
+        let lim = QueueLimits {
+            free: (q.max_wr as usize).saturating_sub(q.len()),
+            max_sge: q.max_sge,
+            max_inline: 0,
+            qp_type: crate::ib::QpType::Rc,
+        };
+        for i in 0.. {
+            let Some(wr) = next(i, &lim) else { return Ok(()) };
+            let wr = wr.map_err(|e| (i, e))?;
+            if wr.sg_list.len() > q.max_sge as usize {
+                return Err((i, Error::inval("post_srq_recv: num_sge above max_sge")));
+            }
+            if !q.post(RecvWqe { wr_id: wr.wr_id, sges: wr.sg_list }) {
+                return Err((i, Error::new(Errno::ENOMEM, "post_srq_recv: SRQ full")));
+            }
         }
         Ok(())
     }
@@ -116,6 +141,7 @@ impl SharedReceiveQueue {
 
 impl Drop for SharedReceiveQueue {
     fn drop(&mut self) {
+        self.pd.ctx.dev.untrack_events(crate::proto::EventElement::Srq(self.queue.handle));
         if self.queue.xrc.is_some() {
             self.pd.ctx.dev.rt.engine().unregister_xrc_srq(self.queue.handle);
         }
