@@ -652,7 +652,7 @@ mod tests {
     fn copy_into_a_read_only_page_stops_there() {
         install();
         let m = TwoPages::new(libc::PROT_READ);
-        let data = vec![1u8; 64];
+        let data = [1u8; 64];
         // SAFETY: the source is ours; the destination straddles into a
         // read-only page, tolerated.
         let left = unsafe { copy((m.0 + PAGE - 8) as *mut u8, data.as_ptr(), 64) };
