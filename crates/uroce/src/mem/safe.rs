@@ -14,10 +14,10 @@
 //! there was none, kills the process as it would have without uroce. The
 //! fast path costs nothing more than a call: no system call, no lookup.
 //!
-//! On other architectures copies go through `process_vm_readv`/`writev` on
-//! this process (the kernel reports EFAULT instead of faulting) and atomics
-//! first probe the word that way; a change racing with that probe may still
-//! fault there.
+//! On other architectures copies go through `process_vm_readv` on this
+//! process (the kernel reports EFAULT instead of faulting) and atomics first
+//! probe that the word is readable that way: a read-only page, or a change
+//! racing with the probe, still faults there.
 
 use std::sync::Once;
 
@@ -436,30 +436,27 @@ mod imp {
 
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    fn vm_copy(local: *mut u8, remote: *mut u8, n: usize, write: bool) -> usize {
+    /// Copies `n` bytes at `remote` to `local` through the kernel; returns
+    /// the number of bytes not copied. Either side may be the inaccessible
+    /// one: the kernel reports EFAULT for both.
+    fn vm_copy(local: *mut u8, remote: *mut u8, n: usize) -> usize {
         let l = libc::iovec { iov_base: local.cast(), iov_len: n };
         let r = libc::iovec { iov_base: remote.cast(), iov_len: n };
         // SAFETY: both iovecs describe memory of this process; the kernel
         // reports an inaccessible range as an error instead of faulting.
-        let done = unsafe {
-            if write {
-                libc::process_vm_writev(libc::getpid(), &l, 1, &r, 1, 0)
-            } else {
-                libc::process_vm_readv(libc::getpid(), &l, 1, &r, 1, 0)
-            }
-        };
+        let done = unsafe { libc::process_vm_readv(libc::getpid(), &l, 1, &r, 1, 0) };
         n - usize::try_from(done).unwrap_or(0).min(n)
     }
 
     pub(super) unsafe fn copy(dst: *mut u8, src: *const u8, n: usize) -> usize {
-        // Either side may be the registered memory: read it into a
-        // bounce-free copy by letting the kernel copy from `src` to `dst`.
-        vm_copy(dst, src as *mut u8, n, false)
+        vm_copy(dst, src as *mut u8, n)
     }
 
+    /// Whether the word can be read now (writing it to find out would race
+    /// with other writers; a read-only page still faults in the atomic).
     fn probe(p: *mut u64) -> bool {
         let mut v = 0u64;
-        vm_copy((&mut v as *mut u64).cast(), p.cast(), 8, false) == 0 && vm_copy(p.cast(), p.cast(), 8, true) == 0
+        vm_copy((&mut v as *mut u64).cast(), p.cast(), 8) == 0
     }
 
     pub(super) unsafe fn fetch_add(p: *mut u64, add: u64) -> Option<u64> {
@@ -661,6 +658,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     fn atomics_report_faults() {
         install();
         let m = TwoPages::new(libc::PROT_READ);
