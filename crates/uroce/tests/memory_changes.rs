@@ -312,3 +312,32 @@ fn deregistration_after_munmap_works() {
     assert_eq!(mr.write_at(0, &b).unwrap_err().errno, Errno::EFAULT);
     mr.dereg().map_err(|(_, e)| e).unwrap();
 }
+
+#[test]
+fn dmabuf_whose_file_is_truncated() {
+    let _g = serial();
+    let devs = pair_with(None);
+    let (a, b) = (end(devs.0.clone()), end(devs.1.clone()));
+    a.qp.connect_rc(&b.ctx.query_gid(0).unwrap(), b.qp.qp_num(), 300, 400).unwrap();
+    b.qp.connect_rc(&a.ctx.query_gid(0).unwrap(), a.qp.qp_num(), 400, 300).unwrap();
+    // SAFETY: a fresh memfd, checked.
+    let fd = unsafe { libc::memfd_create(c"uroce-memchg".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: our descriptor.
+    assert_eq!(unsafe { libc::ftruncate(fd, LEN as libc::off_t) }, 0);
+    let mr = b.pd.register_dmabuf(0, LEN, 0, fd, ALL).unwrap();
+    let local = a.pd.register(vec![7u8; LEN], ALL).unwrap();
+    let mut w = wr(1, WrOpcode::RdmaWrite, local.sge(0, 64));
+    w.remote_addr = mr.iova();
+    w.rkey = mr.rkey();
+    a.qp.post_send(&w).unwrap();
+    assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success, "before the truncation");
+    // SAFETY: our descriptor; the region's own mapping now lies past the end.
+    assert_eq!(unsafe { libc::ftruncate(fd, 0) }, 0);
+    w.wr_id = 2;
+    a.qp.post_send(&w).unwrap();
+    assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::RemAccessErr);
+    mr.dereg().map_err(|(_, e)| e).unwrap();
+    // SAFETY: our descriptor.
+    unsafe { libc::close(fd) };
+}
