@@ -573,6 +573,33 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_stack_overflow_still_reaches_the_rust_runtime() {
+        // The Rust runtime's own SIGSEGV handler (installed before ours)
+        // reports a stack overflow and aborts: chained, it still does.
+        install();
+        #[allow(unconditional_recursion)]
+        fn deep(n: u64) -> u64 {
+            let pad = std::hint::black_box([n; 64]);
+            deep(n + 1) + pad[7]
+        }
+        // SAFETY: fork in a test; the child only recurses and never returns.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: silence the child's report, then overflow.
+            unsafe { libc::close(2) };
+            std::hint::black_box(deep(0));
+            // SAFETY: not reached.
+            unsafe { libc::_exit(0) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFSIGNALED(status), "{status:#x}");
+        assert_eq!(libc::WTERMSIG(status), libc::SIGABRT, "the runtime's overflow report aborts");
+    }
+
     /// The cost of the fault-tolerant copy against `memmove`, in the same
     /// run (a ratio that the VM's speed swings do not change): run with
     /// `cargo test --release -p uroce --lib mem::safe::tests::cost -- --ignored --nocapture`.
