@@ -275,6 +275,17 @@ fn registration_checks_the_mapping_access() {
         let e = mr.rereg_access(Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap_err();
         assert_eq!(e.errno, Errno::EPERM);
     }
+    // A new translation onto the read-only mapping, keeping a writable
+    // access: EFAULT, and the region keeps its old translation.
+    {
+        let rw = Map::new(1, libc::PROT_READ | libc::PROT_WRITE);
+        // SAFETY: as above.
+        let mut mr = unsafe { pd.register_raw(rw.0 as *mut u8, PAGE, rw.0 as u64, ALL) }.unwrap();
+        // SAFETY: the mapping outlives the region.
+        let e = unsafe { mr.rereg_raw(ro.0 as *mut u8, PAGE, ro.0 as u64) }.unwrap_err();
+        assert_eq!(e.errno, Errno::EFAULT);
+        mr.write_at(0, &[1u8; 8]).unwrap();
+    }
     // PROT_NONE: EFAULT even for read-only access.
     let none = Map::new(1, libc::PROT_NONE);
     assert_eq!(reg(none.0, PAGE, Access::empty()).unwrap_err().errno, Errno::EFAULT);

@@ -122,8 +122,11 @@ impl PinTable {
 fn pin_error(addr: u64, len: u64, err: std::io::Error) -> Error {
     // mlock reports a page it could not fault in (unmapped, or past the end
     // of a file) as ENOMEM, like an exhausted RLIMIT_MEMLOCK: tell them apart
-    // by reading every page, fault-tolerantly.
-    if err.raw_os_error() == Some(libc::ENOMEM) && !super::safe::readable(addr as usize, len as usize) {
+    // by reading every page, fault-tolerantly (up to 1 GiB: beyond, reading
+    // would cost more than the answer is worth; registration checked the
+    // mappings already).
+    let probe = len <= 1 << 30;
+    if err.raw_os_error() == Some(libc::ENOMEM) && probe && !super::safe::readable(addr as usize, len as usize) {
         return Error::new(Errno::EFAULT, format!("reg_mr: {addr:#x}+{len} is not all mapped memory"));
     }
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
