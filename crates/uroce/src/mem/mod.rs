@@ -8,7 +8,9 @@
 //! to the queue pair's protection domain, the access rights cover the
 //! operation, the range lies inside the region — and returns a [`Span`]
 //! that copies bytes by the path the memory needs: pinned host memory
-//! (`mr`), on-demand paging ([`odp`]), a peer-memory client ([`peer`]), or
+//! (`mr`; its mapping checked at registration by `maps`, every access
+//! fault-tolerant through `safe`, so that memory the application unmaps or
+//! protects later fails the access instead of crashing), on-demand paging ([`odp`]), a peer-memory client ([`peer`]), or
 //! the pieces of an indirect key (`indirect`). Nothing reaches registered
 //! memory any other way, so every operation works on every kind of key.
 
