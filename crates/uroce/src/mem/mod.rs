@@ -8,12 +8,15 @@
 //! to the queue pair's protection domain, the access rights cover the
 //! operation, the range lies inside the region — and returns a [`Span`]
 //! that copies bytes by the path the memory needs: pinned host memory
-//! (`mr`), on-demand paging ([`odp`]), a peer-memory client ([`peer`]), or
+//! (`mr`; its mapping checked at registration by `maps`, every access
+//! fault-tolerant through `safe`, so that memory the application unmaps or
+//! protects later fails the access instead of crashing), on-demand paging ([`odp`]), a peer-memory client ([`peer`]), or
 //! the pieces of an indirect key (`indirect`). Nothing reaches registered
 //! memory any other way, so every operation works on every kind of key.
 
 mod indirect;
 mod keys;
+mod maps;
 mod mr;
 mod mw;
 mod notifier;
@@ -21,6 +24,7 @@ pub mod odp;
 pub mod peer;
 mod pin;
 mod rangeset;
+mod safe;
 mod span;
 
 pub use indirect::{IndirectKey, InterleavedEntry, Layout, LayoutKind, MAX_DEPTH};
@@ -117,6 +121,9 @@ impl Memory {
         owner: Option<Box<dyn std::any::Any + Send + Sync>>,
     ) -> Result<Arc<MemoryRegion>> {
         check_access_flags(access)?;
+        // Pinned and ODP memory are reached through the fault-tolerant
+        // routines of `safe`, which need their fault handler.
+        safe::install();
         if access.contains(Access::ON_DEMAND) {
             return self.register_odp(pd, addr, len, iova, access);
         }
@@ -137,6 +144,7 @@ impl Memory {
             }
         }
         if len > 0 {
+            maps::check(addr, len, writable(access))?;
             self.pins.lock().unwrap().pin(addr as u64, len)?;
         }
         let mr = self.keys.write().unwrap().insert(|key| {
@@ -305,7 +313,7 @@ impl Memory {
     /// valid until the region is deregistered or re-registered again.
     pub unsafe fn rereg(&self, key: u32, change: Rereg) -> Result<Arc<MemoryRegion>> {
         let old = self.lookup(key).ok_or_else(|| Error::inval("rereg_mr: unknown key"))?;
-        let access = change.access.unwrap_or(old.access);
+        let (access, old_access) = (change.access.unwrap_or(old.access), old.access);
         check_access_flags(access)?;
         let (old_addr, old_owner, old_odp) = match &old.backing {
             Backing::Host { addr, owner } => (*addr, owner.clone(), None),
@@ -335,7 +343,12 @@ impl Memory {
         let new_translation = change.translation.is_some();
         let pinned = old_odp.is_none();
         if new_translation && pinned {
+            maps::check(addr, len, writable(access))?;
             self.pins.lock().unwrap().pin(addr as u64, len)?;
+        } else if pinned && writable(access) && !writable(old_access) && len > 0 {
+            // The pages were checked for reading only (as mlx5 refuses a
+            // writable access on a umem pinned read-only, with EPERM).
+            maps::check(addr, len, true).map_err(|e| Error::new(Errno::EPERM, e.what))?;
         }
         let backing = match (old_odp, change.translation) {
             (Some(_), Some(_)) => Backing::Odp {
@@ -719,6 +732,12 @@ pub struct Translation {
 
 /// Largest `max_entries` of an indirect key.
 pub const MAX_INDIRECT_ENTRIES: u32 = 4096;
+
+/// Whether a registration with `access` needs writable memory: the
+/// kernel's `ib_access_writable` (pins with FOLL_WRITE).
+fn writable(access: Access) -> bool {
+    access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC | Access::MW_BIND)
+}
 
 /// The IBA rules on access flags at registration.
 pub fn check_access_flags(access: Access) -> Result<()> {

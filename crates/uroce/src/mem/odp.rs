@@ -31,8 +31,9 @@
 //! # Limits
 //!
 //! * An application that unmaps a page between the populate and the atomic
-//!   instruction (a window of nanoseconds, during an atomic the device was
-//!   asked to perform on that very page) gets SIGSEGV, as a CPU atomic would.
+//!   instruction (a window of nanoseconds) gets an access error, not a
+//!   crash: the atomic is one of the fault-tolerant routines of `mem::safe`
+//!   (x86_64 Linux; elsewhere it may still fault).
 //! * Without userfaultfd (a kernel built without it, or a seccomp policy
 //!   that forbids it) data stays correct but `page_invalidations` stays 0;
 //!   [`notifier_available`] tells which.

@@ -120,13 +120,14 @@ impl PinTable {
 }
 
 fn pin_error(addr: u64, len: u64, err: std::io::Error) -> Error {
-    let mut vec = [0u8; 1];
-    let ps = page_size();
-    let base = addr / ps * ps;
-    // SAFETY: mincore writes one byte per page into `vec`; we ask for one page.
-    let mapped = unsafe { libc::mincore(base as *mut libc::c_void, ps as usize, vec.as_mut_ptr()) } == 0;
-    if err.raw_os_error() == Some(libc::ENOMEM) && !mapped {
-        return Error::new(Errno::EFAULT, format!("reg_mr: {addr:#x}+{len} is not mapped memory"));
+    // mlock reports a page it could not fault in (unmapped, or past the end
+    // of a file) as ENOMEM, like an exhausted RLIMIT_MEMLOCK: tell them apart
+    // by reading every page, fault-tolerantly (up to 1 GiB: beyond, reading
+    // would cost more than the answer is worth; registration checked the
+    // mappings already).
+    let probe = len <= 1 << 30;
+    if err.raw_os_error() == Some(libc::ENOMEM) && probe && !super::safe::readable(addr as usize, len as usize) {
+        return Error::new(Errno::EFAULT, format!("reg_mr: {addr:#x}+{len} is not all mapped memory"));
     }
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit fills the struct we pass.

@@ -4,7 +4,9 @@
 //! or more pieces (more than one when an indirect key gathers several
 //! regions). Each piece copies by the path its region's backing needs:
 //!
-//! * pinned host memory: a plain memory copy;
+//! * pinned host memory: a fault-tolerant memory copy ([`super::safe`]):
+//!   memory the application unmapped or protected after registration
+//!   fails the access instead of crashing the process;
 //! * on-demand-paging memory: a fault-tolerant copy through the kernel
 //!   (`process_vm_readv`/`writev` on this process), which faults pages in and
 //!   reports an unmapped page as an error instead of a crash;
@@ -17,7 +19,7 @@
 use super::mr::{Backing, MemoryRegion};
 use super::AccessError;
 use smallvec::SmallVec;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Where a piece's bytes are.
@@ -105,14 +107,16 @@ impl Piece {
                 // SAFETY: `runs` keeps [host, host+data.len()) inside the
                 // checked range of a registered, pinned region (`Span::each`
                 // bounds the logical range; cells lie inside the range
-                // `into_cells` was built over), whose memory the registrant
-                // keeps valid until deregistration, and deregistration waits
-                // while this piece (holding the region) exists. The source is
-                // a Rust slice, so the ranges cannot overlap unless the
-                // application posts overlapping buffers, in which case the
-                // bytes are garbage but memory stays in bounds.
-                unsafe { std::ptr::copy(data.as_ptr(), host as *mut u8, data.len()) };
-                Ok(())
+                // `into_cells` was built over), and deregistration waits
+                // while this piece (holding the region) exists. The
+                // application may have unmapped or protected it since: the
+                // copy is fault-tolerant. The source is a Rust slice; if the
+                // application posts overlapping buffers the bytes are
+                // garbage but memory stays in bounds.
+                match unsafe { super::safe::copy(host as *mut u8, data.as_ptr(), data.len()) } {
+                    0 => Ok(()),
+                    _ => Err(AccessError::Fault),
+                }
             }
             Place::Odp(addr) => self.odp().write(addr, data),
             Place::Peer(at) => self.peer().write(at, data),
@@ -123,8 +127,10 @@ impl Piece {
         match place {
             Place::Host(host) => {
                 // SAFETY: as in `write_at`; the destination is an exclusive Rust slice.
-                unsafe { std::ptr::copy(host as *const u8, out.as_mut_ptr(), out.len()) };
-                Ok(())
+                match unsafe { super::safe::copy(out.as_mut_ptr(), host as *const u8, out.len()) } {
+                    0 => Ok(()),
+                    _ => Err(AccessError::Fault),
+                }
             }
             Place::Odp(addr) => self.odp().read(addr, out),
             Place::Peer(at) => self.peer().read(at, out),
@@ -224,10 +230,16 @@ impl Span {
     /// bytes the device may hand to the kernel to send straight from the
     /// application's buffer. ODP and peer memory, and spans of several pieces
     /// or cells, come back unchanged (they are copied).
+    ///
+    /// Every page of the run is probed first (one fault-tolerant read per
+    /// page): memory the application unmapped or made inaccessible comes
+    /// back as a span, whose copy then reports the fault, instead of being
+    /// handed to the ICRC and the kernel. (An unmap racing with the probe is
+    /// not covered: see docs/reliability.md.)
     pub(crate) fn into_host_bytes(self) -> Result<HostBytes, Span> {
         match self.into_single() {
             Ok(piece) => match piece.place {
-                Place::Host(addr) => Ok(HostBytes { addr, piece }),
+                Place::Host(addr) if super::safe::readable(addr, piece.len) => Ok(HostBytes { addr, piece }),
                 _ => Err(Span::one(piece)),
             },
             Err(span) => Err(span),
@@ -303,35 +315,24 @@ impl Span {
     /// Atomic compare-and-swap of the 8 bytes at the span's start (host
     /// order); returns the original value.
     pub fn compare_swap(&self, compare: u64, swap: u64) -> Result<u64, AccessError> {
-        self.atomic(
-            |a| match a.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(v) | Err(v) => v,
-            },
-            |v| if v == compare { swap } else { v },
-        )
+        self.atomic(AtomicOp::CompareSwap(compare, swap))
     }
 
     /// Atomic fetch-and-add; returns the original value.
     pub fn fetch_add(&self, add: u64) -> Result<u64, AccessError> {
-        self.atomic(|a| a.fetch_add(add, Ordering::SeqCst), |v| v.wrapping_add(add))
+        self.atomic(AtomicOp::FetchAdd(add))
     }
 
     /// Atomic 8-byte store (RDMA ATOMIC WRITE), ordered after every earlier
     /// access as rxe's `smp_store_release`.
     pub fn atomic_write(&self, value: u64) -> Result<(), AccessError> {
-        self.atomic(
-            |a| {
-                a.store(value, Ordering::Release);
-                value
-            },
-            |_| value,
-        )
-        .map(|_| ())
+        self.atomic(AtomicOp::Store(value)).map(|_| ())
     }
 
-    /// Runs an atomic on the 8 bytes at the span's start: `op` on host
-    /// memory, the read-modify-write `next` through a peer client.
-    fn atomic(&self, op: impl FnOnce(&AtomicU64) -> u64, next: impl FnOnce(u64) -> u64) -> Result<u64, AccessError> {
+    /// Runs an atomic on the 8 bytes at the span's start: with the
+    /// fault-tolerant atomics on host memory, as a read-modify-write through
+    /// a peer client.
+    fn atomic(&self, op: AtomicOp) -> Result<u64, AccessError> {
         let p = match self.pieces.first() {
             Some(p) if p.len >= 8 && p.cells.is_none_or(|(c, _)| c >= 8) => p,
             // The 8 bytes straddle two regions of an indirect key.
@@ -343,18 +344,50 @@ impl Span {
                 p.odp().prepare_atomic(addr)?;
                 addr
             }
-            Place::Peer(at) => return p.peer().read_modify_write(at, next),
+            Place::Peer(at) => return p.peer().read_modify_write(at, |v| op.next(v)),
         };
         if host % 8 != 0 {
             return Err(AccessError::Range);
         }
-        // SAFETY: 8 in-bounds, 8-byte-aligned bytes of registered memory that
-        // stays valid while this span holds its region (pinned), or that the
-        // ODP path has just populated writable (see `OdpRegion::prepare_atomic`
-        // for the documented race with a concurrent munmap). AtomicU64 has
-        // the layout of u64, and concurrent CPU and device accesses through
-        // atomics are well defined.
-        let a = unsafe { &*(host as *const AtomicU64) };
-        Ok(op(a))
+        let w = host as *mut u64;
+        // SAFETY: 8 in-bounds, 8-byte-aligned bytes of registered memory,
+        // kept registered while this span holds its region (pinned), or that
+        // the ODP path has just populated writable. The application may have
+        // unmapped or protected them since (or, for ODP, be unmapping them
+        // now): the atomics are fault-tolerant and report it. Concurrent CPU
+        // and device accesses are all atomic instructions.
+        let r = unsafe {
+            match op {
+                AtomicOp::CompareSwap(c, s) => super::safe::compare_swap(w, c, s),
+                AtomicOp::FetchAdd(a) => super::safe::fetch_add(w, a),
+                AtomicOp::Store(v) => super::safe::store(w, v).map(|()| v),
+            }
+        };
+        r.ok_or(AccessError::Fault)
+    }
+}
+
+/// The 8-byte atomics of RDMA.
+#[derive(Debug, Clone, Copy)]
+enum AtomicOp {
+    CompareSwap(u64, u64),
+    FetchAdd(u64),
+    Store(u64),
+}
+
+impl AtomicOp {
+    /// The value the operation leaves after `v`.
+    fn next(self, v: u64) -> u64 {
+        match self {
+            AtomicOp::CompareSwap(c, s) => {
+                if v == c {
+                    s
+                } else {
+                    v
+                }
+            }
+            AtomicOp::FetchAdd(a) => v.wrapping_add(a),
+            AtomicOp::Store(x) => x,
+        }
     }
 }
