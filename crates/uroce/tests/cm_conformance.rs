@@ -1,4 +1,4 @@
-//! CM MADs of real Linux rxe captures (tests/data/rxe, copied from
+//! CM MADs of real Linux rxe captures (the repository's conformance/captures/rxe, copied from
 //! shared/conformance): every UD packet to QP 1 is a CM MAD that parses with
 //! the field values shared/spec/cm.md lists for it, re-emits to the exact
 //! bytes, carries the GSI Q_Key and source QP, and has a correct ICRC.
@@ -20,7 +20,7 @@ struct Mad {
 }
 
 fn cm_mads(name: &str) -> Vec<Mad> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/rxe").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../conformance/captures/rxe").join(name);
     let r = PcapReader::new(std::fs::File::open(&path).unwrap()).unwrap();
     let lt = r.linktype;
     let mut out = Vec::new();

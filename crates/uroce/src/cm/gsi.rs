@@ -68,7 +68,7 @@ mod tests {
 
     #[test]
     fn req_gets_rej_8_dreq_a_drep_others_nothing() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/rxe/rping.pcap");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conformance/captures/rxe/rping.pcap");
         let r = crate::wire::pcap::PcapReader::new(std::fs::File::open(path).unwrap()).unwrap();
         let lt = r.linktype;
         let frame = r.into_iter().next().unwrap().unwrap();

@@ -125,7 +125,7 @@ pub fn ip_of(ip: &IpInfo) -> String {
 mod tests {
     #[test]
     fn cm_mads_are_named_with_their_fields() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/rxe/rping.pcap");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conformance/captures/rxe/rping.pcap");
         let mut out = Vec::new();
         let s = super::decode_pcap(std::fs::File::open(path).unwrap(), 4791, &mut out).unwrap();
         assert_eq!((s.roce, s.icrc_ok), (65, 65));
