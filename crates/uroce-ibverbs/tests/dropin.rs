@@ -244,6 +244,12 @@ fn perftest(prog: &str, extra: &[&str], tcp: u16) -> String {
 /// and fail later tests).
 struct Reap(Option<std::process::Child>);
 
+impl Reap {
+    fn into_inner(mut self) -> std::process::Child {
+        self.0.take().unwrap()
+    }
+}
+
 impl Drop for Reap {
     fn drop(&mut self) {
         if let Some(c) = &mut self.0 {
@@ -308,6 +314,32 @@ fn perftest_programs_finish_with_results() {
 /// processes keep off the two cores: typical latency ≈ 7 µs here, 150-290 µs
 /// when left to it. A generous bound (the machine may be busy), best of
 /// three runs.
+/// perftest sets `retry_cnt = 7`; when its server dies mid-run, the client
+/// must get a completion error (RETRY_EXC_ERR after seven retries of its
+/// 67 ms timeout) and exit, not wait forever as it did while 7 meant
+/// "retry forever" (rxe's reading).
+#[test]
+fn perftest_client_of_a_killed_server_fails_instead_of_hanging() {
+    let _serial = serial();
+    if !have("ib_write_bw") {
+        skip!("perftest is not installed (Debian package perftest)");
+    }
+    let tcp = 18950;
+    let args = ["-D", "30", "-s", "4096", "-p", &tcp.to_string()];
+    let mut server = Reap(Some(dropin_command("ib_write_bw", "127.0.0.73").args(args).spawn().unwrap()));
+    assert!(listening(tcp), "the server never listened on TCP port {tcp}");
+    let client = Reap(Some(dropin_command("ib_write_bw", "127.0.0.74").args(args).arg("127.0.0.1").spawn().unwrap()));
+    // Let the transfer run, then kill the server.
+    std::thread::sleep(Duration::from_millis(1500));
+    server.0.as_mut().unwrap().kill().unwrap();
+    let t = Instant::now();
+    let (ok, out) = wait_output(client.into_inner(), "ib_write_bw client of a killed server");
+    assert!(!ok, "the client cannot succeed: {out}");
+    assert!(t.elapsed() < Duration::from_secs(20), "took {:?}: {out}", t.elapsed());
+    // perftest prints the failed completion's status: 12 is IBV_WC_RETRY_EXC_ERR.
+    assert!(out.contains("status 12") || out.contains("syndrom 0x81") || out.contains("Transport retry"), "{out}");
+}
+
 #[test]
 fn ib_write_lat_does_not_wait_for_the_progress_thread() {
     let _serial = serial();
