@@ -90,6 +90,9 @@ pub struct Engine {
     /// packet once the pool is warm).
     spare: Vec<Vec<u8>>,
     xrc_srqs: XrcSrqs,
+    /// The IPv4 ID the next packet likely carries (one more than the last
+    /// one's: a GSO send's segments arrive in order), tried first.
+    next_ipv4_id: u16,
 }
 
 /// Most packet buffers kept for reuse: a full send window of MTU packets.
@@ -117,6 +120,7 @@ impl Engine {
             last_drop_log: None,
             spare: Vec::new(),
             xrc_srqs: XrcSrqs::default(),
+            next_ipv4_id: 1,
         }
     }
 
@@ -295,10 +299,11 @@ impl Engine {
     }
 
     /// Handles one received UDP datagram: `src` is the sender, `dst` the
-    /// local address it was sent to; for IPv4 the sender used an
-    /// Identification of at most `max_ipv4_id` (0, or the segment's index in
-    /// a datagram UDP GRO merged: see `wire::icrc::find_ipv4_id`).
-    pub fn handle_datagram(&mut self, now: Instant, src: SocketAddr, dst: IpAddr, data: &[u8], max_ipv4_id: u16) {
+    /// local address it was sent to. For IPv4, the ICRC is checked with the
+    /// IP Identifications a uroce sender uses (segment k of a GSO send has ID
+    /// k: see `wire::icrc::find_ipv4_id`), and with any ID when
+    /// [`EngineConfig::ipv4_any_id`] says so.
+    pub fn handle_datagram(&mut self, now: Instant, src: SocketAddr, dst: IpAddr, data: &[u8]) {
         self.stats.rx_packets += 1;
         self.stats.rx_bytes += data.len() as u64;
         // Matched by reference: moving the parsed headers out of the
@@ -326,19 +331,28 @@ impl Engine {
             return;
         };
         let mut ip = IpInfo { src: src.ip(), dst, sport: src.port(), dport: self.cfg.port, ipv4_id: 0 };
-        if let Some(id) = icrc::find_ipv4_id(&ip, data, max_ipv4_id) {
-            ip.ipv4_id = id;
-        } else {
-            let solved = match (self.cfg.ipv4_any_id, ip.src) {
-                (true, IpAddr::V4(_)) => icrc::solve_ipv4_id(&ip, data),
-                _ => None,
-            };
-            match solved {
-                Some(id) => ip.ipv4_id = id,
-                None => {
-                    self.stats.rx_drop_icrc += 1;
-                    self.log_drop(now, src, "bad ICRC");
-                    return;
+        match icrc::find_ipv4_id(&ip, data, self.next_ipv4_id) {
+            Some(0) => self.next_ipv4_id = 1,
+            Some(id) => {
+                self.stats.rx_icrc_gso_id += 1;
+                self.next_ipv4_id = id + 1;
+                ip.ipv4_id = id;
+            }
+            None => {
+                let solved = match (self.cfg.ipv4_any_id, ip.src) {
+                    (true, IpAddr::V4(_)) => icrc::solve_ipv4_id(&ip, data),
+                    _ => None,
+                };
+                match solved {
+                    Some(id) => {
+                        self.stats.rx_icrc_solved_id += 1;
+                        ip.ipv4_id = id;
+                    }
+                    None => {
+                        self.stats.rx_drop_icrc += 1;
+                        self.log_drop(now, src, "bad ICRC");
+                        return;
+                    }
                 }
             }
         }
