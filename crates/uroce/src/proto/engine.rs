@@ -393,7 +393,7 @@ impl Engine {
             ctx.stats.rx_packets += 1;
             ctx.stats.rx_bytes += data.len() as u64;
             match qp_type {
-                QpType::Ud => qp.on_ud(ctx, pkt, ip.src, dst),
+                QpType::Ud => qp.on_ud(ctx, pkt, &ip, data.len()),
                 _ if is_response => qp.on_response(ctx, pkt),
                 _ => qp.on_request(ctx, pkt),
             }
