@@ -32,6 +32,7 @@ struct End {
     qpn: u32,
     cq: Arc<CompletionQueue>,
     ip: IpAddr,
+    mem: Arc<Memory>,
 }
 
 fn ud_end(ip: IpAddr, mem: &Arc<Memory>, now: Instant) -> End {
@@ -54,7 +55,7 @@ fn ud_end(ip: IpAddr, mem: &Arc<Memory>, now: Instant) -> End {
         a.qp_state = next;
         e.modify_qp(now, qpn, &a, M::STATE | required_attributes(QpType::Ud, cur, next)).unwrap();
     }
-    End { e, qpn, cq, ip }
+    End { e, qpn, cq, ip, mem: mem.clone() }
 }
 
 /// One UD SEND of `msg` from `a` to `b`, received into `rx` (in two SGEs,
@@ -63,13 +64,13 @@ fn ud_end(ip: IpAddr, mem: &Arc<Memory>, now: Instant) -> End {
 fn send_one(
     a: &mut End,
     b: &mut End,
-    mem: &Memory,
     msg: &[u8],
     rx: &mut [u8],
     cut: usize,
     ipv4_id: u16,
     now: Instant,
 ) -> uroce::ib::Wc {
+    let mem = a.mem.clone();
     let reg = |buf: &[u8], access| {
         let addr = buf.as_ptr() as usize;
         // SAFETY: the buffers outlive the registrations (deregistered below).
@@ -118,7 +119,7 @@ fn ipv4_ud_receive_has_the_ip_header_in_the_last_20_bytes_and_sl_0xa() {
     // packet is segment 5 of a GSO send: IPv4 ID 5.
     for (cut, id) in [(40usize, 0u16), (27, 5)] {
         let mut rx = vec![FILL; 40 + 128];
-        let wc = send_one(&mut a, &mut b, &mem, &msg, &mut rx, cut, id, now);
+        let wc = send_one(&mut a, &mut b, &msg, &mut rx, cut, id, now);
         assert_eq!((wc.status, wc.byte_len, wc.src_qp), (WcStatus::Success, 140, a.qpn));
         assert!(wc.wc_flags.contains(WcFlags::GRH));
         assert_eq!(wc.sl, 0xA, "mlx5: UDP header present (8) | IPv4 (2)");
@@ -145,7 +146,7 @@ fn ipv6_ud_receive_has_the_ipv6_header_and_sl_0x9() {
     let (mut a, mut b) = (ud_end(src, &mem, now), ud_end(dst, &mem, now));
     let msg: Vec<u8> = (0..100u8).rev().collect();
     let mut rx = vec![FILL; 40 + 100];
-    let wc = send_one(&mut a, &mut b, &mem, &msg, &mut rx, 13, 0, now);
+    let wc = send_one(&mut a, &mut b, &msg, &mut rx, 13, 0, now);
     assert_eq!((wc.status, wc.byte_len, wc.src_qp), (WcStatus::Success, 140, a.qpn));
     assert!(wc.wc_flags.contains(WcFlags::GRH));
     assert_eq!(wc.sl, 0x9, "mlx5: UDP header present (8) | IPv6 (1)");
