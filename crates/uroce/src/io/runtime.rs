@@ -3,7 +3,7 @@
 use super::socket::{Datagram, RecvBatch, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 use super::{Capture, RoceSocket};
 use crate::mem::Memory;
-use crate::proto::{Engine, EngineConfig, Event, Transmit};
+use crate::proto::{AfterSend, Engine, EngineConfig, Event, Transmit};
 use crate::wire::IpInfo;
 use smallvec::SmallVec;
 use std::io;
@@ -283,7 +283,17 @@ impl Runtime {
         }
         self.held_due.store(tx.held_since.map(|t| t + ACK_HOLD_MAX), Ordering::Release);
         self.next_deadline.store(deadline, Ordering::Relaxed);
+        let after: SmallVec<[AfterSend; 4]> = out.iter().filter_map(|t| t.after_send).collect();
         self.send_all(&mut out);
+        if !after.is_empty() {
+            // The kernel has the bytes of the packets sent in place: their
+            // sends may complete (and the application reuse the buffers).
+            let mut e = self.engine.lock().unwrap();
+            e.sent(now, after);
+            while let Some(ev) = e.poll_event() {
+                events.push(ev);
+            }
+        }
         tx.sent.extend(out.drain(..).map(|t| t.data));
         tx.out = out;
         self.dispatch(events);
@@ -666,7 +676,7 @@ mod tests {
     fn packet(op: Opcode, len: usize, dst: &str) -> Transmit {
         let mut data = vec![0u8; len];
         data[0] = op.0;
-        Transmit { dst: dst.parse().unwrap(), data, in_place: None }
+        Transmit { dst: dst.parse().unwrap(), data, in_place: None, after_send: None }
     }
 
     fn runs(out: &mut [Transmit]) -> Vec<std::ops::Range<usize>> {

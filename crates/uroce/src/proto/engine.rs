@@ -6,7 +6,7 @@
 use super::qp::{Qp, QpInit};
 use super::srq::SharedRecvQueue;
 use super::wr::{QpAttr, RecvWr, SendWr};
-use super::{Ctx, Event, Stats, Transmit};
+use super::{AfterSend, Ctx, Event, Stats, Transmit};
 use crate::ib::{Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result};
 use crate::mem::Memory;
 use crate::wire::{self, icrc, IpInfo, OpFlags, Packet, Transport};
@@ -427,6 +427,17 @@ impl Engine {
             }
         }
         None
+    }
+
+    /// Says that packets were handed to the kernel (the send call that
+    /// carried them returned, whatever it returned): the unreliable sends'
+    /// completions that waited for them are delivered (see [`AfterSend`]).
+    /// A consumer of [`Transmit`]s of an engine that sends in place calls
+    /// this with each one's `after_send`.
+    pub fn sent(&mut self, now: Instant, packets: impl IntoIterator<Item = AfterSend>) {
+        for a in packets {
+            self.with_qp(now, a.qpn, |qp, ctx| qp.on_sent(ctx, a.seq));
+        }
     }
 
     /// Gives back the buffer of a packet that was sent (a [`Transmit`]'s

@@ -43,6 +43,21 @@ pub struct Transmit {
     pub data: Vec<u8>,
     /// The payload left in registered memory, and where it goes in `data`.
     pub in_place: Option<(usize, HostBytes)>,
+    /// Completions wait for this packet to reach the kernel: once the send
+    /// call that carried it has returned, give this to [`Engine::sent`].
+    pub after_send: Option<AfterSend>,
+}
+
+/// A packet that completions wait for (see [`Engine::sent`]): an
+/// unreliable (UD, UC) send completes when its packets have been handed to
+/// the kernel, and one sent in place is handed over by the send call, which
+/// copies the application's bytes; completing it earlier would let an
+/// application reuse its buffer while the kernel may still read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AfterSend {
+    pub(crate) qpn: u32,
+    /// The QP's count of such packets, this one's number.
+    pub(crate) seq: u64,
 }
 
 impl Transmit {
@@ -188,7 +203,7 @@ impl Ctx<'_> {
         data.truncate(len);
         self.stats.tx_packets += 1;
         self.stats.tx_bytes += len as u64;
-        Ok(Transmit { dst: SocketAddr::new(dst, self.cfg.port), data, in_place: None })
+        Ok(Transmit { dst: SocketAddr::new(dst, self.cfg.port), data, in_place: None, after_send: None })
     }
 
     /// Builds one packet to `dst` whose payload is all of `span`: sent in
@@ -220,6 +235,11 @@ impl Ctx<'_> {
             .expect("buffer sized by packet_len");
         self.stats.tx_packets += 1;
         self.stats.tx_bytes += len as u64;
-        Transmit { dst: SocketAddr::new(dst, self.cfg.port), data, in_place: Some((hdr_len, payload)) }
+        Transmit {
+            dst: SocketAddr::new(dst, self.cfg.port),
+            data,
+            in_place: Some((hdr_len, payload)),
+            after_send: None,
+        }
     }
 }

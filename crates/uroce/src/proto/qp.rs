@@ -95,6 +95,9 @@ pub struct Qp {
     pub(crate) timed: bool,
     /// SQD: the drained event is pending.
     pub(crate) sqd_notify_pending: bool,
+    /// Unreliable sends' completions that wait for packets to reach the
+    /// kernel (see [`super::AfterSend`]).
+    pub(crate) after_send: super::requester::AfterSendState,
 }
 
 impl std::fmt::Debug for Qp {
@@ -154,6 +157,7 @@ impl Qp {
             queued: false,
             timed: false,
             sqd_notify_pending: false,
+            after_send: Default::default(),
         })
     }
 
@@ -179,6 +183,7 @@ impl Qp {
             queued: false,
             timed: false,
             sqd_notify_pending: false,
+            after_send: Default::default(),
         }
     }
 
@@ -402,6 +407,12 @@ impl Qp {
     }
 
     pub(crate) fn deliver_send(&mut self, ctx: &mut Ctx, wc: Wc) {
+        // Behind completions that wait for a packet to reach the kernel:
+        // wait with them, in order.
+        if let Some(&(seq, _)) = self.after_send.held.back() {
+            self.after_send.held.push_back((seq, wc));
+            return;
+        }
         // Only a QP with a send queue has send completions: it has a send CQ.
         if let Some(cq) = self.send_cq.clone() {
             self.deliver(ctx, &cq, wc, false);
@@ -446,7 +457,7 @@ impl Qp {
         }
     }
 
-    fn deliver(&mut self, ctx: &mut Ctx, cq: &CompletionQueue, wc: Wc, solicited: bool) {
+    pub(crate) fn deliver(&mut self, ctx: &mut Ctx, cq: &CompletionQueue, wc: Wc, solicited: bool) {
         let pushed = cq.push(wc, solicited);
         self.pushed(ctx, cq, pushed);
     }

@@ -1,14 +1,17 @@
 //! The requester: turns send WQEs into request packets (split at the path
 //! MTU), assigns PSNs, sets AckReq, keeps the retransmission and RNR timers,
-//! and rewinds for go-back-N. UD and UC WQEs complete when sent. An XRC_SEND
-//! QP is an RC requester whose requests name the target's SRQ (XRCETH).
+//! and rewinds for go-back-N. UD and UC WQEs complete when sent: when their
+//! packets are built, or, if one was sent in place, when the kernel has it
+//! ([`AfterSendState`]). An XRC_SEND QP is an RC requester whose requests
+//! name the target's SRQ (XRCETH).
 
 use super::qp::Qp;
 use super::wr::{QpAttr, WrOpcode};
-use super::{psn, Ctx, Transmit};
+use super::{psn, AfterSend, Ctx, Transmit};
 use crate::ib::{QpState, QpType, SendFlags, Wc, WcStatus};
 use crate::mem::{for_each_sge_piece, Want};
 use crate::wire::{AtomicEth, Bth, Deth, Headers, Opcode, Reth};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// Unacknowledged PSNs allowed in flight (rxe: RXE_MAX_UNACKED_PSNS).
@@ -52,6 +55,21 @@ impl Requester {
             ..Default::default()
         };
     }
+}
+
+/// An unreliable QP's packets sent in place and the completions waiting
+/// for them: a UD or UC send completes once each of its packets is in the
+/// kernel (a payload sent in place is read by the send call, after the
+/// engine's pass), so that an application that reuses the buffer on seeing
+/// the completion never changes bytes the kernel has yet to copy.
+#[derive(Debug, Default)]
+pub(crate) struct AfterSendState {
+    /// Packets numbered so far ([`AfterSend::seq`]).
+    pub seq: u64,
+    /// The highest number reported sent ([`Qp::on_sent`]).
+    pub sent: u64,
+    /// Completions in order, each with the packet it waits for.
+    pub held: VecDeque<(u64, Wc)>,
 }
 
 /// Number of PSNs a message of `len` bytes takes at path MTU `mtu`.
@@ -236,7 +254,7 @@ impl Qp {
                 }),
             }),
         };
-        let t = match built {
+        let mut t = match built {
             Ok(t) => t,
             Err(_) => {
                 // The region went away between the check and now.
@@ -256,16 +274,50 @@ impl Qp {
         } else {
             self.req.cursor_off += chunk;
         }
-        if !self.qp_type.is_reliable() && last {
-            // Unreliable: complete on transmission.
-            let w = self.pop_head().expect("cursor WQE exists");
-            if w.signaled {
-                let mut wc = Wc::new(w.wr.wr_id, WcStatus::Success, w.wc_opcode(), self.qpn);
-                wc.byte_len = w.len as u32;
-                self.deliver_send(ctx, wc);
+        if !self.qp_type.is_reliable() {
+            // Unreliable: complete on transmission, once every packet sent
+            // in place is in the kernel.
+            let a = &mut self.after_send;
+            if t.in_place.is_some() {
+                a.seq += 1;
+                t.after_send = Some(AfterSend { qpn: self.qpn, seq: a.seq });
+            }
+            if last {
+                let wait = a.seq > a.sent;
+                if wait && t.after_send.is_none() {
+                    a.seq += 1;
+                    t.after_send = Some(AfterSend { qpn: self.qpn, seq: a.seq });
+                }
+                let seq = a.seq;
+                let w = self.pop_head().expect("cursor WQE exists");
+                if w.signaled {
+                    let mut wc = Wc::new(w.wr.wr_id, WcStatus::Success, w.wc_opcode(), self.qpn);
+                    wc.byte_len = w.len as u32;
+                    if wait {
+                        self.after_send.held.push_back((seq, wc));
+                    } else {
+                        self.deliver_send(ctx, wc);
+                    }
+                }
             }
         }
         Some(t)
+    }
+
+    /// Packets up to number `seq` are in the kernel: delivers the
+    /// completions that waited for them.
+    pub(crate) fn on_sent(&mut self, ctx: &mut Ctx, seq: u64) {
+        let a = &mut self.after_send;
+        a.sent = a.sent.max(seq);
+        while let Some(&(s, wc)) = self.after_send.held.front() {
+            if s > self.after_send.sent {
+                break;
+            }
+            self.after_send.held.pop_front();
+            if let Some(cq) = self.send_cq.clone() {
+                self.deliver(ctx, &cq, wc, false);
+            }
+        }
     }
 
     /// Executes the BIND_MW, UMR or LOCAL_INV at the cursor, in send-queue order.
