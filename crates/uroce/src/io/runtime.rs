@@ -283,7 +283,7 @@ impl Runtime {
         }
         self.held_due.store(tx.held_since.map(|t| t + ACK_HOLD_MAX), Ordering::Release);
         self.next_deadline.store(deadline, Ordering::Relaxed);
-        let after: SmallVec<[AfterSend; 4]> = out.iter().filter_map(|t| t.after_send).collect();
+        let after: SmallVec<[AfterSend; 4]> = out.iter().filter_map(Transmit::after_send).collect();
         self.send_all(&mut out);
         if !after.is_empty() {
             // The kernel has the bytes of the packets sent in place: their
@@ -676,7 +676,7 @@ mod tests {
     fn packet(op: Opcode, len: usize, dst: &str) -> Transmit {
         let mut data = vec![0u8; len];
         data[0] = op.0;
-        Transmit { dst: dst.parse().unwrap(), data, in_place: None, after_send: None }
+        Transmit { dst: dst.parse().unwrap(), data, in_place: None }
     }
 
     fn runs(out: &mut [Transmit]) -> Vec<std::ops::Range<usize>> {

@@ -96,8 +96,9 @@ pub struct Qp {
     /// SQD: the drained event is pending.
     pub(crate) sqd_notify_pending: bool,
     /// Unreliable sends' completions that wait for packets to reach the
-    /// kernel (see [`super::AfterSend`]).
-    pub(crate) after_send: super::requester::AfterSendState,
+    /// kernel (see [`super::AfterSend`]); made by the first packet an
+    /// unreliable QP sends in place (boxed: other QPs pay one word).
+    pub(crate) after_send: Option<Box<super::requester::AfterSendState>>,
 }
 
 impl std::fmt::Debug for Qp {
@@ -157,7 +158,7 @@ impl Qp {
             queued: false,
             timed: false,
             sqd_notify_pending: false,
-            after_send: Default::default(),
+            after_send: None,
         })
     }
 
@@ -183,7 +184,7 @@ impl Qp {
             queued: false,
             timed: false,
             sqd_notify_pending: false,
-            after_send: Default::default(),
+            after_send: None,
         }
     }
 
@@ -409,9 +410,11 @@ impl Qp {
     pub(crate) fn deliver_send(&mut self, ctx: &mut Ctx, wc: Wc) {
         // Behind completions that wait for a packet to reach the kernel:
         // wait with them, in order.
-        if let Some(&(seq, _)) = self.after_send.held.back() {
-            self.after_send.held.push_back((seq, wc));
-            return;
+        if let Some(a) = self.after_send.as_deref_mut() {
+            if let Some(&(seq, _)) = a.held.back() {
+                a.held.push_back((seq, wc));
+                return;
+            }
         }
         // Only a QP with a send queue has send completions: it has a send CQ.
         if let Some(cq) = self.send_cq.clone() {

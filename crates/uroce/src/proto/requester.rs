@@ -7,7 +7,7 @@
 
 use super::qp::Qp;
 use super::wr::{QpAttr, WrOpcode};
-use super::{psn, AfterSend, Ctx, Transmit};
+use super::{psn, Ctx, Transmit};
 use crate::ib::{QpState, QpType, SendFlags, Wc, WcStatus};
 use crate::mem::{for_each_sge_piece, Want};
 use crate::wire::{AtomicEth, Bth, Deth, Headers, Opcode, Reth};
@@ -64,12 +64,13 @@ impl Requester {
 /// the completion never changes bytes the kernel has yet to copy.
 #[derive(Debug, Default)]
 pub(crate) struct AfterSendState {
-    /// Packets numbered so far ([`AfterSend::seq`]).
-    pub seq: u64,
-    /// The highest number reported sent ([`Qp::on_sent`]).
-    pub sent: u64,
+    /// The number of the last packet sent in place ([`super::AfterSend`]:
+    /// wrapping, never 0 once one was).
+    pub seq: u32,
+    /// The last one reported sent ([`Qp::on_sent`]).
+    pub sent: u32,
     /// Completions in order, each with the packet it waits for.
-    pub held: VecDeque<(u64, Wc)>,
+    pub held: VecDeque<(u32, Wc)>,
 }
 
 /// Number of PSNs a message of `len` bytes takes at path MTU `mtu`.
@@ -275,45 +276,54 @@ impl Qp {
             self.req.cursor_off += chunk;
         }
         if !self.qp_type.is_reliable() {
-            // Unreliable: complete on transmission, once every packet sent
-            // in place is in the kernel.
-            let a = &mut self.after_send;
-            if t.in_place.is_some() {
-                a.seq += 1;
-                t.after_send = Some(AfterSend { qpn: self.qpn, seq: a.seq });
-            }
-            if last {
-                let wait = a.seq > a.sent;
-                if wait && t.after_send.is_none() {
-                    a.seq += 1;
-                    t.after_send = Some(AfterSend { qpn: self.qpn, seq: a.seq });
-                }
-                let seq = a.seq;
-                let w = self.pop_head().expect("cursor WQE exists");
-                if w.signaled {
-                    let mut wc = Wc::new(w.wr.wr_id, WcStatus::Success, w.wc_opcode(), self.qpn);
-                    wc.byte_len = w.len as u32;
-                    if wait {
-                        self.after_send.held.push_back((seq, wc));
-                    } else {
-                        self.deliver_send(ctx, wc);
-                    }
-                }
-            }
+            self.unreliable_sent(ctx, &mut t, last);
         }
         Some(t)
     }
 
+    /// An unreliable QP built packet `t`, the `last` of its message: the
+    /// send completes on transmission, once every packet sent in place is
+    /// in the kernel (a copied packet's bytes are in its buffer already: it
+    /// only keeps the completions' order). Out of line: RC's packet path
+    /// stays as small as it was.
+    #[inline(never)]
+    fn unreliable_sent(&mut self, ctx: &mut Ctx, t: &mut Transmit, last: bool) {
+        if t.in_place.is_some() {
+            let a = self.after_send.get_or_insert_with(Default::default);
+            a.seq = a.seq.wrapping_add(1).max(1);
+            t.set_after_send(self.qpn, a.seq);
+        }
+        if !last {
+            return;
+        }
+        let (wait, seq) = self.after_send.as_ref().map_or((false, 0), |a| (a.seq != a.sent, a.seq));
+        let w = self.pop_head().expect("cursor WQE exists");
+        if w.signaled {
+            let mut wc = Wc::new(w.wr.wr_id, WcStatus::Success, w.wc_opcode(), self.qpn);
+            wc.byte_len = w.len as u32;
+            match self.after_send.as_deref_mut() {
+                Some(a) if wait => a.held.push_back((seq, wc)),
+                _ => self.deliver_send(ctx, wc),
+            }
+        }
+    }
+
     /// Packets up to number `seq` are in the kernel: delivers the
     /// completions that waited for them.
-    pub(crate) fn on_sent(&mut self, ctx: &mut Ctx, seq: u64) {
-        let a = &mut self.after_send;
-        a.sent = a.sent.max(seq);
-        while let Some(&(s, wc)) = self.after_send.held.front() {
-            if s > self.after_send.sent {
-                break;
-            }
-            self.after_send.held.pop_front();
+    pub(crate) fn on_sent(&mut self, ctx: &mut Ctx, seq: u32) {
+        // Numbers wrap: "after" is within half the space.
+        let after = |x: u32, y: u32| (x.wrapping_sub(y) as i32) > 0;
+        let Some(a) = self.after_send.as_deref_mut() else { return };
+        if after(seq, a.sent) {
+            a.sent = seq;
+        }
+        loop {
+            let Some(a) = self.after_send.as_deref_mut() else { return };
+            let wc = match a.held.front() {
+                Some(&(s, wc)) if !after(s, a.sent) => wc,
+                _ => return,
+            };
+            a.held.pop_front();
             if let Some(cq) = self.send_cq.clone() {
                 self.deliver(ctx, &cq, wc, false);
             }
