@@ -255,7 +255,7 @@ impl Qp {
                 }),
             }),
         };
-        let mut t = match built {
+        let t = match built {
             Ok(t) => t,
             Err(_) => {
                 // The region went away between the check and now.
@@ -276,7 +276,9 @@ impl Qp {
             self.req.cursor_off += chunk;
         }
         if !self.qp_type.is_reliable() {
-            self.unreliable_sent(ctx, &mut t, last);
+            // (By value: a `&mut t` would keep RC's packet in memory and
+            // copy it once more on its way out.)
+            return Some(self.unreliable_sent(ctx, t, last));
         }
         Some(t)
     }
@@ -287,14 +289,14 @@ impl Qp {
     /// only keeps the completions' order). Out of line: RC's packet path
     /// stays as small as it was.
     #[inline(never)]
-    fn unreliable_sent(&mut self, ctx: &mut Ctx, t: &mut Transmit, last: bool) {
+    fn unreliable_sent(&mut self, ctx: &mut Ctx, mut t: Transmit, last: bool) -> Transmit {
         if t.in_place.is_some() {
             let a = self.after_send.get_or_insert_with(Default::default);
             a.seq = a.seq.wrapping_add(1).max(1);
             t.set_after_send(self.qpn, a.seq);
         }
         if !last {
-            return;
+            return t;
         }
         let (wait, seq) = self.after_send.as_ref().map_or((false, 0), |a| (a.seq != a.sent, a.seq));
         let w = self.pop_head().expect("cursor WQE exists");
@@ -306,6 +308,7 @@ impl Qp {
                 _ => self.deliver_send(ctx, wc),
             }
         }
+        t
     }
 
     /// Packets up to number `seq` are in the kernel: delivers the
