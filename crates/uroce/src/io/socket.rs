@@ -10,6 +10,8 @@
 //! its ICRC). The socket receives with UDP GRO into a [`RecvBatch`], all
 //! that is queued in one `recvmmsg`: each buffer may hold several datagrams
 //! back to back, their size in a `UDP_GRO` control message.
+//! `UROCE_GRO=0` leaves `UDP_GRO` off (a test knob: every datagram then
+//! arrives alone, as from a device without GRO).
 
 use smallvec::SmallVec;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
