@@ -81,7 +81,7 @@ fn deliver(from: &mut End, to: &mut End, now: Instant) -> usize {
     let src = SocketAddr::new(from.ip, PORT);
     let mut n = 0;
     while let Some(t) = from.e.poll_transmit(now) {
-        to.e.handle_datagram(now, src, to.ip, &t.data, 0);
+        to.e.handle_datagram(now, src, to.ip, &t.data);
         from.e.recycle(t.data);
         n += 1;
     }

@@ -86,7 +86,7 @@ impl Target {
         let ip = IpInfo { src, dst: LOCAL.into(), sport: 49152, dport: 4791, ipv4_id: 0 };
         let mut buf = vec![0u8; 128];
         let n = build_packet(&h, &[0xEE; 8], &ip, &mut buf).unwrap();
-        self.e.handle_datagram(self.now, SocketAddr::new(src, 49152), LOCAL.into(), &buf[..n], 0);
+        self.e.handle_datagram(self.now, SocketAddr::new(src, 49152), LOCAL.into(), &buf[..n]);
         let t = self.e.poll_transmit(self.now)?;
         let p = Packet::parse(&t.data).unwrap();
         let nak = p.headers.aeth.is_some_and(|a| !matches!(a.kind(), uroce::wire::AethKind::Ack { .. }));

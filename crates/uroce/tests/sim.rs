@@ -1071,7 +1071,7 @@ fn run(plan: &Plan) -> Result<Outcome, String> {
         for (dst, src, data) in fabric.deliver(now) {
             let n = world.nodes.iter_mut().find(|n| n.ip == dst).expect("a node at every address");
             let local = n.ip;
-            n.engine.handle_datagram(now, SocketAddr::new(src, PORT), local, &data, 0);
+            n.engine.handle_datagram(now, SocketAddr::new(src, PORT), local, &data);
         }
     }
     let tally = world.check(plan)?;

@@ -106,7 +106,7 @@ fuzz_target!(|data: &[u8]| {
         let m = pkt.len();
         let c = icrc::compute(&ip, &pkt[..m - 4]);
         pkt[m - 4..].copy_from_slice(&c);
-        e.handle_datagram(t, SocketAddr::new(peer, 49152), local, &pkt, 0);
+        e.handle_datagram(t, SocketAddr::new(peer, 49152), local, &pkt);
         while e.poll_transmit(t).is_some() {}
         t += Duration::from_micros(50);
         e.handle_timeout(t);

@@ -8,7 +8,9 @@
 //! verified operations (WRITEs of 1 B..16 KiB to 64 slots, each READ back
 //! and compared, and per batch a FETCH_ADD on a counter whose returned
 //! values must run 0, 1, 2, … however often the fabric made it resend); `UROCE_PEER_TIMEOUT` / `UROCE_PEER_RETRY` set the QP's ACK
-//! timeout exponent and retry count (default 14 / 7: seven retries of 67 ms).
+//! timeout exponent and retry count (default 14 / 7: seven retries of 67 ms);
+//! `UROCE_PEER_BW_MS=N` makes the client then stream 64 KiB RDMA WRITEs
+//! (16 in flight) for N ms and print their bandwidth.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -71,6 +73,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let cq = ctx.create_cq(256, None)?;
     let env = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
     let (ops, timeout, retry) = (env("UROCE_PEER_OPS", 0), env("UROCE_PEER_TIMEOUT", 14), env("UROCE_PEER_RETRY", 7));
+    let bw_ms = env("UROCE_PEER_BW_MS", 0);
     let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq))?;
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let mr = pd.register(vec![0u8; LEN], all)?;
@@ -152,6 +155,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 s.retransmits, s.timeouts, s.naks_received, s.rx_drop_icrc
             );
         }
+        if bw_ms > 0 {
+            stream_writes(&pd, &qp, &cq, &peer, Duration::from_millis(bw_ms))?;
+            let s = ctx.stats();
+            println!("client: retransmits {} timeouts {} naks {}", s.retransmits, s.timeouts, s.naks_received);
+        }
     }
     sock.write_all(b"D")?;
     if server {
@@ -161,6 +169,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         if !matches!(sock.read(&mut d), Ok(1)) {
             eprintln!("client went away; QP: {}\n  stats: {:?}", qp.debug_state(), ctx.stats());
         }
+    }
+    if server && bw_ms > 0 {
+        println!("server: stats {:?}", ctx.stats());
     }
     Ok(())
 }
@@ -249,6 +260,49 @@ fn verified_ops(
         done += 2 * k as u64 + 1;
         batch += 1;
     }
+    Ok(())
+}
+
+/// RDMA WRITEs of 64 KiB into the peer's region, 16 in flight, for
+/// `time`; prints the bandwidth (all completed, none failed).
+fn stream_writes(
+    pd: &ProtectionDomain,
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    peer: &Info,
+    time: Duration,
+) -> Result<(), Box<dyn std::error::Error>> {
+    const SIZE: usize = 64 * 1024;
+    const DEPTH: u64 = 16;
+    let src = pd.register(pattern()[..SIZE].to_vec(), Access::LOCAL_WRITE)?;
+    let start = std::time::Instant::now();
+    let (mut posted, mut done) = (0u64, 0u64);
+    let mut wcs = [Wc::new(0, WcStatus::Success, WcOpcode::RdmaWrite, 0); 16];
+    while start.elapsed() < time || done < posted {
+        while posted - done < DEPTH && start.elapsed() < time {
+            let mut w = SendWr::new(posted, WrOpcode::RdmaWrite);
+            w.sg_list = uroce::sgl![src.sge(0, SIZE as u32)];
+            w.remote_addr = peer.addr + (posted % (LEN / SIZE) as u64) * SIZE as u64;
+            w.rkey = peer.rkey;
+            qp.post_send(&w)?;
+            posted += 1;
+        }
+        if start.elapsed() > time + T {
+            return Err(format!("client: {} WRITEs of 64 KiB still outstanding after {T:?}", posted - done).into());
+        }
+        let n = cq.poll(&mut wcs)?;
+        for wc in &wcs[..n] {
+            if wc.status != WcStatus::Success {
+                return Err(format!("client: WRITE failed: {wc:?}").into());
+            }
+        }
+        done += n as u64;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "client: bandwidth {:.1} MB/s ({done} WRITEs of 64 KiB in {secs:.2} s)",
+        (done * SIZE as u64) as f64 / secs / 1e6
+    );
     Ok(())
 }
 

@@ -129,9 +129,9 @@ mod tests {
         // A corrupted copy is not answered.
         let mut bad = pkt[..n].to_vec();
         bad[100] ^= 1;
-        e.handle_datagram(now, SocketAddr::new(a, 4791), b, &bad, 0);
+        e.handle_datagram(now, SocketAddr::new(a, 4791), b, &bad);
         assert!(e.poll_transmit(now).is_none());
-        e.handle_datagram(now, SocketAddr::new(a, 4791), b, &pkt[..n], 0);
+        e.handle_datagram(now, SocketAddr::new(a, 4791), b, &pkt[..n]);
         let t = e.poll_transmit(now).unwrap();
         assert_eq!(t.dst, SocketAddr::new(a, 4791));
         let back = IpInfo { src: b, dst: a, sport: 4791, dport: 4791, ipv4_id: 0 };
@@ -167,7 +167,7 @@ mod tests {
         assert_eq!(e.create_gsi_qp(init()).unwrap_err().errno, crate::ib::Errno::EBUSY);
         // Application QPs never get QPN 1.
         assert!(e.create_qp(init()).unwrap() >= 0x11);
-        e.handle_datagram(now, SocketAddr::new(a, 4791), b, &pkt[..n], 0);
+        e.handle_datagram(now, SocketAddr::new(a, 4791), b, &pkt[..n]);
         assert!(e.poll_transmit(now).is_none());
     }
 }

@@ -65,7 +65,6 @@ struct Held {
     at: Instant,
     seq: u64,
     from: SocketAddr,
-    id: u16,
     data: Vec<u8>,
 }
 
@@ -126,15 +125,8 @@ impl FaultLayer {
     }
 
     /// Passes a received datagram through the faults; what is delivered now
-    /// is appended to `out` as (sender, largest IPv4 ID it may carry, bytes).
-    pub fn receive(
-        &self,
-        now: Instant,
-        from: SocketAddr,
-        id: u16,
-        data: &[u8],
-        out: &mut Vec<(SocketAddr, u16, Vec<u8>)>,
-    ) {
+    /// is appended to `out` as (sender, bytes).
+    pub fn receive(&self, now: Instant, from: SocketAddr, data: &[u8], out: &mut Vec<(SocketAddr, Vec<u8>)>) {
         let mut st = self.st.lock().unwrap();
         st.stats.seen += 1;
         if chance(&mut st.rng, self.cfg.loss) {
@@ -159,19 +151,19 @@ impl FaultLayer {
                 st.seq += 1;
                 st.stats.held += 1;
                 let seq = st.seq;
-                st.held.push(Held { at: now + wait, seq, from, id, data: d });
+                st.held.push(Held { at: now + wait, seq, from, data: d });
             } else {
-                out.push((from, id, d));
+                out.push((from, d));
             }
         }
     }
 
     /// Held datagrams whose time has come.
-    pub fn release(&self, now: Instant, out: &mut Vec<(SocketAddr, u16, Vec<u8>)>) {
+    pub fn release(&self, now: Instant, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
         let mut st = self.st.lock().unwrap();
         while st.held.peek().is_some_and(|h| h.at <= now) {
             let h = st.held.pop().unwrap();
-            out.push((h.from, h.id, h.data));
+            out.push((h.from, h.data));
         }
     }
 
@@ -209,7 +201,7 @@ mod tests {
         let mut out = Vec::new();
         let from: SocketAddr = "127.0.0.1:4791".parse().unwrap();
         for _ in 0..10_000 {
-            f.receive(now, from, 0, &[1, 2, 3], &mut out);
+            f.receive(now, from, &[1, 2, 3], &mut out);
         }
         f.release(now + Duration::from_millis(1), &mut out);
         let s = f.stats();

@@ -3,7 +3,7 @@
 use super::socket::{Datagram, RecvBatch, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 use super::{Capture, RoceSocket};
 use crate::mem::Memory;
-use crate::proto::{Engine, EngineConfig, Event, Transmit};
+use crate::proto::{AfterSend, Engine, EngineConfig, Event, Transmit};
 use crate::wire::IpInfo;
 use smallvec::SmallVec;
 use std::io;
@@ -94,9 +94,8 @@ const APP_ACTIVE: Duration = Duration::from_millis(2);
 /// The receiving side's reusable storage.
 struct RxState {
     batch: RecvBatch,
-    /// The datagrams in its filled buffers: (buffer, offset, length, sender, largest IPv4
-    /// ID the sender used).
-    got: Vec<(usize, usize, usize, SocketAddr, u16)>,
+    /// The datagrams in its filled buffers: (buffer, offset, length, sender).
+    got: Vec<(usize, usize, usize, SocketAddr)>,
 }
 
 /// The sending side's reusable storage.
@@ -284,7 +283,17 @@ impl Runtime {
         }
         self.held_due.store(tx.held_since.map(|t| t + ACK_HOLD_MAX), Ordering::Release);
         self.next_deadline.store(deadline, Ordering::Relaxed);
+        let after: SmallVec<[AfterSend; 4]> = out.iter().filter_map(Transmit::after_send).collect();
         self.send_all(&mut out);
+        if !after.is_empty() {
+            // The kernel has the bytes of the packets sent in place: their
+            // sends may complete (and the application reuse the buffers).
+            let mut e = self.engine.lock().unwrap();
+            e.sent(now, after);
+            while let Some(ev) = e.poll_event() {
+                events.push(ev);
+            }
+        }
         tx.sent.extend(out.drain(..).map(|t| t.data));
         tx.out = out;
         self.dispatch(events);
@@ -457,26 +466,26 @@ impl Runtime {
         let local = self.socket.local_addr();
         for (b, r) in batch.filled().iter().enumerate() {
             match r.seg {
-                None => got.push((b, 0, r.len, r.from, 0)),
+                None => got.push((b, 0, r.len, r.from)),
                 Some(seg) => {
-                    // GRO merged datagrams: split them. For IPv4 the j-th was
-                    // sent with an ID of at most j (see wire::icrc); the
-                    // engine finds which while it checks the ICRC.
-                    for (j, off) in (0..r.len).step_by(seg).enumerate() {
-                        let max_id = if r.from.is_ipv4() { j.min(GSO_MAX_SEGMENTS - 1) as u16 } else { 0 };
-                        got.push((b, off, seg.min(r.len - off), r.from, max_id));
+                    // GRO merged datagrams: split them. Each IPv4 segment
+                    // carries the ID its sender's GSO send gave it (see
+                    // wire::icrc::find_ipv4_id); the engine finds which
+                    // while it checks the ICRC.
+                    for off in (0..r.len).step_by(seg) {
+                        got.push((b, off, seg.min(r.len - off), r.from));
                     }
                 }
             }
         }
         let guard = self.capturing.load(Ordering::Acquire).then(|| self.capture.read().unwrap());
         if let Some(c) = guard.as_deref().and_then(|c| c.as_ref()) {
-            for &(b, off, n, from, max_id) in got.iter() {
+            for &(b, off, n, from) in got.iter() {
                 let mut ip =
                     IpInfo { src: from.ip(), dst: local.ip(), sport: from.port(), dport: local.port(), ipv4_id: 0 };
                 // The pcap needs the real ID for the ICRC to check out.
                 let data = &batch.bytes(b)[off..off + n];
-                ip.ipv4_id = crate::wire::icrc::find_ipv4_id(&ip, data, max_id).unwrap_or(0);
+                ip.ipv4_id = crate::wire::icrc::find_ipv4_id(&ip, data, 0).unwrap_or(0);
                 c.record(&ip, data);
             }
         }
@@ -486,16 +495,16 @@ impl Runtime {
             // duplicated or corrupted.
             let mut owned = Vec::with_capacity(got.len());
             f.release(now, &mut owned);
-            for &(b, off, n, from, id) in got.iter() {
-                f.receive(now, from, id, &batch.bytes(b)[off..off + n], &mut owned);
+            for &(b, off, n, from) in got.iter() {
+                f.receive(now, from, &batch.bytes(b)[off..off + n], &mut owned);
             }
             let due = self.next_deadline.load(Ordering::Relaxed).is_some_and(|t| t <= now);
             if owned.is_empty() && !due && !send_held {
                 return !got.is_empty();
             }
             self.pump_with(held, |e, now| {
-                for (from, id, data) in &owned {
-                    e.handle_datagram(now, *from, local.ip(), data, *id);
+                for (from, data) in &owned {
+                    e.handle_datagram(now, *from, local.ip(), data);
                 }
                 if e.poll_timeout().is_some_and(|t| t <= now) {
                     e.handle_timeout(now);
@@ -508,8 +517,8 @@ impl Runtime {
             return false;
         }
         self.pump_with(held, |e, now| {
-            for &(b, off, n, from, id) in got.iter() {
-                e.handle_datagram(now, from, local.ip(), &batch.bytes(b)[off..off + n], id);
+            for &(b, off, n, from) in got.iter() {
+                e.handle_datagram(now, from, local.ip(), &batch.bytes(b)[off..off + n]);
             }
             if e.poll_timeout().is_some_and(|t| t <= now) {
                 e.handle_timeout(now);

@@ -10,6 +10,8 @@
 //! its ICRC). The socket receives with UDP GRO into a [`RecvBatch`], all
 //! that is queued in one `recvmmsg`: each buffer may hold several datagrams
 //! back to back, their size in a `UDP_GRO` control message.
+//! `UROCE_GRO=0` leaves `UDP_GRO` off (a test knob: every datagram then
+//! arrives alone, as from a device without GRO).
 
 use smallvec::SmallVec;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
@@ -83,6 +85,13 @@ unsafe fn sockaddr(msg: &libc::msghdr) -> Option<SocketAddr> {
     addr.as_socket()
 }
 
+/// Whether the socket asks for UDP GRO: yes unless `UROCE_GRO=0`, a knob
+/// for tests that need every datagram to arrive alone (as from a device
+/// without GRO).
+fn gro_wanted() -> bool {
+    std::env::var_os("UROCE_GRO").is_none_or(|v| v != "0")
+}
+
 #[derive(Debug)]
 pub struct RoceSocket {
     sock: Socket,
@@ -128,8 +137,10 @@ fn iovecs<'a>(segs: &'a [Datagram<'a>]) -> impl Iterator<Item = libc::iovec> + '
 /// Most groups in one `sendmmsg`.
 pub const SEND_GROUPS: usize = 64;
 
-/// Most segments in one GSO send, and most bytes.
-pub const GSO_MAX_SEGMENTS: usize = 64;
+/// Most segments in one GSO send, and most bytes. The k-th segment of a
+/// send carries IPv4 ID k, and receivers try exactly these IDs
+/// (`wire::icrc::IPV4_ID_CANDIDATES`): the two are one number.
+pub const GSO_MAX_SEGMENTS: usize = crate::wire::icrc::IPV4_ID_CANDIDATES as usize;
 pub const GSO_MAX_BYTES: usize = 65000;
 
 impl RoceSocket {
@@ -157,18 +168,20 @@ impl RoceSocket {
                 return Err(io::Error::last_os_error());
             }
         }
-        let one: libc::c_int = 1;
-        // SAFETY: setsockopt reads one c_int. Failure (an old kernel) only
-        // means datagrams arrive one per buffer.
-        unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_UDP,
-                libc::UDP_GRO,
-                (&one as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
+        if gro_wanted() {
+            let one: libc::c_int = 1;
+            // SAFETY: setsockopt reads one c_int. Failure (an old kernel) only
+            // means datagrams arrive one per buffer.
+            unsafe {
+                libc::setsockopt(
+                    sock.as_raw_fd(),
+                    libc::SOL_UDP,
+                    libc::UDP_GRO,
+                    (&one as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+        }
         sock.bind(&SockAddr::from(addr))?;
         let local = sock.local_addr()?.as_socket().ok_or_else(|| io::Error::other("not an IP socket"))?;
         Ok(RoceSocket { sock, local, gso: std::sync::atomic::AtomicBool::new(true) })

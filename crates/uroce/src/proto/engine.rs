@@ -6,7 +6,7 @@
 use super::qp::{Qp, QpInit};
 use super::srq::SharedRecvQueue;
 use super::wr::{QpAttr, RecvWr, SendWr};
-use super::{Ctx, Event, Stats, Transmit};
+use super::{AfterSend, Ctx, Event, Stats, Transmit};
 use crate::ib::{Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result};
 use crate::mem::Memory;
 use crate::wire::{self, icrc, IpInfo, OpFlags, Packet, Transport};
@@ -113,6 +113,9 @@ pub struct Engine {
     /// CM answers of a device with no QP 1 (`cm::gsi`), and their PSNs.
     gsi_out: VecDeque<Transmit>,
     gsi_psn: u32,
+    /// The IPv4 ID the next packet likely carries (one more than the last
+    /// one's: a GSO send's segments arrive in order), tried first.
+    next_ipv4_id: u16,
 }
 
 /// Most packet buffers kept for reuse: a full send window of MTU packets.
@@ -143,6 +146,7 @@ impl Engine {
             xrc_srqs: XrcSrqs::default(),
             gsi_out: VecDeque::new(),
             gsi_psn: 0,
+            next_ipv4_id: 1,
         }
     }
 
@@ -335,10 +339,11 @@ impl Engine {
     }
 
     /// Handles one received UDP datagram: `src` is the sender, `dst` the
-    /// local address it was sent to; for IPv4 the sender used an
-    /// Identification of at most `max_ipv4_id` (0, or the segment's index in
-    /// a datagram UDP GRO merged: see `wire::icrc::find_ipv4_id`).
-    pub fn handle_datagram(&mut self, now: Instant, src: SocketAddr, dst: IpAddr, data: &[u8], max_ipv4_id: u16) {
+    /// local address it was sent to. For IPv4, the ICRC is checked with the
+    /// IP Identifications a uroce sender uses (segment k of a GSO send has ID
+    /// k: see `wire::icrc::find_ipv4_id`), and with any ID when
+    /// [`EngineConfig::ipv4_any_id`] says so.
+    pub fn handle_datagram(&mut self, now: Instant, src: SocketAddr, dst: IpAddr, data: &[u8]) {
         self.stats.rx_packets += 1;
         self.stats.rx_bytes += data.len() as u64;
         // Matched by reference: moving the parsed headers out of the
@@ -361,26 +366,35 @@ impl Engine {
                 // was destroyed: routine at teardown (counted, not a warning).
                 tracing::debug!(%src, qpn = bth.dest_qp, "dropped a response for a QP that no longer exists");
             } else if bth.dest_qp == crate::cm::GSI_QPN {
-                self.answer_without_cm(src, dst, pkt, data, max_ipv4_id);
+                self.answer_without_cm(src, dst, pkt, data);
             } else {
                 self.log_drop(now, src, "no such QP");
             }
             return;
         };
         let mut ip = IpInfo { src: src.ip(), dst, sport: src.port(), dport: self.cfg.port, ipv4_id: 0 };
-        if let Some(id) = icrc::find_ipv4_id(&ip, data, max_ipv4_id) {
-            ip.ipv4_id = id;
-        } else {
-            let solved = match (self.cfg.ipv4_any_id, ip.src) {
-                (true, IpAddr::V4(_)) => icrc::solve_ipv4_id(&ip, data),
-                _ => None,
-            };
-            match solved {
-                Some(id) => ip.ipv4_id = id,
-                None => {
-                    self.stats.rx_drop_icrc += 1;
-                    self.log_drop(now, src, "bad ICRC");
-                    return;
+        match icrc::find_ipv4_id(&ip, data, self.next_ipv4_id) {
+            Some(0) => self.next_ipv4_id = 1,
+            Some(id) => {
+                self.stats.rx_icrc_gso_id += 1;
+                self.next_ipv4_id = id + 1;
+                ip.ipv4_id = id;
+            }
+            None => {
+                let solved = match (self.cfg.ipv4_any_id, ip.src) {
+                    (true, IpAddr::V4(_)) => icrc::solve_ipv4_id(&ip, data),
+                    _ => None,
+                };
+                match solved {
+                    Some(id) => {
+                        self.stats.rx_icrc_solved_id += 1;
+                        ip.ipv4_id = id;
+                    }
+                    None => {
+                        self.stats.rx_drop_icrc += 1;
+                        self.log_drop(now, src, "bad ICRC");
+                        return;
+                    }
                 }
             }
         }
@@ -421,7 +435,7 @@ impl Engine {
             ctx.stats.rx_packets += 1;
             ctx.stats.rx_bytes += data.len() as u64;
             match qp_type {
-                QpType::Ud => qp.on_ud(ctx, pkt, ip.src, dst),
+                QpType::Ud => qp.on_ud(ctx, pkt, &ip, data.len()),
                 _ if is_response => qp.on_response(ctx, pkt),
                 _ => qp.on_request(ctx, pkt),
             }
@@ -430,13 +444,13 @@ impl Engine {
 
     /// A CM MAD to a device whose process runs no CM (no QP 1): answered
     /// as the kernel answers for an agent without state (`cm::gsi`).
-    fn answer_without_cm(&mut self, src: SocketAddr, dst: IpAddr, pkt: &Packet, data: &[u8], max_ipv4_id: u16) {
+    fn answer_without_cm(&mut self, src: SocketAddr, dst: IpAddr, pkt: &Packet, data: &[u8]) {
         let ip = IpInfo { src: src.ip(), dst, sport: src.port(), dport: self.cfg.port, ipv4_id: 0 };
         let deth_ok = pkt.headers.deth.is_some_and(|d| d.qkey == crate::cm::GSI_QKEY);
         if pkt.headers.bth.opcode != wire::Opcode::UD_SEND_ONLY || !deth_ok {
             return;
         }
-        let icrc_ok = icrc::find_ipv4_id(&ip, data, max_ipv4_id).is_some()
+        let icrc_ok = icrc::find_ipv4_id(&ip, data, self.next_ipv4_id).is_some()
             || (self.cfg.ipv4_any_id && src.is_ipv4() && icrc::solve_ipv4_id(&ip, data).is_some());
         let Some(answer) = crate::cm::gsi::answer_unhandled(pkt.payload).filter(|_| icrc_ok) else { return };
         let h = crate::cm::gsi::mad_headers(self.gsi_psn);
@@ -485,6 +499,17 @@ impl Engine {
             }
         }
         None
+    }
+
+    /// Says that packets were handed to the kernel (the send call that
+    /// carried them returned, whatever it returned): the unreliable sends'
+    /// completions that waited for them are delivered (see [`AfterSend`]).
+    /// A consumer of [`Transmit`]s of an engine that sends in place calls
+    /// this with each one's `after_send`.
+    pub fn sent(&mut self, now: Instant, packets: impl IntoIterator<Item = AfterSend>) {
+        for a in packets {
+            self.with_qp(now, a.qpn, |qp, ctx| qp.on_sent(ctx, a.seq));
+        }
     }
 
     /// Gives back the buffer of a packet that was sent (a [`Transmit`]'s

@@ -42,13 +42,50 @@ pub struct Transmit {
     pub dst: SocketAddr,
     pub data: Vec<u8>,
     /// The payload left in registered memory, and where it goes in `data`.
-    pub in_place: Option<(usize, HostBytes)>,
+    pub in_place: Option<InPlace>,
+}
+
+/// The payload of a packet sent in place. Packed so that a [`Transmit`],
+/// moved several times per packet, stays within 128 bytes (a larger one is
+/// moved by a `memcpy` call: +12 % CPU per 64 B message measured).
+#[derive(Debug)]
+pub struct InPlace {
+    pub bytes: HostBytes,
+    /// Where the payload goes in `data` (bits 0..8: after the headers, at
+    /// most 60 bytes) and the sending QP (bits 8..32).
+    at_qpn: u32,
+    /// For an unreliable QP's packet: its number ([`AfterSend`]); 0: none.
+    seq: u32,
+}
+
+impl InPlace {
+    pub(crate) fn new(at: usize, bytes: HostBytes) -> InPlace {
+        debug_assert!(at < 256);
+        InPlace { bytes, at_qpn: at as u32, seq: 0 }
+    }
+
+    /// Where the payload goes in the packet's `data`.
+    pub fn at(&self) -> usize {
+        (self.at_qpn & 0xFF) as usize
+    }
+}
+
+/// A packet that completions wait for (see [`Engine::sent`]): an
+/// unreliable (UD, UC) send completes when its packets have been handed to
+/// the kernel, and one sent in place is handed over by the send call, which
+/// copies the application's bytes; completing it earlier would let an
+/// application reuse its buffer while the kernel may still read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AfterSend {
+    pub(crate) qpn: u32,
+    /// The QP's count of such packets (wrapping, never 0), this one's.
+    pub(crate) seq: u32,
 }
 
 impl Transmit {
     /// The UDP payload's length.
     pub fn len(&self) -> usize {
-        self.data.len() + self.in_place.as_ref().map_or(0, |(_, b)| b.len())
+        self.data.len() + self.in_place.as_ref().map_or(0, |p| p.bytes.len())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -61,7 +98,7 @@ impl Transmit {
         match &self.in_place {
             // SAFETY: the bytes are only handed to the kernel (or copied)
             // and any content is acceptable (see `HostBytes::as_slice`).
-            Some((at, b)) => [&self.data[..*at], unsafe { b.as_slice() }, &self.data[*at..]],
+            Some(p) => [&self.data[..p.at()], unsafe { p.bytes.as_slice() }, &self.data[p.at()..]],
             None => [&self.data, &[], &[]],
         }
     }
@@ -92,6 +129,22 @@ impl Transmit {
             .first()
             .and_then(|&b| wire::Opcode(b).info())
             .is_some_and(|i| !i.flags.contains(wire::OpFlags::RESPONSE))
+    }
+
+    /// Completions wait for this packet to reach the kernel: once the send
+    /// call that carried it has returned, give this to [`Engine::sent`].
+    pub fn after_send(&self) -> Option<AfterSend> {
+        let p = self.in_place.as_ref().filter(|p| p.seq != 0)?;
+        Some(AfterSend { qpn: p.at_qpn >> 8, seq: p.seq })
+    }
+
+    /// Marks this packet (sent in place by `qpn`) as the one completions
+    /// numbered `seq` wait for.
+    pub(crate) fn set_after_send(&mut self, qpn: u32, seq: u32) {
+        if let Some(p) = &mut self.in_place {
+            p.at_qpn = (qpn & 0x00FF_FFFF) << 8 | (p.at_qpn & 0xFF);
+            p.seq = seq;
+        }
     }
 
     /// Rewrites the ICRC for an IPv4 Identification of `id` instead of 0
@@ -220,6 +273,6 @@ impl Ctx<'_> {
             .expect("buffer sized by packet_len");
         self.stats.tx_packets += 1;
         self.stats.tx_bytes += len as u64;
-        Transmit { dst: SocketAddr::new(dst, self.cfg.port), data, in_place: Some((hdr_len, payload)) }
+        Transmit { dst: SocketAddr::new(dst, self.cfg.port), data, in_place: Some(InPlace::new(hdr_len, payload)) }
     }
 }

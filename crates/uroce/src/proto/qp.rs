@@ -95,6 +95,10 @@ pub struct Qp {
     pub(crate) timed: bool,
     /// SQD: the drained event is pending.
     pub(crate) sqd_notify_pending: bool,
+    /// Unreliable sends' completions that wait for packets to reach the
+    /// kernel (see [`super::AfterSend`]); made by the first packet an
+    /// unreliable QP sends in place (boxed: other QPs pay one word).
+    pub(crate) after_send: Option<Box<super::requester::AfterSendState>>,
 }
 
 impl std::fmt::Debug for Qp {
@@ -154,6 +158,7 @@ impl Qp {
             queued: false,
             timed: false,
             sqd_notify_pending: false,
+            after_send: None,
         })
     }
 
@@ -179,6 +184,7 @@ impl Qp {
             queued: false,
             timed: false,
             sqd_notify_pending: false,
+            after_send: None,
         }
     }
 
@@ -402,6 +408,14 @@ impl Qp {
     }
 
     pub(crate) fn deliver_send(&mut self, ctx: &mut Ctx, wc: Wc) {
+        // Behind completions that wait for a packet to reach the kernel:
+        // wait with them, in order.
+        if let Some(a) = self.after_send.as_deref_mut() {
+            if let Some(&(seq, _)) = a.held.back() {
+                a.held.push_back((seq, wc));
+                return;
+            }
+        }
         // Only a QP with a send queue has send completions: it has a send CQ.
         if let Some(cq) = self.send_cq.clone() {
             self.deliver(ctx, &cq, wc, false);
@@ -446,7 +460,7 @@ impl Qp {
         }
     }
 
-    fn deliver(&mut self, ctx: &mut Ctx, cq: &CompletionQueue, wc: Wc, solicited: bool) {
+    pub(crate) fn deliver(&mut self, ctx: &mut Ctx, cq: &CompletionQueue, wc: Wc, solicited: bool) {
         let pushed = cq.push(wc, solicited);
         self.pushed(ctx, cq, pushed);
     }

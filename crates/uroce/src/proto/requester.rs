@@ -1,7 +1,9 @@
 //! The requester: turns send WQEs into request packets (split at the path
 //! MTU), assigns PSNs, sets AckReq, keeps the retransmission and RNR timers,
-//! and rewinds for go-back-N. UD and UC WQEs complete when sent. An XRC_SEND
-//! QP is an RC requester whose requests name the target's SRQ (XRCETH).
+//! and rewinds for go-back-N. UD and UC WQEs complete when sent: when their
+//! packets are built, or, if one was sent in place, when the kernel has it
+//! ([`AfterSendState`]). An XRC_SEND QP is an RC requester whose requests
+//! name the target's SRQ (XRCETH).
 
 use super::qp::Qp;
 use super::wr::{QpAttr, WrOpcode};
@@ -9,6 +11,7 @@ use super::{psn, Ctx, Transmit};
 use crate::ib::{QpState, QpType, SendFlags, Wc, WcStatus};
 use crate::mem::{for_each_sge_piece, Want};
 use crate::wire::{AtomicEth, Bth, Deth, Headers, Opcode, Reth};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// Unacknowledged PSNs allowed in flight (rxe: RXE_MAX_UNACKED_PSNS).
@@ -52,6 +55,22 @@ impl Requester {
             ..Default::default()
         };
     }
+}
+
+/// An unreliable QP's packets sent in place and the completions waiting
+/// for them: a UD or UC send completes once each of its packets is in the
+/// kernel (a payload sent in place is read by the send call, after the
+/// engine's pass), so that an application that reuses the buffer on seeing
+/// the completion never changes bytes the kernel has yet to copy.
+#[derive(Debug, Default)]
+pub(crate) struct AfterSendState {
+    /// The number of the last packet sent in place ([`super::AfterSend`]:
+    /// wrapping, never 0 once one was).
+    pub seq: u32,
+    /// The last one reported sent ([`Qp::on_sent`]).
+    pub sent: u32,
+    /// Completions in order, each with the packet it waits for.
+    pub held: VecDeque<(u32, Wc)>,
 }
 
 /// Number of PSNs a message of `len` bytes takes at path MTU `mtu`.
@@ -258,16 +277,62 @@ impl Qp {
         } else {
             self.req.cursor_off += chunk;
         }
-        if !self.qp_type.is_reliable() && last {
-            // Unreliable: complete on transmission.
-            let w = self.pop_head().expect("cursor WQE exists");
-            if w.signaled {
-                let mut wc = Wc::new(w.wr.wr_id, WcStatus::Success, w.wc_opcode(), self.qpn);
-                wc.byte_len = w.len as u32;
-                self.deliver_send(ctx, wc);
-            }
+        if !self.qp_type.is_reliable() {
+            // (By value: a `&mut t` would keep RC's packet in memory and
+            // copy it once more on its way out.)
+            return Some(self.unreliable_sent(ctx, t, last));
         }
         Some(t)
+    }
+
+    /// An unreliable QP built packet `t`, the `last` of its message: the
+    /// send completes on transmission, once every packet sent in place is
+    /// in the kernel (a copied packet's bytes are in its buffer already: it
+    /// only keeps the completions' order). Out of line: RC's packet path
+    /// stays as small as it was.
+    #[inline(never)]
+    fn unreliable_sent(&mut self, ctx: &mut Ctx, mut t: Transmit, last: bool) -> Transmit {
+        if t.in_place.is_some() {
+            let a = self.after_send.get_or_insert_with(Default::default);
+            a.seq = a.seq.wrapping_add(1).max(1);
+            t.set_after_send(self.qpn, a.seq);
+        }
+        if !last {
+            return t;
+        }
+        let (wait, seq) = self.after_send.as_ref().map_or((false, 0), |a| (a.seq != a.sent, a.seq));
+        let w = self.pop_head().expect("cursor WQE exists");
+        if w.signaled {
+            let mut wc = Wc::new(w.wr.wr_id, WcStatus::Success, w.wc_opcode(), self.qpn);
+            wc.byte_len = w.len as u32;
+            match self.after_send.as_deref_mut() {
+                Some(a) if wait => a.held.push_back((seq, wc)),
+                _ => self.deliver_send(ctx, wc),
+            }
+        }
+        t
+    }
+
+    /// Packets up to number `seq` are in the kernel: delivers the
+    /// completions that waited for them.
+    pub(crate) fn on_sent(&mut self, ctx: &mut Ctx, seq: u32) {
+        // Numbers wrap: "after" is within half the space.
+        let after = |x: u32, y: u32| (x.wrapping_sub(y) as i32) > 0;
+        let Some(a) = self.after_send.as_deref_mut() else { return };
+        if after(seq, a.sent) {
+            a.sent = seq;
+        }
+        loop {
+            let Some(a) = self.after_send.as_deref_mut() else { return };
+            let wc = match a.held.front() {
+                Some(&(s, wc)) if !after(s, a.sent) => wc,
+                _ => return,
+            };
+            a.held.pop_front();
+            if let Some(cq) = self.send_cq.clone() {
+                self.deliver(ctx, &cq, wc, false);
+            }
+        }
     }
 
     /// Executes the BIND_MW, UMR or LOCAL_INV at the cursor, in send-queue order.

@@ -15,7 +15,7 @@ use super::srq::{RecvWqe, SharedRecvQueue};
 use super::{psn, Ctx, Transmit};
 use crate::ib::{AsyncEventType, QpState, QpType, Wc, WcFlags, WcOpcode, WcStatus};
 use crate::mem::{for_each_sge_piece, sge_total, Want};
-use crate::wire::{Aeth, AethKind, Bth, Headers, NakCode, OpFlags as F, Opcode, Packet};
+use crate::wire::{Aeth, AethKind, Bth, Headers, IpInfo, NakCode, OpFlags as F, Opcode, Packet};
 use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -592,8 +592,9 @@ impl Qp {
         ctx.mark_ready(self.qpn);
     }
 
-    /// Handles a UD request packet.
-    pub(crate) fn on_ud(&mut self, ctx: &mut Ctx, pkt: &Packet, src: IpAddr, dst: IpAddr) {
+    /// Handles a UD request packet: `ip` is its IP and UDP facts (IPv4 ID
+    /// included), `udp_len` its UDP payload's length.
+    pub(crate) fn on_ud(&mut self, ctx: &mut Ctx, pkt: &Packet, ip: &IpInfo, udp_len: usize) {
         if !matches!(self.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             ctx.stats.rx_drop_state += 1;
             return;
@@ -618,13 +619,37 @@ impl Qp {
             self.deliver_recv(ctx, wc, false);
             return;
         }
-        let mut msg = Vec::with_capacity(total as usize);
-        msg.extend_from_slice(&grh(src, dst, pkt.payload.len()));
-        msg.extend_from_slice(pkt.payload);
+        // The GRH area as mlx5 fills it: for IPv4 only its last 20 bytes
+        // (the first 20 keep what the buffer held), for IPv6 all 40.
+        let (g, sl) = grh(ip, udp_len);
+        let from = match ip.src {
+            IpAddr::V4(_) => GRH_LEN - 20,
+            IpAddr::V6(_) => 0,
+        };
+        let (head, payload) = (&g[from..], pkt.payload);
         let pd = self.recv_pd();
-        let r = for_each_sge_piece(ctx.mem, pd, &wqe.sges, 0, total, Want::LocalWrite, |s, at, n| {
-            s.write(0, &msg[at as usize..at as usize + n])
-        });
+        // One pass over the buffer from `from`: the header bytes, then the
+        // payload.
+        let r = for_each_sge_piece(
+            ctx.mem,
+            pd,
+            &wqe.sges,
+            from as u64,
+            total - from as u64,
+            Want::LocalWrite,
+            |s, at, n| {
+                let at = at as usize;
+                let k = head.len().saturating_sub(at).min(n);
+                if k > 0 {
+                    s.write(0, &head[at..at + k])?;
+                }
+                if k < n {
+                    let p = at + k - head.len();
+                    s.write(k, &payload[p..p + n - k])?;
+                }
+                Ok(())
+            },
+        );
         if r.is_err() {
             wc.status = WcStatus::LocProtErr;
             self.deliver_recv(ctx, wc, false);
@@ -633,6 +658,7 @@ impl Qp {
         wc.byte_len = total as u32;
         wc.src_qp = deth.src_qp;
         wc.wc_flags = WcFlags::GRH;
+        wc.sl = sl;
         if let Some(imm) = pkt.headers.imm {
             wc.imm_data = imm;
             wc.wc_flags |= WcFlags::WITH_IMM;
@@ -721,23 +747,43 @@ impl Qp {
     }
 }
 
-/// The 40-byte GRH area of a UD receive, as rxe fills it: for IPv4 the
-/// IPv4 header in the last 20 bytes, for IPv6 the IPv6 header.
-fn grh(src: IpAddr, dst: IpAddr, payload_len: usize) -> [u8; GRH_LEN] {
+/// `wc.sl` of a RoCE v2 UD receive as mlx5 reports it: the CQE's packet
+/// type, bit 3 "has a UDP header" (RoCE v2) and bits 2:0 the L3 header
+/// (2 IPv4, 1 IPv6). UCX 1.13 reads `sl & 7 == 2` as IPv4.
+pub const SL_ROCE_V2_IPV4: u8 = 0x8 | 0x2;
+/// See [`SL_ROCE_V2_IPV4`].
+pub const SL_ROCE_V2_IPV6: u8 = 0x8 | 0x1;
+
+/// The 40-byte GRH area of a UD receive as mlx5 fills it for RoCE v2, and
+/// the `wc.sl` that goes with it. IPv4: the IPv4 header in the last 20
+/// bytes (the first 20 are the caller's to leave alone: mlx5 does not write
+/// them, rxe zeroes them); IPv6: the IPv6 header. Fields a UDP socket
+/// cannot see are written as uroce sends them: TOS / traffic class 0, flow
+/// label 0, TTL / hop limit 64. The IPv4 ID is the one the ICRC matched
+/// and the header checksum is valid, so that `ibv_init_ah_from_wc` (which
+/// believes an IPv4 header whose checksum holds) reads it as IPv4 whatever
+/// the first 20 bytes hold.
+pub fn grh(ip: &IpInfo, udp_len: usize) -> ([u8; GRH_LEN], u8) {
     let mut g = [0u8; GRH_LEN];
-    let udp_len = (8 + crate::wire::packet_len(20, payload_len)) as u16;
-    match (src, dst) {
+    let udp_len = (8 + udp_len) as u16;
+    match (ip.src, ip.dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let ip = &mut g[20..];
-            ip[0] = 0x45;
-            ip[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
-            ip[6] = 0x40;
-            ip[8] = 64;
-            ip[9] = 17;
-            ip[12..16].copy_from_slice(&s.octets());
-            ip[16..20].copy_from_slice(&d.octets());
+            let h = &mut g[20..];
+            h[0] = 0x45;
+            h[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
+            h[4..6].copy_from_slice(&ip.ipv4_id.to_be_bytes());
+            h[6] = 0x40; // DF
+            h[8] = 64;
+            h[9] = 17;
+            h[12..16].copy_from_slice(&s.octets());
+            h[16..20].copy_from_slice(&d.octets());
+            let sum = h.chunks(2).fold(0u32, |a, w| a + u16::from_be_bytes([w[0], w[1]]) as u32);
+            let sum = (sum & 0xFFFF) + (sum >> 16);
+            let sum = (sum & 0xFFFF) + (sum >> 16);
+            h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+            (g, SL_ROCE_V2_IPV4)
         }
-        _ => {
+        (s, d) => {
             let to6 = |a: IpAddr| match a {
                 IpAddr::V4(v) => v.to_ipv6_mapped(),
                 IpAddr::V6(v) => v,
@@ -746,9 +792,40 @@ fn grh(src: IpAddr, dst: IpAddr, payload_len: usize) -> [u8; GRH_LEN] {
             g[4..6].copy_from_slice(&udp_len.to_be_bytes());
             g[6] = 17;
             g[7] = 64;
-            g[8..24].copy_from_slice(&to6(src).octets());
-            g[24..40].copy_from_slice(&to6(dst).octets());
+            g[8..24].copy_from_slice(&to6(s).octets());
+            g[24..40].copy_from_slice(&to6(d).octets());
+            (g, SL_ROCE_V2_IPV6)
         }
     }
-    g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The IPv4 header a uroce sender's packet had on the wire (TOS 0, TTL
+    /// 64, DF, the ID the ICRC matched), with a checksum that holds; the
+    /// IPv6 header with the UDP length; `sl` says which.
+    #[test]
+    fn ipv4_grh_is_the_wire_header_with_a_valid_checksum() {
+        // 10.0.0.7 -> 10.0.0.8, ID 0x1234, UDP payload 1052 bytes.
+        let ip = IpInfo {
+            src: "10.0.0.7".parse().unwrap(),
+            dst: "10.0.0.8".parse().unwrap(),
+            sport: 49152,
+            dport: 4791,
+            ipv4_id: 0x1234,
+        };
+        let (g, sl) = grh(&ip, 1052);
+        assert_eq!((sl, sl & 7), (0xA, 2));
+        assert_eq!(g[..20], [0u8; 20]);
+        let h = &g[20..];
+        assert_eq!(h[..10], [0x45, 0, 0x04, 0x38, 0x12, 0x34, 0x40, 0, 64, 17]);
+        assert_eq!(h[12..], [10, 0, 0, 7, 10, 0, 0, 8]);
+        let sum = h.chunks(2).fold(0u32, |a, w| a + u16::from_be_bytes([w[0], w[1]]) as u32);
+        assert_eq!((sum & 0xFFFF) + (sum >> 16), 0xFFFF, "a header whose checksum holds sums to all ones");
+        let (g6, sl6) = grh(&IpInfo { src: "fd00::1".parse().unwrap(), dst: "fd00::2".parse().unwrap(), ..ip }, 1052);
+        assert_eq!((sl6, sl6 & 7), (0x9, 1));
+        assert_eq!(g6[..8], [0x60, 0, 0, 0, 0x04, 0x24, 17, 64]);
+    }
 }

@@ -45,8 +45,15 @@ counters! {
         rx_bytes,
         /// Not a valid RoCE packet.
         rx_drop_malformed,
-        /// Bad ICRC.
+        /// Bad ICRC: no IPv4 Identification a sender may have used makes it
+        /// match (or, IPv6, it does not match).
         rx_drop_icrc,
+        /// Accepted IPv4 packets whose ICRC matched with an Identification
+        /// of 1..=63: segment k > 0 of a peer's UDP GSO send.
+        rx_icrc_gso_id,
+        /// Accepted IPv4 packets whose Identification was solved from the
+        /// ICRC (`ipv4_any_id`: a peer such as rxe, whose IDs are hashed).
+        rx_icrc_solved_id,
         /// No such destination QP.
         rx_drop_no_qp,
         /// Wrong transport for the QP, or the QP's state does not accept it.
@@ -79,7 +86,7 @@ mod tests {
         let qp = Stats { rx_packets: 4, rx_bytes: 400, tx_packets: 2, naks_sent: 1, ..Default::default() };
         dev.add_qp_share(&qp);
         assert_eq!((dev.rx_packets, dev.rx_bytes, dev.tx_packets, dev.naks_sent), (10, 1000, 5, 1));
-        assert_eq!(Stats::LEN, 21);
+        assert_eq!(Stats::LEN, 23);
         assert_eq!(dev.fields()[0], ("tx_packets", 5));
     }
 }

@@ -183,12 +183,27 @@ pub fn rewrite_for_ipv4_id(icrc: &mut [u8], udp_payload_len: usize, id: u16) {
     icrc.copy_from_slice(&v.to_le_bytes());
 }
 
-/// The IPv4 ID in `0..=max` that makes the ICRC match, if one does: the
-/// receive policy for datagrams that UDP GRO merged, where the j-th segment
-/// was sent with an ID of at most j (its index in its sender's GSO send).
-/// One CRC over the packet, then one XOR per candidate. With `max` 0 (or
-/// for IPv6, where the ICRC covers no ID) this is [`verify`].
-pub fn find_ipv4_id(ip: &IpInfo, udp_payload: &[u8], max: u16) -> Option<u16> {
+/// Most segments a uroce sender puts in one UDP GSO send, so the IPv4 IDs
+/// its packets carry: segment k of a send has ID k (`inet_gso_segment`),
+/// 0..=63. A receiver tries each (see [`find_ipv4_id`]).
+pub const IPV4_ID_CANDIDATES: u16 = 64;
+
+/// The IPv4 ID in `0..IPV4_ID_CANDIDATES` that makes the ICRC match, if one
+/// does: segment k of a uroce sender's GSO send carries ID k, and a UDP
+/// socket cannot see the ID, whether the segment arrives alone (no GRO, a
+/// GRO flush in the middle of a send, a device that segments itself) or in
+/// a datagram GRO merged. One CRC over the packet, then one XOR per
+/// candidate (the IDs are visited in Gray-code order, so each differs from
+/// the one before in one bit: one column of the per-length table). `hint`,
+/// the ID the caller expects (the one after the last it saw: segments come
+/// in order), is tried right after 0. For IPv6, where the ICRC covers no
+/// ID, this is [`verify`].
+///
+/// Cost to the check's strength: a corrupted packet whose CRC is random
+/// matches one of the 64 values with probability 64 × 2^-32 = 2^-26
+/// instead of 2^-32 (and the UDP checksum, which a kernel sender fills,
+/// still guards it).
+pub fn find_ipv4_id(ip: &IpInfo, udp_payload: &[u8], hint: u16) -> Option<u16> {
     let n = udp_payload.len();
     if n < 16 {
         return None;
@@ -198,13 +213,23 @@ pub fn find_ipv4_id(ip: &IpInfo, udp_payload: &[u8], max: u16) -> Option<u16> {
     if crc0 == want {
         return Some(0);
     }
-    if !ip.src.is_ipv4() || max == 0 {
+    if !ip.src.is_ipv4() {
         return None;
     }
-    // Segment j of a merged datagram most often is segment j of one GSO
-    // send: try `max` first.
     let cols = ipv4_id_columns(n);
-    std::iter::once(max).chain(1..max).find(|&k| crc0 ^ delta(&cols, k) == want)
+    if hint > 0 && hint < IPV4_ID_CANDIDATES && crc0 ^ delta(&cols, hint) == want {
+        return Some(hint);
+    }
+    let mut d = 0u32;
+    for g in 1..IPV4_ID_CANDIDATES {
+        // Gray code: ID g ^ (g >> 1) differs from the previous one in bit
+        // trailing_zeros(g).
+        d ^= cols[g.trailing_zeros() as usize];
+        if crc0 ^ d == want {
+            return Some(g ^ (g >> 1));
+        }
+    }
+    None
 }
 
 /// For an IPv4 receiver that cannot see the Identification: the ID that
@@ -300,6 +325,35 @@ mod id_tests {
         }
     }
 
+    /// Segment k of a GSO send (ID k) is found whatever batch it arrived
+    /// in, for every k a sender uses; other IDs are not taken.
+    #[test]
+    fn every_gso_segment_id_is_found_and_no_other() {
+        let ip = IpInfo {
+            src: "10.0.0.1".parse().unwrap(),
+            dst: "10.0.0.2".parse().unwrap(),
+            sport: 49152,
+            dport: 4791,
+            ipv4_id: 0,
+        };
+        for len in [16usize, 20, 1052, 4124] {
+            let mut pkt: Vec<u8> = (0..len).map(|i| (i * 13) as u8).collect();
+            let c = compute(&ip, &pkt[..len - 4]);
+            pkt[len - 4..].copy_from_slice(&c);
+            for id in 0..IPV4_ID_CANDIDATES {
+                let mut p = pkt.clone();
+                set_ipv4_id(&mut p, id);
+                assert_eq!(find_ipv4_id(&ip, &p, 0), Some(id), "len {len} id {id}");
+                assert_eq!(find_ipv4_id(&ip, &p, 5), Some(id), "len {len} id {id}, hint 5");
+            }
+            for id in [IPV4_ID_CANDIDATES, 65, 0x100, 0xFFFF] {
+                let mut p = pkt.clone();
+                set_ipv4_id(&mut p, id);
+                assert_eq!(find_ipv4_id(&ip, &p, id), None, "len {len} id {id}");
+            }
+        }
+    }
+
     #[test]
     fn id_delta_matches_a_full_recompute() {
         let ip = IpInfo {
@@ -317,11 +371,13 @@ mod id_tests {
             let mut p = pkt.clone();
             set_ipv4_id(&mut p, id);
             assert!(verify(&IpInfo { ipv4_id: id, ..ip }, &p), "id {id}");
-            assert_eq!(find_ipv4_id(&ip, &p, 63), (id <= 63).then_some(id));
+            assert_eq!(find_ipv4_id(&ip, &p, 0), (id <= 63).then_some(id));
+            assert_eq!(find_ipv4_id(&ip, &p, 7), (id <= 63).then_some(id), "a wrong hint");
+            assert_eq!(find_ipv4_id(&ip, &p, id), (id <= 63).then_some(id), "the right hint");
         }
         assert_eq!(find_ipv4_id(&ip, &pkt, 0), Some(0));
         pkt[20] ^= 1;
-        assert_eq!(find_ipv4_id(&ip, &pkt, 63), None, "corruption is still caught");
+        assert_eq!(find_ipv4_id(&ip, &pkt, 0), None, "corruption is still caught");
     }
 }
 
