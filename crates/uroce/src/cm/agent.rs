@@ -10,6 +10,7 @@
 //! connections in setup or teardown at once, and the scan is bounded by the
 //! number of records.
 
+use crate::mem::KeyRng;
 use super::conn::{Conn, ConnInfo, Pending, Role, State};
 use super::event::{CmEvent, ConnId, ConnParam, EventKind, ListenId, Param, UdParam};
 use super::mad::{
@@ -148,7 +149,7 @@ struct Listener {
 /// The CM agent of one device.
 pub struct Cm {
     cfg: CmConfig,
-    rng: u64,
+    rng: KeyRng,
     /// Added to the cyclic index: IDs are unique and hard to guess (`k/cm.c`).
     id_operand: u32,
     next_index: u32,
@@ -164,14 +165,6 @@ pub struct Cm {
     stats: CmStats,
 }
 
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 fn inval(what: &'static str) -> Error {
     Error::inval(what)
 }
@@ -180,8 +173,8 @@ const ETIMEDOUT: i32 = -libc::ETIMEDOUT;
 
 impl Cm {
     pub fn new(cfg: CmConfig) -> Cm {
-        let mut rng = cfg.seed;
-        let id_operand = splitmix(&mut rng) as u32;
+        let mut rng = KeyRng::new(cfg.seed);
+        let id_operand = rng.next_u64() as u32;
         Cm {
             cfg,
             rng,
@@ -238,7 +231,7 @@ impl Cm {
         }
     }
     fn random_psn(&mut self) -> u32 {
-        splitmix(&mut self.rng) as u32 & 0xFF_FFFF
+        self.rng.next_u64() as u32 & 0xFF_FFFF
     }
 
     fn send(&mut self, dst: IpAddr, mad: &CmMad) {

@@ -317,9 +317,8 @@ impl CmEndpoint {
         let recv = pd.register(vec![0u8; RECV_DEPTH * SLOT], Access::LOCAL_WRITE)?;
         let attr = ctx.query_device();
         let ip = ctx.local_addr().ip();
-        let seed =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-                ^ (std::process::id() as u64) << 32;
+        // Communication IDs and PSNs a peer cannot predict.
+        let seed = crate::mem::os_random_u64();
         let mut cfg = CmConfig::new(ip, attr.node_guid, seed);
         cfg.path_mtu = ctx.query_port(1)?.active_mtu.to_raw() as u8;
         let next_port = 32768 + (seed % 28000) as u16;
