@@ -3,7 +3,7 @@
 //! a running process and around a command, `uroce peers`, configuration
 //! errors, shell completions.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -160,16 +160,18 @@ fn peers_lists_configured_clients_of_running_processes() {
     )
     .unwrap();
     let port = 35000 + (std::process::id() % 1000) as u16;
-    let _child = Reap(traffic(&rt, 4, port, Some(&cfg)));
+    let child = Reap(traffic(&rt, 4, port, Some(&cfg)));
+    let pid = child.0.id();
     let mut peers = Value::Null;
     until("the peer client's counters", || {
-        let out = uroce(&rt, &["peers", "--json"]);
+        let out = uroce(&rt, &["peers", "--json", "--processes"]);
         peers = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        peers.as_array().is_some_and(|a| !a.is_empty())
+        peers["processes"].as_array().is_some_and(|a| !a.is_empty())
     });
-    let p = &peers[0];
-    assert_eq!(p["name"], "ssd-test");
-    assert_eq!(p["version"], "1.0");
+    let p = &peers["processes"][0];
+    assert_eq!((&p["name"], &p["version"], &p["pid"]), (&json!("ssd-test"), &json!("1.0"), &json!(pid)));
+    let total = &peers["clients"][0];
+    assert_eq!((&total["name"], &total["version"]), (&json!("ssd-test"), &json!("1.0")));
     for c in [
         "num_alloc_mrs",
         "num_dealloc_mrs",
@@ -180,7 +182,28 @@ fn peers_lists_configured_clients_of_running_processes() {
         "num_free_callbacks",
     ] {
         assert_eq!(p["counters"][c], 0, "{c}");
+        assert_eq!(total["counters"][c], 0, "{c}");
     }
+    // The table: rows line up with the header (numbers right-aligned under
+    // their names), the host total first, then the process.
+    let out = uroce(&rt, &["peers", "--processes"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(lines[0].starts_with("pid ") && lines[0].ends_with("num_free_callbacks"), "{text}");
+    assert!(lines[1].starts_with("all ") && lines[2].starts_with(&pid.to_string()), "{text}");
+    assert!(lines.iter().all(|l| l.len() == lines[0].len()), "aligned:\n{text}");
+    let col = lines[0].find("client").unwrap();
+    assert_eq!(&lines[2][col..col + 8], "ssd-test", "{text}");
+    // The process is killed (no exit handler runs): its client stays in the
+    // host totals, folded by the next reader.
+    drop(child);
+    let out = uroce(&rt, &["peers", "--json", "--processes"]);
+    let after: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(after["processes"], json!([]), "{after}");
+    assert_eq!(after["clients"][0]["name"], "ssd-test", "{after}");
+    assert_eq!(after["clients"][0]["exited_processes"]["num_alloc_mrs"], 0, "{after}");
+    assert!(rt.join("memory_peers.exited/ssd-test").exists());
     assert!(img.exists(), "the storage device's file");
     // Status, as `service nv_peer_mem status`.
     let out = Command::new(UROCE).args(["peers", "status"]).env("UROCE_CONFIG", &cfg).output().unwrap();

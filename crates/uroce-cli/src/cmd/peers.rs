@@ -1,12 +1,15 @@
-//! `uroce peers`: peer-memory clients. Without a subcommand, the counters
-//! every process using uroce publishes under
-//! `<runtime dir>/<pid>/memory_peers/<client>/` (the user-space
-//! `/sys/kernel/mm/memory_peers`); `uroce peers status` says which clients
-//! the configuration loads, their versions, and why a client is not loaded.
+//! `uroce peers`: peer-memory clients. Without a subcommand, the host's
+//! counters per client (the user-space `/sys/kernel/mm/memory_peers`):
+//! what every live process publishes under
+//! `<runtime dir>/<pid>/memory_peers/<client>/` plus the totals folded from
+//! processes that have exited (see `uroce::mem::peer::totals`), row `all`;
+//! `--processes` adds a row per live process. `uroce peers status` says
+//! which clients the configuration loads, their versions, and why a client
+//! is not loaded.
 
 use serde_json::{json, Value};
 use std::process::ExitCode;
-use uroce::mem::peer::{loader, COUNTERS};
+use uroce::mem::peer::{loader, totals, PeerStats, COUNTERS};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -15,6 +18,9 @@ pub struct Args {
     /// Print JSON.
     #[arg(long, global = true)]
     json: bool,
+    /// Also show each live process's own counters.
+    #[arg(long)]
+    processes: bool,
 }
 
 #[derive(clap::Subcommand)]
@@ -24,42 +30,46 @@ enum Sub {
     Status,
 }
 
-/// Every live process's published peer counters. The runtime directory is
-/// read as `uroce stat` reads it: no link followed, regular files of at
-/// most 4 KiB only; what is skipped is said on stderr.
+/// Every live process's published peer counters (for `status`).
 fn collect() -> Vec<Value> {
-    let mut out = Vec::new();
-    let listing = uroce::runtime::live_processes();
-    let mut skipped = listing.skipped;
-    for (pid, dir) in &listing.processes {
-        let Ok(peers) = dir.subdir_for_reading("memory_peers") else { continue };
-        let mut names = peers.entries();
-        names.sort();
-        for name in names {
-            let p = match peers.subdir_for_reading(&name) {
-                Ok(p) => p,
-                Err(e) => {
-                    skipped.push(e.to_string());
-                    continue;
-                }
-            };
-            let mut read = |f: &str| match p.read_file(f, 4096, false) {
-                Ok(b) => String::from_utf8_lossy(&b.unwrap_or_default()).trim().to_string(),
-                Err(e) => {
-                    skipped.push(format!("{}: {e}", p.path().join(f).display()));
-                    String::new()
-                }
-            };
-            let mut c = serde_json::Map::new();
-            for counter in COUNTERS {
-                c.insert(counter.to_string(), json!(read(counter).parse::<u64>().unwrap_or(0)));
-            }
-            let version = read("version");
-            out.push(json!({ "pid": pid, "name": name, "version": version, "counters": c }));
+    let h = totals::host();
+    h.processes.iter().map(|(pid, s)| json!({ "pid": pid, "name": s.name })).collect()
+}
+
+fn counters_json(s: &PeerStats) -> Value {
+    let mut c = serde_json::Map::new();
+    for (n, v) in s.counters() {
+        c.insert(n.to_string(), json!(v));
+    }
+    Value::Object(c)
+}
+
+/// Rows under a header, each column as wide as its widest cell: text
+/// columns left-aligned, numbers right-aligned.
+fn table(header: &[&str], rows: &[Vec<String>], text_cols: usize) -> String {
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
         }
     }
-    for s in &skipped {
-        eprintln!("uroce peers: skipped {s}");
+    let line = |cells: Vec<&str>| {
+        let mut l = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i > 0 {
+                l.push_str("  ");
+            }
+            if i < text_cols {
+                l.push_str(&format!("{c:<width$}", width = w[i]));
+            } else {
+                l.push_str(&format!("{c:>width$}", width = w[i]));
+            }
+        }
+        l.trim_end().to_string() + "\n"
+    };
+    let mut out = line(header.to_vec());
+    for r in rows {
+        out.push_str(&line(r.iter().map(String::as_str).collect()));
     }
     out
 }
@@ -68,30 +78,45 @@ pub fn run(a: Args) -> ExitCode {
     match a.cmd {
         Some(Sub::Status) => status(a.json),
         None => {
-            let peers = collect();
+            let h = totals::host();
+            for s in &h.skipped {
+                eprintln!("uroce peers: skipped {s}");
+            }
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&peers).unwrap());
+                let clients: Vec<Value> = h
+                    .totals
+                    .iter()
+                    .map(|s| {
+                        let exited = h.exited.iter().find(|e| e.name == s.name).cloned().unwrap_or_default();
+                        json!({ "name": s.name, "version": s.version, "counters": counters_json(s),
+                                "exited_processes": counters_json(&exited) })
+                    })
+                    .collect();
+                let mut v = json!({ "clients": clients });
+                if a.processes {
+                    v["processes"] = h
+                        .processes
+                        .iter()
+                        .map(|(pid, s)| json!({ "pid": pid, "name": s.name, "version": s.version, "counters": counters_json(s) }))
+                        .collect();
+                }
+                println!("{}", serde_json::to_string_pretty(&v).unwrap());
                 return ExitCode::SUCCESS;
             }
-            print!("{:>8} {:<16} {:<8}", "pid", "client", "version");
-            for c in COUNTERS {
-                print!(" {:>18}", c);
+            let mut header = vec!["pid", "client", "version"];
+            header.extend(COUNTERS);
+            let row = |pid: String, s: &PeerStats| {
+                let mut r = vec![pid, s.name.clone(), s.version.clone()];
+                r.extend(s.counters().iter().map(|(_, v)| v.to_string()));
+                r
+            };
+            let mut rows: Vec<Vec<String>> = h.totals.iter().map(|s| row("all".into(), s)).collect();
+            if a.processes {
+                rows.extend(h.processes.iter().map(|(pid, s)| row(pid.to_string(), s)));
             }
-            println!();
-            for p in &peers {
-                print!(
-                    "{:>8} {:<16} {:<8}",
-                    p["pid"],
-                    p["name"].as_str().unwrap_or(""),
-                    p["version"].as_str().unwrap_or("")
-                );
-                for c in COUNTERS {
-                    print!(" {:>18}", p["counters"][c]);
-                }
-                println!();
-            }
-            if peers.is_empty() {
-                println!("(no process has peer-memory clients loaded)");
+            print!("{}", table(&header, &rows, 3));
+            if h.totals.is_empty() {
+                println!("(no process has used a peer-memory client)");
             }
             ExitCode::SUCCESS
         }
