@@ -204,6 +204,11 @@ fn peers_lists_configured_clients_of_running_processes() {
     assert_eq!(after["clients"][0]["name"], "ssd-test", "{after}");
     assert_eq!(after["clients"][0]["exited_processes"]["num_alloc_mrs"], 0, "{after}");
     assert!(rt.join("memory_peers.exited/ssd-test").exists());
+    let prom = String::from_utf8(uroce(&rt, &["stat", "--prometheus"]).stdout).unwrap();
+    let scrape =
+        prometheus_parse::Scrape::parse(prom.lines().map(|l| Ok(l.to_string()))).expect("valid Prometheus text");
+    let m = scrape.samples.iter().find(|s| s.metric == "uroce_peer_num_alloc_mrs_total").expect(&prom);
+    assert_eq!(m.labels.get("client"), Some("ssd-test"));
     assert!(img.exists(), "the storage device's file");
     // Status, as `service nv_peer_mem status`.
     let out = Command::new(UROCE).args(["peers", "status"]).env("UROCE_CONFIG", &cfg).output().unwrap();

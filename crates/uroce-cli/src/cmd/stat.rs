@@ -272,6 +272,27 @@ fn prometheus(procs: &[Value]) -> String {
             o.push('\n');
         }
     }
+    o.push_str(&peer_metrics(&uroce::mem::peer::totals::host().totals));
+    o
+}
+
+/// The host's peer-memory totals per client (`uroce peers`, row `all`):
+/// `uroce_peer_<counter>_total{client=...}`.
+fn peer_metrics(totals: &[uroce::mem::peer::PeerStats]) -> String {
+    let mut o = String::new();
+    for (i, c) in uroce::mem::peer::COUNTERS.iter().enumerate() {
+        if totals.is_empty() {
+            break;
+        }
+        o.push_str(&format!(
+            "# HELP uroce_peer_{c}_total peer-memory {c} of this host (live and exited processes)\n\
+             # TYPE uroce_peer_{c}_total counter\n"
+        ));
+        for t in totals {
+            let client = t.name.replace('\\', "\\\\").replace('"', "\\\"");
+            o.push_str(&format!("uroce_peer_{c}_total{{client=\"{client}\"}} {}\n", t.counters()[i].1));
+        }
+    }
     o
 }
 
