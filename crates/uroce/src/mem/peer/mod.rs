@@ -78,6 +78,25 @@ pub trait PeerMemoryClient: Send + Sync {
     fn invalidate_unmaps(&self) -> bool {
         true
     }
+    /// Allocates `len` bytes of the peer's device memory (`cudaMalloc` for
+    /// a GPU) and returns its device address; EOPNOTSUPP for a client that
+    /// cannot allocate.
+    fn alloc(&self, _len: u64) -> PeerResult<u64> {
+        Err(libc::EOPNOTSUPP)
+    }
+    /// Frees what [`PeerMemoryClient::alloc`] returned; regions registered
+    /// over it are invalidated.
+    fn free(&self, _addr: u64) -> PeerResult<()> {
+        Err(libc::EOPNOTSUPP)
+    }
+    /// Host reads of device memory (`cudaMemcpy` device to host).
+    fn host_read(&self, _addr: u64, _out: &mut [u8]) -> PeerResult<()> {
+        Err(libc::EOPNOTSUPP)
+    }
+    /// Host writes into device memory.
+    fn host_write(&self, _addr: u64, _data: &[u8]) -> PeerResult<()> {
+        Err(libc::EOPNOTSUPP)
+    }
 }
 
 /// One acquired range (the OFED `client_context`); dropping it is `release`.
@@ -534,4 +553,63 @@ pub(crate) fn acquire(addr: u64, len: u64, write: bool) -> crate::ib::Result<Opt
 /// entirely otherwise).
 pub(crate) fn any_client() -> bool {
     !clients().lock().unwrap().is_empty()
+}
+
+/// Device memory allocated through [`alloc_memory`]: start -> (client, length).
+type DeviceAllocs = std::collections::BTreeMap<u64, (Arc<dyn PeerMemoryClient>, u64)>;
+
+fn device_allocs() -> &'static Mutex<DeviceAllocs> {
+    static A: OnceLock<Mutex<DeviceAllocs>> = OnceLock::new();
+    A.get_or_init(Default::default)
+}
+
+fn errno(e: i32, what: &'static str) -> crate::ib::Error {
+    crate::ib::Error::new(crate::ib::Errno(e.abs()), what)
+}
+
+/// Allocates `len` bytes of device memory of the registered client named
+/// `client` (the C API's `uroce_peer_alloc`): its address, registered with
+/// a plain `ibv_reg_mr`, is then claimed by that client. EINVAL: `len` 0;
+/// ENOENT: no registered client of that name; EOPNOTSUPP: the client does
+/// not allocate; ENOMEM: the device is full.
+pub fn alloc_memory(client: &str, len: u64) -> crate::ib::Result<u64> {
+    if len == 0 {
+        return Err(crate::ib::Error::inval("peer memory: length 0"));
+    }
+    let c = clients().lock().unwrap().iter().find(|c| c.client.name() == client).map(|c| c.client.clone());
+    let c = c.ok_or_else(|| errno(libc::ENOENT, "peer memory: no peer-memory client of that name is loaded"))?;
+    let addr = c.alloc(len).map_err(|e| errno(e, "peer memory: the client cannot allocate that"))?;
+    device_allocs().lock().unwrap().insert(addr, (c, len));
+    Ok(addr)
+}
+
+/// Frees an allocation of [`alloc_memory`] (EINVAL if `addr` is not one's
+/// start); regions still registered over it are invalidated.
+pub fn free_memory(addr: u64) -> crate::ib::Result<()> {
+    let (c, _) = device_allocs()
+        .lock()
+        .unwrap()
+        .remove(&addr)
+        .ok_or_else(|| crate::ib::Error::inval("peer memory: not the start of a peer allocation"))?;
+    c.free(addr).map_err(|e| errno(e, "peer memory: free failed"))
+}
+
+/// The client and allocation holding `addr..addr+len`; EFAULT otherwise.
+fn holding(addr: u64, len: u64) -> crate::ib::Result<Arc<dyn PeerMemoryClient>> {
+    let a = device_allocs().lock().unwrap();
+    let end = addr.checked_add(len);
+    match a.range(..=addr).next_back() {
+        Some((&start, (c, l))) if end.is_some_and(|e| e <= start + l) => Ok(c.clone()),
+        _ => Err(errno(libc::EFAULT, "peer memory: range outside every peer allocation")),
+    }
+}
+
+/// Host read of device memory allocated by [`alloc_memory`].
+pub fn copy_from_memory(addr: u64, out: &mut [u8]) -> crate::ib::Result<()> {
+    holding(addr, out.len() as u64)?.host_read(addr, out).map_err(|e| errno(e, "peer memory: read failed"))
+}
+
+/// Host write into device memory allocated by [`alloc_memory`].
+pub fn copy_to_memory(addr: u64, data: &[u8]) -> crate::ib::Result<()> {
+    holding(addr, data.len() as u64)?.host_write(addr, data).map_err(|e| errno(e, "peer memory: write failed"))
 }
