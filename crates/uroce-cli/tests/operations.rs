@@ -260,3 +260,45 @@ fn completions_and_help() {
         assert!(String::from_utf8_lossy(&out.stdout).contains("Usage:"));
     }
 }
+
+/// `uroce peers stop|start [client]` (nv_peer_mem's service): the state
+/// file running processes read at each registration, and the configuration's
+/// `[peers] disabled` (comments kept) for new processes; `status` tells.
+#[test]
+fn peers_start_and_stop_a_client() {
+    let rt = tmpdir("peers-svc");
+    let cfg = rt.join("uroce.toml");
+    let img = rt.join("ssd.img");
+    std::fs::write(
+        &cfg,
+        format!(
+            "# my devices\n[peers]\nload = [\"storage\"] # only storage\n[[peers.storage]]\nname = \"ssd-svc\"\npath = \"{}\"\ncapacity = 65536\n",
+            img.display()
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        Command::new(UROCE).args(args).env("UROCE_RUNTIME_DIR", &rt).env("UROCE_CONFIG", &cfg).output().unwrap()
+    };
+    let status = |_: ()| -> Value { serde_json::from_slice(&run(&["peers", "status", "--json"]).stdout).unwrap() };
+    assert_eq!(status(())["clients"][0]["started"], true);
+    let out = run(&["peers", "stop", "ssd-svc"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains("# my devices") && text.contains("# only storage"), "comments kept:\n{text}");
+    assert!(text.contains("disabled = [\"ssd-svc\"]"), "{text}");
+    assert_eq!(std::fs::read_to_string(rt.join("memory_peers.state")).unwrap(), "ssd-svc stopped\n");
+    assert_eq!(status(())["clients"][0]["started"], false);
+    let out = run(&["peers", "status", "ssd-svc"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("loads, version 1.0, stopped"));
+    // Without a name: every configured client.
+    let out = run(&["peers", "start"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains("disabled = []"), "{text}");
+    assert_eq!(std::fs::read_to_string(rt.join("memory_peers.state")).unwrap(), "ssd-svc started\n");
+    assert_eq!(status(())["clients"][0]["started"], true);
+    // Bad names and unknown clients.
+    assert_eq!(run(&["peers", "stop", "a/b"]).status.code(), Some(2));
+    assert_eq!(run(&["peers", "status", "nope"]).status.code(), Some(3));
+}

@@ -304,3 +304,37 @@ fn exited_processes_stay_in_the_host_totals() {
         assert_eq!(again.totals.iter().find(|s| s.name == name), Some(t));
     }
 }
+
+/// `uroce peers stop|start` as a running process sees it: a stopped client
+/// claims no new registration (the address is then not registrable: the
+/// CPU cannot reach it), the regions it already backs keep working, and a
+/// start brings it back — all without restarting the process.
+#[test]
+fn a_stopped_client_serves_no_new_registration() {
+    let rt_path = runtime_dir();
+    let (dev, _path) = storage("ssd4");
+    let (a, b) = connected(None);
+    let d1 = dev.alloc(4096).unwrap();
+    let d2 = dev.alloc(4096).unwrap();
+    // SAFETY: device addresses claimed by the storage peer.
+    let mr1 = unsafe { b.pd.register_raw(d1 as *mut u8, 4096, d1, RW) }.unwrap();
+    let rt = uroce::runtime::SafeDir::create_or_open(&rt_path, uroce::runtime::Access::Private).unwrap();
+    peer::service::set_state(&rt, &["ssd4".into()], false, 0o600).unwrap();
+    assert!(peer::service::stopped_now().contains("ssd4"));
+    // SAFETY: as above.
+    let refused = unsafe { b.pd.register_raw(d2 as *mut u8, 4096, d2, RW) };
+    assert!(refused.is_err(), "a stopped client claims nothing");
+    assert_eq!(stats("ssd4").num_alloc_mrs, 1);
+    let src = a.pd.register(vec![9u8; 64], Access::empty()).unwrap();
+    let mut w = wr(1, WrOpcode::RdmaWrite, src.sge(0, 64));
+    w.remote_addr = d1;
+    w.rkey = mr1.rkey();
+    a.qp.post_send(&w).unwrap();
+    assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success, "existing regions keep working");
+    peer::service::set_state(&rt, &["ssd4".into()], true, 0o600).unwrap();
+    // SAFETY: as above.
+    let mr2 = unsafe { b.pd.register_raw(d2 as *mut u8, 4096, d2, RW) }.unwrap();
+    assert_adds_up(&stats("ssd4"), 2, 2, 8192);
+    drop((mr1, mr2));
+    assert_adds_up(&stats("ssd4"), 0, 0, 0);
+}

@@ -46,6 +46,7 @@ pub fn load_configured(file: &ConfigFile) -> Vec<ClientStatus> {
         return status();
     }
     let _ = DONE.set(());
+    super::service::set_configured_stopped(&file.peers.disabled);
     let v = evaluate(file, true);
     *statuses().lock().unwrap() = v.clone();
     v

@@ -53,6 +53,7 @@
 
 pub mod loader;
 pub mod nv_mem;
+pub mod service;
 pub mod storage;
 pub mod totals;
 
@@ -508,7 +509,11 @@ pub fn client_stats() -> Vec<PeerStats> {
 /// Asks the clients for `addr..addr+len`; `Ok(None)` when none claims it.
 pub(crate) fn acquire(addr: u64, len: u64, write: bool) -> crate::ib::Result<Option<Arc<PeerMapping>>> {
     let cs: Vec<Arc<ClientEntry>> = clients().lock().unwrap().clone();
+    let stopped = service::stopped_now();
     for entry in cs {
+        if stopped.contains(entry.client.name()) {
+            continue; // `uroce peers stop`: not for new registrations
+        }
         let Some(mut mem) = entry.client.acquire(addr, len) else { continue };
         let core_context = entry.next_context.fetch_add(1, Ordering::Relaxed) % u32::MAX as u64;
         let inv = Invalidator {
