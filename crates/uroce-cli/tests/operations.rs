@@ -89,6 +89,9 @@ fn stat_and_capture_watch_another_process() {
     assert_eq!(qps.len(), 1);
     assert_eq!(qps[0]["state"], "Rts");
     assert!(qps[0]["stats"]["tx_packets"].as_u64().unwrap() > 0, "per-QP counters");
+    // Inline receive, per QP and per device.
+    assert!(qps[0]["stats"]["rx_inline_recvs"].is_u64() && qps[0]["stats"]["rx_inline_bytes"].is_u64(), "{}", qps[0]);
+    assert!(proc_[0]["stats"]["rx_inline_recvs"].is_u64(), "{}", proc_[0]);
 
     // Table and Prometheus.
     let table = String::from_utf8(uroce(&rt, &["stat", "--qps"]).stdout).unwrap();
@@ -106,6 +109,9 @@ fn stat_and_capture_watch_another_process() {
         ref other => panic!("not a counter: {other:?}"),
     }
     assert!(scrape.docs.contains_key("uroce_tx_packets_total"), "HELP text");
+    assert!(scrape.docs.get("uroce_rx_inline_recvs_total").is_some_and(|h| h.contains("inline")), "{prom}");
+    assert!(scrape.samples.iter().any(|s| s.metric == "uroce_rx_inline_bytes_total"), "{prom}");
+    assert!(table.lines().next().unwrap().ends_with("inline_rx") && table.contains("inline_rx "), "{table}");
 
     // Capture in the running process, then stop; the file decodes clean.
     let pcap = rt.join("live.pcap");

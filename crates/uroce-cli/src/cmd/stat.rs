@@ -153,14 +153,24 @@ fn drops(s: &Value) -> u64 {
 fn table(procs: &[Value], qps: bool) -> String {
     let mut o = String::new();
     let hdr = format!(
-        "{:>8} {:<12} {:>12} {:>14} {:>12} {:>14} {:>8} {:>6} {:>6} {:>8}\n",
-        "pid", "device", "tx_packets", "tx_bytes", "rx_packets", "rx_bytes", "retrans", "naks", "drops", "odp_flt"
+        "{:>8} {:<12} {:>12} {:>14} {:>12} {:>14} {:>8} {:>6} {:>6} {:>8} {:>10}\n",
+        "pid",
+        "device",
+        "tx_packets",
+        "tx_bytes",
+        "rx_packets",
+        "rx_bytes",
+        "retrans",
+        "naks",
+        "drops",
+        "odp_flt",
+        "inline_rx"
     );
     o.push_str(&hdr);
     let row = |pid: &str, name: &str, s: &Value, odp: &Value| {
         let g = |k: &str| counter(&s[k]);
         format!(
-            "{:>8} {:<12} {:>12} {:>14} {:>12} {:>14} {:>8} {:>6} {:>6} {:>8}\n",
+            "{:>8} {:<12} {:>12} {:>14} {:>12} {:>14} {:>8} {:>6} {:>6} {:>8} {:>10}\n",
             pid,
             name,
             g("tx_packets"),
@@ -170,7 +180,8 @@ fn table(procs: &[Value], qps: bool) -> String {
             g("retransmits"),
             g("naks_sent").saturating_add(g("naks_received")),
             drops(s),
-            odp["page_faults"].as_u64().unwrap_or(0)
+            odp["page_faults"].as_u64().unwrap_or(0),
+            g("rx_inline_recvs")
         )
     };
     for p in procs {
@@ -181,7 +192,7 @@ fn table(procs: &[Value], qps: bool) -> String {
                 for q in d["qps"].as_array().into_iter().flatten() {
                     let g = |k: &str| q["stats"][k].as_u64().unwrap_or(0);
                     o.push_str(&format!(
-                        "{:>8}   qp {:#08x} {:<3} {:<4} -> {:#08x} @ {}  tx {} rx {} retrans {}\n",
+                        "{:>8}   qp {:#08x} {:<3} {:<4} -> {:#08x} @ {}  tx {} rx {} retrans {} inline_rx {} ({} B)\n",
                         "",
                         q["qpn"].as_u64().unwrap_or(0),
                         q["type"].as_str().unwrap_or(""),
@@ -190,7 +201,9 @@ fn table(procs: &[Value], qps: bool) -> String {
                         q["peer"].as_str().unwrap_or("-"),
                         g("tx_packets"),
                         g("rx_packets"),
-                        g("retransmits")
+                        g("retransmits"),
+                        g("rx_inline_recvs"),
+                        g("rx_inline_bytes")
                     ));
                 }
                 for m in d["mrs"].as_array().into_iter().flatten() {
@@ -231,6 +244,8 @@ fn help(name: &str) -> &'static str {
         "rx_bytes" => "UDP payload bytes received",
         "retransmits" => "packets sent again (go-back-N)",
         "timeouts" => "retransmission timer expiries",
+        "rx_inline_recvs" => "receives completed inline (scatter-to-CQE, copied at poll time)",
+        "rx_inline_bytes" => "message bytes of receives completed inline",
         n if n.starts_with("rx_drop_") => "received packets dropped, by reason",
         n if n.starts_with("page_") => "on-demand paging counters (mlx5 meanings)",
         _ => "uroce transport counter",

@@ -66,6 +66,11 @@ counters! {
         naks_sent,
         naks_received,
         qp_errors,
+        /// Receives completed inline (scatter-to-CQE: the message travelled
+        /// in the completion and was copied at poll time).
+        rx_inline_recvs,
+        /// Their message bytes.
+        rx_inline_bytes,
     }
 }
 
