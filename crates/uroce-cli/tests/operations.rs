@@ -112,6 +112,17 @@ fn stat_and_capture_watch_another_process() {
     assert!(scrape.docs.get("uroce_rx_inline_recvs_total").is_some_and(|h| h.contains("inline")), "{prom}");
     assert!(scrape.samples.iter().any(|s| s.metric == "uroce_rx_inline_bytes_total"), "{prom}");
     assert!(table.lines().next().unwrap().ends_with("inline_rx") && table.contains("inline_rx "), "{table}");
+    // `rdma statistic show` layout: `link DEV/PORT` then name-value pairs.
+    let rdma = String::from_utf8(uroce(&rt, &["stat", "--rdma"]).stdout).unwrap();
+    let line = rdma.lines().find(|l| l.starts_with("link demo-a/1 ")).unwrap_or_else(|| panic!("{rdma}"));
+    let words: Vec<&str> = line.split_whitespace().skip(2).collect();
+    assert!(words.len() >= 12 && words.len() % 2 == 0, "{line}");
+    let pairs: std::collections::HashMap<&str, u64> =
+        words.chunks(2).map(|c| (c[0], c[1].parse::<u64>().unwrap_or_else(|_| panic!("{line}")))).collect();
+    for name in ["out_of_sequence", "duplicate_request", "local_ack_timeout_err", "rnr_nak_retry_err", "tx_packets"] {
+        assert!(pairs.contains_key(name), "{name}: {line}");
+    }
+    assert!(pairs["tx_packets"] > 0, "{line}");
 
     // Capture in the running process, then stop; the file decodes clean.
     let pcap = rt.join("live.pcap");

@@ -28,6 +28,11 @@ pub struct Args {
     /// Print the Prometheus text exposition format.
     #[arg(long)]
     prometheus: bool,
+    /// Print as iproute2's `rdma statistic show` does for an mlx5 device
+    /// (`link DEV/1 name value …`, mlx5 counter names), and with --qps each
+    /// ODP region as `rdma statistic mr show` (`dev DEV mrn N page_faults …`).
+    #[arg(long, conflicts_with_all = ["json", "prometheus"])]
+    rdma: bool,
     /// Show queue pairs and ODP regions too (asked of each process; in the
     /// table, JSON and Prometheus output).
     #[arg(long)]
@@ -291,6 +296,52 @@ fn prometheus(procs: &[Value]) -> String {
     o
 }
 
+/// uroce counters under the mlx5 hw_counters names of the same meaning
+/// (`/sys/class/infiniband/mlx5_*/ports/1/hw_counters`, shown by `rdma
+/// statistic show`); the others follow under uroce's names.
+const MLX5_NAMES: [(&str, &str); 6] = [
+    ("out_of_buffer", "rx_drop_no_recv"),
+    ("out_of_sequence", "rx_out_of_sequence"),
+    ("duplicate_request", "rx_duplicates"),
+    ("rnr_nak_retry_err", "rnr_naks_received"),
+    ("local_ack_timeout_err", "timeouts"),
+    ("packet_seq_err", "naks_received"),
+];
+
+/// `rdma statistic show` / `rdma statistic mr show` layout: one line per
+/// device port (`link DEV/1 `, then `name value ` pairs), and with `mrs`
+/// one per ODP region (`dev DEV mrn N `, then mlx5's ODP counter pairs).
+fn rdma_format(procs: &[Value], mrs: bool) -> String {
+    let mut o = String::new();
+    for p in procs {
+        for d in p["devices"].as_array().into_iter().flatten() {
+            let dev = d["name"].as_str().unwrap_or("?");
+            let st = &d["stats"];
+            o.push_str(&format!("link {dev}/1 "));
+            for (mlx5, ours) in MLX5_NAMES {
+                o.push_str(&format!("{mlx5} {} ", counter(&st[ours])));
+            }
+            for (k, v) in st.as_object().into_iter().flatten() {
+                if !MLX5_NAMES.iter().any(|(_, ours)| ours == k) {
+                    o.push_str(&format!("{k} {} ", counter(v)));
+                }
+            }
+            o.push('\n');
+            if mrs {
+                for m in d["mrs"].as_array().into_iter().flatten() {
+                    // mlx5's mrn is the mkey index: the key without its 8-bit tag.
+                    o.push_str(&format!("dev {dev} mrn {} ", m["key"].as_u64().unwrap_or(0) >> 8));
+                    for (k, v) in m["odp"].as_object().into_iter().flatten() {
+                        o.push_str(&format!("{k} {} ", counter(v)));
+                    }
+                    o.push('\n');
+                }
+            }
+        }
+    }
+    o
+}
+
 /// The host's peer-memory totals per client (`uroce peers`, row `all`):
 /// `uroce_peer_<counter>_total{client=...}`.
 fn peer_metrics(totals: &[uroce::mem::peer::PeerStats]) -> String {
@@ -321,6 +372,8 @@ fn report(a: &Args) -> String {
         serde_json::to_string_pretty(&json!({ "processes": procs, "totals": t, "skipped": skipped })).unwrap() + "\n"
     } else if a.prometheus {
         prometheus(&procs)
+    } else if a.rdma {
+        rdma_format(&procs, a.qps)
     } else {
         table(&procs, a.qps)
     }
@@ -347,4 +400,26 @@ pub fn run(a: Args) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rdma_layout_of_devices_and_odp_regions() {
+        let procs = vec![json!({ "pid": 7, "devices": [{
+            "name": "uroce0",
+            "stats": { "tx_packets": 5, "rx_out_of_sequence": 2, "timeouts": 1 },
+            "mrs": [{ "key": 0x1234, "odp": { "page_faults": 3, "page_invalidations": 1 } }],
+        }]})];
+        let out = rdma_format(&procs, true);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        assert!(lines[0].starts_with("link uroce0/1 out_of_buffer 0 out_of_sequence 2 "), "{out}");
+        assert!(lines[0].contains(" local_ack_timeout_err 1 ") && lines[0].ends_with("tx_packets 5 "), "{out}");
+        assert!(!lines[0].contains("rx_out_of_sequence"), "named once, as mlx5 names it: {out}");
+        assert_eq!(lines[1], "dev uroce0 mrn 18 page_faults 3 page_invalidations 1 ");
+        assert_eq!(rdma_format(&procs, false).lines().count(), 1);
+    }
 }
