@@ -114,11 +114,12 @@ fn fifo_and_links_are_skipped_and_totals_saturate() {
     // SAFETY: a NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     std::os::unix::fs::symlink(&rt, peers.join("evil")).unwrap();
-    let out = uroce_bounded(&rt, &["peers", "--json"]);
+    let out = uroce_bounded(&rt, &["peers", "--json", "--processes"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v.as_array().unwrap().len(), 1, "{v}");
-    assert_eq!(v[0]["version"], "1.0");
+    assert_eq!(v["processes"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["processes"][0]["version"], "1.0");
+    assert_eq!(v["clients"][0]["counters"]["num_alloc_mrs"], 0, "the FIFO is not read: {v}");
     assert!(err.contains("num_alloc_mrs: is not a regular file") && err.contains("evil: is a symbolic link"), "{err}");
 }

@@ -3,7 +3,7 @@
 //! a running process and around a command, `uroce peers`, configuration
 //! errors, shell completions.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -89,6 +89,9 @@ fn stat_and_capture_watch_another_process() {
     assert_eq!(qps.len(), 1);
     assert_eq!(qps[0]["state"], "Rts");
     assert!(qps[0]["stats"]["tx_packets"].as_u64().unwrap() > 0, "per-QP counters");
+    // Inline receive, per QP and per device.
+    assert!(qps[0]["stats"]["rx_inline_recvs"].is_u64() && qps[0]["stats"]["rx_inline_bytes"].is_u64(), "{}", qps[0]);
+    assert!(proc_[0]["stats"]["rx_inline_recvs"].is_u64(), "{}", proc_[0]);
 
     // Table and Prometheus.
     let table = String::from_utf8(uroce(&rt, &["stat", "--qps"]).stdout).unwrap();
@@ -106,6 +109,20 @@ fn stat_and_capture_watch_another_process() {
         ref other => panic!("not a counter: {other:?}"),
     }
     assert!(scrape.docs.contains_key("uroce_tx_packets_total"), "HELP text");
+    assert!(scrape.docs.get("uroce_rx_inline_recvs_total").is_some_and(|h| h.contains("inline")), "{prom}");
+    assert!(scrape.samples.iter().any(|s| s.metric == "uroce_rx_inline_bytes_total"), "{prom}");
+    assert!(table.lines().next().unwrap().ends_with("inline_rx") && table.contains("inline_rx "), "{table}");
+    // `rdma statistic show` layout: `link DEV/PORT` then name-value pairs.
+    let rdma = String::from_utf8(uroce(&rt, &["stat", "--rdma"]).stdout).unwrap();
+    let line = rdma.lines().find(|l| l.starts_with("link demo-a/1 ")).unwrap_or_else(|| panic!("{rdma}"));
+    let words: Vec<&str> = line.split_whitespace().skip(2).collect();
+    assert!(words.len() >= 12 && words.len() % 2 == 0, "{line}");
+    let pairs: std::collections::HashMap<&str, u64> =
+        words.chunks(2).map(|c| (c[0], c[1].parse::<u64>().unwrap_or_else(|_| panic!("{line}")))).collect();
+    for name in ["out_of_sequence", "duplicate_request", "local_ack_timeout_err", "rnr_nak_retry_err", "tx_packets"] {
+        assert!(pairs.contains_key(name), "{name}: {line}");
+    }
+    assert!(pairs["tx_packets"] > 0, "{line}");
 
     // Capture in the running process, then stop; the file decodes clean.
     let pcap = rt.join("live.pcap");
@@ -160,16 +177,18 @@ fn peers_lists_configured_clients_of_running_processes() {
     )
     .unwrap();
     let port = 35000 + (std::process::id() % 1000) as u16;
-    let _child = Reap(traffic(&rt, 4, port, Some(&cfg)));
+    let child = Reap(traffic(&rt, 4, port, Some(&cfg)));
+    let pid = child.0.id();
     let mut peers = Value::Null;
     until("the peer client's counters", || {
-        let out = uroce(&rt, &["peers", "--json"]);
+        let out = uroce(&rt, &["peers", "--json", "--processes"]);
         peers = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        peers.as_array().is_some_and(|a| !a.is_empty())
+        peers["processes"].as_array().is_some_and(|a| !a.is_empty())
     });
-    let p = &peers[0];
-    assert_eq!(p["name"], "ssd-test");
-    assert_eq!(p["version"], "1.0");
+    let p = &peers["processes"][0];
+    assert_eq!((&p["name"], &p["version"], &p["pid"]), (&json!("ssd-test"), &json!("1.0"), &json!(pid)));
+    let total = &peers["clients"][0];
+    assert_eq!((&total["name"], &total["version"]), (&json!("ssd-test"), &json!("1.0")));
     for c in [
         "num_alloc_mrs",
         "num_dealloc_mrs",
@@ -180,7 +199,33 @@ fn peers_lists_configured_clients_of_running_processes() {
         "num_free_callbacks",
     ] {
         assert_eq!(p["counters"][c], 0, "{c}");
+        assert_eq!(total["counters"][c], 0, "{c}");
     }
+    // The table: rows line up with the header (numbers right-aligned under
+    // their names), the host total first, then the process.
+    let out = uroce(&rt, &["peers", "--processes"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(lines[0].starts_with("pid ") && lines[0].ends_with("num_free_callbacks"), "{text}");
+    assert!(lines[1].starts_with("all ") && lines[2].starts_with(&pid.to_string()), "{text}");
+    assert!(lines.iter().all(|l| l.len() == lines[0].len()), "aligned:\n{text}");
+    let col = lines[0].find("client").unwrap();
+    assert_eq!(&lines[2][col..col + 8], "ssd-test", "{text}");
+    // The process is killed (no exit handler runs): its client stays in the
+    // host totals, folded by the next reader.
+    drop(child);
+    let out = uroce(&rt, &["peers", "--json", "--processes"]);
+    let after: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(after["processes"], json!([]), "{after}");
+    assert_eq!(after["clients"][0]["name"], "ssd-test", "{after}");
+    assert_eq!(after["clients"][0]["exited_processes"]["num_alloc_mrs"], 0, "{after}");
+    assert!(rt.join("memory_peers.exited/ssd-test").exists());
+    let prom = String::from_utf8(uroce(&rt, &["stat", "--prometheus"]).stdout).unwrap();
+    let scrape =
+        prometheus_parse::Scrape::parse(prom.lines().map(|l| Ok(l.to_string()))).expect("valid Prometheus text");
+    let m = scrape.samples.iter().find(|s| s.metric == "uroce_peer_num_alloc_mrs_total").expect(&prom);
+    assert_eq!(m.labels.get("client"), Some("ssd-test"));
     assert!(img.exists(), "the storage device's file");
     // Status, as `service nv_peer_mem status`.
     let out = Command::new(UROCE).args(["peers", "status"]).env("UROCE_CONFIG", &cfg).output().unwrap();
@@ -231,4 +276,46 @@ fn completions_and_help() {
         assert!(out.status.success(), "{sub} --help");
         assert!(String::from_utf8_lossy(&out.stdout).contains("Usage:"));
     }
+}
+
+/// `uroce peers stop|start [client]` (nv_peer_mem's service): the state
+/// file running processes read at each registration, and the configuration's
+/// `[peers] disabled` (comments kept) for new processes; `status` tells.
+#[test]
+fn peers_start_and_stop_a_client() {
+    let rt = tmpdir("peers-svc");
+    let cfg = rt.join("uroce.toml");
+    let img = rt.join("ssd.img");
+    std::fs::write(
+        &cfg,
+        format!(
+            "# my devices\n[peers]\nload = [\"storage\"] # only storage\n[[peers.storage]]\nname = \"ssd-svc\"\npath = \"{}\"\ncapacity = 65536\n",
+            img.display()
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        Command::new(UROCE).args(args).env("UROCE_RUNTIME_DIR", &rt).env("UROCE_CONFIG", &cfg).output().unwrap()
+    };
+    let status = |_: ()| -> Value { serde_json::from_slice(&run(&["peers", "status", "--json"]).stdout).unwrap() };
+    assert_eq!(status(())["clients"][0]["started"], true);
+    let out = run(&["peers", "stop", "ssd-svc"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains("# my devices") && text.contains("# only storage"), "comments kept:\n{text}");
+    assert!(text.contains("disabled = [\"ssd-svc\"]"), "{text}");
+    assert_eq!(std::fs::read_to_string(rt.join("memory_peers.state")).unwrap(), "ssd-svc stopped\n");
+    assert_eq!(status(())["clients"][0]["started"], false);
+    let out = run(&["peers", "status", "ssd-svc"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("loads, version 1.0, stopped"));
+    // Without a name: every configured client.
+    let out = run(&["peers", "start"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains("disabled = []"), "{text}");
+    assert_eq!(std::fs::read_to_string(rt.join("memory_peers.state")).unwrap(), "ssd-svc started\n");
+    assert_eq!(status(())["clients"][0]["started"], true);
+    // Bad names and unknown clients.
+    assert_eq!(run(&["peers", "stop", "a/b"]).status.code(), Some(2));
+    assert_eq!(run(&["peers", "status", "nope"]).status.code(), Some(3));
 }

@@ -22,6 +22,7 @@
 #ifndef UROCE_H
 #define UROCE_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <infiniband/verbs.h>
 
@@ -74,6 +75,41 @@ int uroce_post_umr_interleaved(struct ibv_qp *qp, uint64_t wr_id, unsigned int s
 /* ODP statistics of one MR (EOPNOTSUPP unless IBV_ACCESS_ON_DEMAND) or of the device. */
 int uroce_mr_odp_stats(struct ibv_mr *mr, struct uroce_odp_stats *stats);
 int uroce_device_odp_stats(struct ibv_context *context, struct uroce_odp_stats *stats);
+
+/* PeerDirect device memory (MLNX OFED peer-memory clients, seed 000).
+ *
+ * uroce_peer_alloc() allocates `length` bytes of the device memory of the
+ * loaded peer-memory client named `client` -- a storage device declared in
+ * the configuration file (uroce.toml):
+ *
+ *     [peers]
+ *     load = ["storage"]
+ *     [[peers.storage]]
+ *     name = "ssd0"
+ *     path = "/var/tmp/ssd0.img"
+ *     capacity = 1048576
+ *
+ * and returns its device address. The CPU cannot dereference it (like a GPU
+ * pointer); a plain ibv_reg_mr(pd, addr, length, access) registers it
+ * through that client, transparently, and RDMA into and out of the region
+ * reaches the device (the file). The host reads and writes device memory
+ * with uroce_peer_memcpy_to/from (as cudaMemcpy). uroce_peer_free()
+ * invalidates regions still registered over the allocation: their accesses
+ * then fail (IBV_WC_REM_ACCESS_ERR at the requester), and ibv_dereg_mr
+ * still succeeds. Counters: `uroce peers`.
+ *
+ * uroce_peer_alloc: the address, or NULL with errno EINVAL (client NULL or
+ * longer than 63 bytes, length 0), ENOENT (no such client loaded),
+ * EOPNOTSUPP (the client does not allocate, e.g. nv_mem: use cudaMalloc),
+ * ENOMEM (the device is full).
+ * The others: 0, or an errno value (also in errno): EINVAL (not an
+ * allocation's start; NULL host buffer), EFAULT (range outside every
+ * allocation of uroce_peer_alloc), EIO (the device failed).
+ */
+void *uroce_peer_alloc(const char *client, size_t length);
+int uroce_peer_free(void *addr);
+int uroce_peer_memcpy_to(void *dst_device, const void *src_host, size_t length);
+int uroce_peer_memcpy_from(void *dst_host, const void *src_device, size_t length);
 
 #ifdef __cplusplus
 }

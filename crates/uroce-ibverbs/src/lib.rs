@@ -27,6 +27,7 @@ mod ext;
 mod import;
 mod mw;
 mod objects;
+mod peer;
 mod qp_ex;
 mod srq;
 mod strings;

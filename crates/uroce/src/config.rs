@@ -39,6 +39,8 @@
 //!
 //! [peers]
 //! load = ["storage", "nv_mem"] # default: every client that is available
+//! disabled = []                # loaded but not used for new registrations
+//!                              # (`uroce peers stop/start` edit it)
 //!
 //! [[peers.storage]]          # file- or block-device-backed peer memory
 //! name = "ssd0"
@@ -127,6 +129,10 @@ fn default_interval() -> u64 {
 pub struct PeersSection {
     /// Clients to load; `None`: every available one.
     pub load: Option<Vec<String>>,
+    /// Clients loaded but stopped: no new registration goes through them
+    /// (`uroce peers stop`; see `mem::peer::service`).
+    #[serde(default)]
+    pub disabled: Vec<String>,
     #[serde(default)]
     pub storage: Vec<StorageEntry>,
 }

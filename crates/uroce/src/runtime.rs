@@ -79,6 +79,8 @@ pub fn open_process_dir(root: &Path, access: Access) -> Result<ProcessDir, Refus
     let runtime = SafeDir::create_or_open(root, access)?;
     let name = std::process::id().to_string();
     if runtime.contains(&name) {
+        // An earlier process with this pid: its peer counters go to the totals.
+        let _ = crate::mem::peer::totals::fold_process(&runtime, &name, access.file_mode());
         let _ = runtime.remove_tree(&name, 4);
     }
     let dir = runtime.subdir(&name, Some(access))?;
@@ -93,6 +95,8 @@ pub fn process_dir() -> Option<&'static ProcessDir> {
         Ok(d) => {
             extern "C" fn remove_at_exit() {
                 if let Some(Some(d)) = DIR.get() {
+                    // Peer counters outlive the process in the host totals.
+                    let _ = crate::mem::peer::totals::fold_process(&d.runtime, &d.name, d.access.file_mode());
                     let _ = d.runtime.remove_tree(&d.name, 4);
                 }
             }

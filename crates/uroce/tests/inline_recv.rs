@@ -71,3 +71,25 @@ fn buffers_too_small_or_gone_at_poll_time() {
     drop(rbuf);
     assert_eq!(b.cq.wait(1, T).unwrap()[0].status, WcStatus::LocProtErr);
 }
+
+/// Inline receives are counted (device and QP, `uroce stat`): a message
+/// that fits the CQE counts once with its bytes, a larger one and one to a
+/// QP with inline receive disabled do not.
+#[test]
+fn inline_receives_are_counted() {
+    let (a, b, qp) = pair_with_qp(None);
+    let s0 = b.ctx.stats();
+    exchange(&a, &b, &qp, 32, 64);
+    let s1 = b.ctx.stats();
+    assert_eq!((s1.rx_inline_recvs - s0.rx_inline_recvs, s1.rx_inline_bytes - s0.rx_inline_bytes), (1, 32));
+    exchange(&a, &b, &qp, 33, 64);
+    let s2 = b.ctx.stats();
+    assert_eq!(
+        (s2.rx_inline_recvs, s2.rx_inline_bytes),
+        (s1.rx_inline_recvs, s1.rx_inline_bytes),
+        "33 bytes: not inline"
+    );
+    let (a, b, qp) = pair_with_qp(Some(false));
+    exchange(&a, &b, &qp, 8, 64);
+    assert_eq!(b.ctx.stats().rx_inline_recvs, 0, "disabled per QP");
+}

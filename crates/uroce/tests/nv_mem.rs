@@ -90,3 +90,40 @@ fn rdma_into_gpu_memory() {
     let s = stats();
     assert_eq!(s.num_dereg_bytes - before.num_dereg_bytes, len as u64);
 }
+
+/// The GPU client's whole path where no GPU is: `rdma_into_gpu_memory` run
+/// again in a child process whose `libcuda.so.1` is a fake built here
+/// (tests/fake_cuda/libcuda.c: the driver functions nv_mem loads, backed by
+/// host memory), found through the ordinary loader path (LD_LIBRARY_PATH).
+#[test]
+fn the_gpu_path_runs_on_a_fake_libcuda() {
+    if std::env::var_os("UROCE_FAKE_CUDA_CHILD").is_some() {
+        return; // the child runs rdma_into_gpu_memory only
+    }
+    let dir = std::env::temp_dir().join(format!("uroce-fake-cuda-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_cuda/libcuda.c");
+    let cc = match std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o"])
+        .arg(dir.join("libcuda.so.1"))
+        .arg(&src)
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            println!("SKIP no C compiler (cc): {e}");
+            return;
+        }
+    };
+    assert!(cc.status.success(), "cc: {}", String::from_utf8_lossy(&cc.stderr));
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "rdma_into_gpu_memory", "--nocapture"])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("UROCE_FAKE_CUDA_CHILD", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed") && !text.contains("SKIPPED"), "ran on the fake driver:\n{text}");
+}

@@ -1,12 +1,15 @@
-//! `uroce peers`: peer-memory clients. Without a subcommand, the counters
-//! every process using uroce publishes under
-//! `<runtime dir>/<pid>/memory_peers/<client>/` (the user-space
-//! `/sys/kernel/mm/memory_peers`); `uroce peers status` says which clients
-//! the configuration loads, their versions, and why a client is not loaded.
+//! `uroce peers`: peer-memory clients. Without a subcommand, the host's
+//! counters per client (the user-space `/sys/kernel/mm/memory_peers`):
+//! what every live process publishes under
+//! `<runtime dir>/<pid>/memory_peers/<client>/` plus the totals folded from
+//! processes that have exited (see `uroce::mem::peer::totals`), row `all`;
+//! `--processes` adds a row per live process. `uroce peers status` says
+//! which clients the configuration loads, their versions, and why a client
+//! is not loaded.
 
 use serde_json::{json, Value};
 use std::process::ExitCode;
-use uroce::mem::peer::{loader, COUNTERS};
+use uroce::mem::peer::{loader, service, totals, PeerStats, COUNTERS};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -15,90 +18,245 @@ pub struct Args {
     /// Print JSON.
     #[arg(long, global = true)]
     json: bool,
+    /// Also show each live process's own counters.
+    #[arg(long)]
+    processes: bool,
 }
 
 #[derive(clap::Subcommand)]
 enum Sub {
-    /// Which clients the configuration loads, or why not (like
-    /// `service nv_peer_mem status`).
-    Status,
+    /// Which clients the configuration loads, or why not, and whether each
+    /// is started (like `service nv_peer_mem status`).
+    Status { client: Option<String> },
+    /// Starts a client (every configured one without a name): new
+    /// registrations of running processes go through it again, and the
+    /// configuration's `[peers] disabled` no longer names it.
+    Start { client: Option<String> },
+    /// Stops a client: no new registration of a running process goes
+    /// through it (regions it backs keep working), and the configuration's
+    /// `[peers] disabled` names it, so new processes start it stopped.
+    Stop { client: Option<String> },
 }
 
-/// Every live process's published peer counters. The runtime directory is
-/// read as `uroce stat` reads it: no link followed, regular files of at
-/// most 4 KiB only; what is skipped is said on stderr.
+/// Every live process's published peer counters (for `status`).
 fn collect() -> Vec<Value> {
-    let mut out = Vec::new();
-    let listing = uroce::runtime::live_processes();
-    let mut skipped = listing.skipped;
-    for (pid, dir) in &listing.processes {
-        let Ok(peers) = dir.subdir_for_reading("memory_peers") else { continue };
-        let mut names = peers.entries();
-        names.sort();
-        for name in names {
-            let p = match peers.subdir_for_reading(&name) {
-                Ok(p) => p,
-                Err(e) => {
-                    skipped.push(e.to_string());
-                    continue;
-                }
-            };
-            let mut read = |f: &str| match p.read_file(f, 4096, false) {
-                Ok(b) => String::from_utf8_lossy(&b.unwrap_or_default()).trim().to_string(),
-                Err(e) => {
-                    skipped.push(format!("{}: {e}", p.path().join(f).display()));
-                    String::new()
-                }
-            };
-            let mut c = serde_json::Map::new();
-            for counter in COUNTERS {
-                c.insert(counter.to_string(), json!(read(counter).parse::<u64>().unwrap_or(0)));
-            }
-            let version = read("version");
-            out.push(json!({ "pid": pid, "name": name, "version": version, "counters": c }));
+    let h = totals::host();
+    h.processes.iter().map(|(pid, s)| json!({ "pid": pid, "name": s.name })).collect()
+}
+
+fn counters_json(s: &PeerStats) -> Value {
+    let mut c = serde_json::Map::new();
+    for (n, v) in s.counters() {
+        c.insert(n.to_string(), json!(v));
+    }
+    Value::Object(c)
+}
+
+/// Rows under a header, each column as wide as its widest cell: text
+/// columns left-aligned, numbers right-aligned.
+fn table(header: &[&str], rows: &[Vec<String>], text_cols: usize) -> String {
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
         }
     }
-    for s in &skipped {
-        eprintln!("uroce peers: skipped {s}");
+    let line = |cells: Vec<&str>| {
+        let mut l = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i > 0 {
+                l.push_str("  ");
+            }
+            if i < text_cols {
+                l.push_str(&format!("{c:<width$}", width = w[i]));
+            } else {
+                l.push_str(&format!("{c:>width$}", width = w[i]));
+            }
+        }
+        l.trim_end().to_string() + "\n"
+    };
+    let mut out = line(header.to_vec());
+    for r in rows {
+        out.push_str(&line(r.iter().map(String::as_str).collect()));
     }
     out
 }
 
 pub fn run(a: Args) -> ExitCode {
     match a.cmd {
-        Some(Sub::Status) => status(a.json),
+        Some(Sub::Status { client }) => status(a.json, client.as_deref()),
+        Some(Sub::Start { client }) => start_stop(client, true),
+        Some(Sub::Stop { client }) => start_stop(client, false),
         None => {
-            let peers = collect();
+            let h = totals::host();
+            for s in &h.skipped {
+                eprintln!("uroce peers: skipped {s}");
+            }
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&peers).unwrap());
+                let clients: Vec<Value> = h
+                    .totals
+                    .iter()
+                    .map(|s| {
+                        let exited = h.exited.iter().find(|e| e.name == s.name).cloned().unwrap_or_default();
+                        json!({ "name": s.name, "version": s.version, "counters": counters_json(s),
+                                "exited_processes": counters_json(&exited) })
+                    })
+                    .collect();
+                let mut v = json!({ "clients": clients });
+                if a.processes {
+                    v["processes"] = h
+                        .processes
+                        .iter()
+                        .map(|(pid, s)| json!({ "pid": pid, "name": s.name, "version": s.version, "counters": counters_json(s) }))
+                        .collect();
+                }
+                println!("{}", serde_json::to_string_pretty(&v).unwrap());
                 return ExitCode::SUCCESS;
             }
-            print!("{:>8} {:<16} {:<8}", "pid", "client", "version");
-            for c in COUNTERS {
-                print!(" {:>18}", c);
+            let mut header = vec!["pid", "client", "version"];
+            header.extend(COUNTERS);
+            let row = |pid: String, s: &PeerStats| {
+                let mut r = vec![pid, s.name.clone(), s.version.clone()];
+                r.extend(s.counters().iter().map(|(_, v)| v.to_string()));
+                r
+            };
+            let mut rows: Vec<Vec<String>> = h.totals.iter().map(|s| row("all".into(), s)).collect();
+            if a.processes {
+                rows.extend(h.processes.iter().map(|(pid, s)| row(pid.to_string(), s)));
             }
-            println!();
-            for p in &peers {
-                print!(
-                    "{:>8} {:<16} {:<8}",
-                    p["pid"],
-                    p["name"].as_str().unwrap_or(""),
-                    p["version"].as_str().unwrap_or("")
-                );
-                for c in COUNTERS {
-                    print!(" {:>18}", p["counters"][c]);
-                }
-                println!();
-            }
-            if peers.is_empty() {
-                println!("(no process has peer-memory clients loaded)");
+            print!("{}", table(&header, &rows, 3));
+            if h.totals.is_empty() {
+                println!("(no process has used a peer-memory client)");
             }
             ExitCode::SUCCESS
         }
     }
 }
 
-fn status(as_json: bool) -> ExitCode {
+/// The state file's entries (see `uroce::mem::peer::service`).
+fn runtime_state() -> std::collections::BTreeMap<String, bool> {
+    let root = uroce::runtime::runtime_dir();
+    match uroce::runtime::SafeDir::open_owned(&root) {
+        Ok(rt) if std::fs::symlink_metadata(&root).is_ok() => service::read_state(&rt),
+        _ => Default::default(),
+    }
+}
+
+/// Whether `name` is started: the state file, else the configuration.
+fn started(name: &str, file: &uroce::config::ConfigFile, state: &std::collections::BTreeMap<String, bool>) -> bool {
+    state.get(name).copied().unwrap_or_else(|| !file.peers.disabled.iter().any(|d| d == name))
+}
+
+fn start_stop(client: Option<String>, start: bool) -> ExitCode {
+    let verb = if start { "start" } else { "stop" };
+    let loaded = match uroce::config::ConfigFile::load() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("uroce peers {verb}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let names: Vec<String> = match client {
+        Some(c) => vec![c],
+        None => {
+            let file = loaded.as_ref().map(|(f, _)| f.clone()).unwrap_or_default();
+            loader::evaluate(&file, false).into_iter().filter(|s| s.loaded).map(|s| s.name).collect()
+        }
+    };
+    if let Some(n) = names.iter().find(|n| !service::valid_name(n)) {
+        eprintln!("uroce peers {verb}: invalid client name {n:?} (1 to 63 bytes, no '/' or space)");
+        return ExitCode::from(2);
+    }
+    if names.is_empty() {
+        eprintln!("uroce peers {verb}: no client is configured to load; name one");
+        return ExitCode::from(2);
+    }
+    // Running processes: the state file of the runtime directory.
+    let root = uroce::runtime::runtime_dir();
+    let access = match &loaded {
+        Some((f, _)) if f.stats.world_readable => uroce::runtime::Access::WorldReadable,
+        _ => uroce::runtime::Access::Private,
+    };
+    let r = uroce::runtime::SafeDir::create_or_open(&root, access)
+        .map_err(|e| e.to_string())
+        .and_then(|rt| service::set_state(&rt, &names, start, access.file_mode()).map_err(|e| e.to_string()));
+    if let Err(e) = r {
+        eprintln!("uroce peers {verb}: {e}");
+        return ExitCode::FAILURE;
+    }
+    // New processes: the configuration file's `[peers] disabled`.
+    match &loaded {
+        Some((_, path)) => {
+            if let Err(e) = persist(path, &names, start) {
+                eprintln!("uroce peers {verb}: {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+            println!(
+                "{}: {} (running processes and {})",
+                names.join(", "),
+                if start { "started" } else { "stopped" },
+                path.display()
+            );
+        }
+        None => println!(
+            "{}: {} in running processes (no configuration file: new processes use the defaults)",
+            names.join(", "),
+            if start { "started" } else { "stopped" }
+        ),
+    }
+    ExitCode::SUCCESS
+}
+
+/// Adds `names` to (stop) or removes them from (start) `[peers] disabled`
+/// of the configuration file, keeping the rest of it (comments included);
+/// the file is replaced atomically (new file beside it, then rename).
+fn persist(path: &std::path::Path, names: &[String], start: bool) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+    if !meta.file_type().is_file() {
+        return Err("not a regular file (not followed)".into());
+    }
+    if meta.len() > 1 << 20 {
+        return Err("larger than 1 MiB".into());
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let mut doc: toml_edit::DocumentMut = text.parse().map_err(|e| format!("{e}"))?;
+    let peers = doc.entry("peers").or_insert(toml_edit::table());
+    let peers = peers.as_table_mut().ok_or("`peers` is not a table")?;
+    let list = peers.entry("disabled").or_insert(toml_edit::value(toml_edit::Array::new()));
+    let arr = list.as_array_mut().ok_or("`peers.disabled` is not an array")?;
+    for n in names {
+        arr.retain(|v| v.as_str() != Some(n));
+        if !start {
+            arr.push(n.as_str());
+        }
+    }
+    let out = doc.to_string();
+    // The result must still be a valid configuration.
+    uroce::config::ConfigFile::parse(&out, path).map_err(|e| format!("the edited file would not parse: {e}"))?;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("uroce.toml"),
+        std::process::id()
+    ));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .mode(meta.permissions().mode() & 0o777)
+        .open(&tmp)
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    let r = f.write_all(out.as_bytes()).and_then(|()| f.sync_all()).and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = r {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e.to_string());
+    }
+    Ok(())
+}
+
+fn status(as_json: bool, only: Option<&str>) -> ExitCode {
     let file = match uroce::config::ConfigFile::load() {
         Ok(f) => f,
         Err(e) => {
@@ -108,23 +266,37 @@ fn status(as_json: bool) -> ExitCode {
     };
     let path = file.as_ref().map(|(_, p)| p.display().to_string());
     let file = file.map(|(f, _)| f).unwrap_or_default();
-    let st = loader::evaluate(&file, false);
-    let running: Vec<Value> = collect().into_iter().map(|p| json!({"pid": p["pid"], "name": p["name"]})).collect();
+    let state = runtime_state();
+    let st: Vec<_> = loader::evaluate(&file, false).into_iter().filter(|s| only.is_none_or(|o| o == s.name)).collect();
+    let running: Vec<Value> = collect().into_iter().filter(|p| only.is_none_or(|o| p["name"] == o)).collect();
     if as_json {
-        let v = json!({ "config": path, "clients": st, "loaded_in": running });
+        let clients: Vec<Value> = st
+            .iter()
+            .map(|s| {
+                let mut v = serde_json::to_value(s).unwrap();
+                v["started"] = json!(started(&s.name, &file, &state));
+                v
+            })
+            .collect();
+        let v = json!({ "config": path, "clients": clients, "loaded_in": running });
         println!("{}", serde_json::to_string_pretty(&v).unwrap());
         return ExitCode::SUCCESS;
     }
     println!("configuration: {}", path.as_deref().unwrap_or("none (defaults)"));
     for s in &st {
+        let run = if started(&s.name, &file, &state) { "started" } else { "stopped" };
         if s.loaded {
-            println!("{:<16} {:<8} loads, version {}", s.name, s.kind, s.version.as_deref().unwrap_or("?"));
+            println!("{:<16} {:<8} loads, version {}, {run}", s.name, s.kind, s.version.as_deref().unwrap_or("?"));
         } else {
             println!("{:<16} {:<8} not loaded: {}", s.name, s.kind, s.reason.as_deref().unwrap_or("?"));
         }
     }
     for r in &running {
         println!("loaded in process {}: {}", r["pid"], r["name"].as_str().unwrap_or(""));
+    }
+    if only.is_some() && st.is_empty() && running.is_empty() {
+        println!("{}: not configured and not loaded in any process", only.unwrap_or(""));
+        return ExitCode::from(3); // as an init script's status of a stopped service
     }
     ExitCode::SUCCESS
 }

@@ -28,6 +28,11 @@ pub struct Args {
     /// Print the Prometheus text exposition format.
     #[arg(long)]
     prometheus: bool,
+    /// Print as iproute2's `rdma statistic show` does for an mlx5 device
+    /// (`link DEV/1 name value …`, mlx5 counter names), and with --qps each
+    /// ODP region as `rdma statistic mr show` (`dev DEV mrn N page_faults …`).
+    #[arg(long, conflicts_with_all = ["json", "prometheus"])]
+    rdma: bool,
     /// Show queue pairs and ODP regions too (asked of each process; in the
     /// table, JSON and Prometheus output).
     #[arg(long)]
@@ -153,14 +158,24 @@ fn drops(s: &Value) -> u64 {
 fn table(procs: &[Value], qps: bool) -> String {
     let mut o = String::new();
     let hdr = format!(
-        "{:>8} {:<12} {:>12} {:>14} {:>12} {:>14} {:>8} {:>6} {:>6} {:>8}\n",
-        "pid", "device", "tx_packets", "tx_bytes", "rx_packets", "rx_bytes", "retrans", "naks", "drops", "odp_flt"
+        "{:>8} {:<12} {:>12} {:>14} {:>12} {:>14} {:>8} {:>6} {:>6} {:>8} {:>10}\n",
+        "pid",
+        "device",
+        "tx_packets",
+        "tx_bytes",
+        "rx_packets",
+        "rx_bytes",
+        "retrans",
+        "naks",
+        "drops",
+        "odp_flt",
+        "inline_rx"
     );
     o.push_str(&hdr);
     let row = |pid: &str, name: &str, s: &Value, odp: &Value| {
         let g = |k: &str| counter(&s[k]);
         format!(
-            "{:>8} {:<12} {:>12} {:>14} {:>12} {:>14} {:>8} {:>6} {:>6} {:>8}\n",
+            "{:>8} {:<12} {:>12} {:>14} {:>12} {:>14} {:>8} {:>6} {:>6} {:>8} {:>10}\n",
             pid,
             name,
             g("tx_packets"),
@@ -170,7 +185,8 @@ fn table(procs: &[Value], qps: bool) -> String {
             g("retransmits"),
             g("naks_sent").saturating_add(g("naks_received")),
             drops(s),
-            odp["page_faults"].as_u64().unwrap_or(0)
+            odp["page_faults"].as_u64().unwrap_or(0),
+            g("rx_inline_recvs")
         )
     };
     for p in procs {
@@ -181,7 +197,7 @@ fn table(procs: &[Value], qps: bool) -> String {
                 for q in d["qps"].as_array().into_iter().flatten() {
                     let g = |k: &str| q["stats"][k].as_u64().unwrap_or(0);
                     o.push_str(&format!(
-                        "{:>8}   qp {:#08x} {:<3} {:<4} -> {:#08x} @ {}  tx {} rx {} retrans {}\n",
+                        "{:>8}   qp {:#08x} {:<3} {:<4} -> {:#08x} @ {}  tx {} rx {} retrans {} inline_rx {} ({} B)\n",
                         "",
                         q["qpn"].as_u64().unwrap_or(0),
                         q["type"].as_str().unwrap_or(""),
@@ -190,7 +206,9 @@ fn table(procs: &[Value], qps: bool) -> String {
                         q["peer"].as_str().unwrap_or("-"),
                         g("tx_packets"),
                         g("rx_packets"),
-                        g("retransmits")
+                        g("retransmits"),
+                        g("rx_inline_recvs"),
+                        g("rx_inline_bytes")
                     ));
                 }
                 for m in d["mrs"].as_array().into_iter().flatten() {
@@ -231,6 +249,8 @@ fn help(name: &str) -> &'static str {
         "rx_bytes" => "UDP payload bytes received",
         "retransmits" => "packets sent again (go-back-N)",
         "timeouts" => "retransmission timer expiries",
+        "rx_inline_recvs" => "receives completed inline (scatter-to-CQE, copied at poll time)",
+        "rx_inline_bytes" => "message bytes of receives completed inline",
         n if n.starts_with("rx_drop_") => "received packets dropped, by reason",
         n if n.starts_with("page_") => "on-demand paging counters (mlx5 meanings)",
         _ => "uroce transport counter",
@@ -272,6 +292,73 @@ fn prometheus(procs: &[Value]) -> String {
             o.push('\n');
         }
     }
+    o.push_str(&peer_metrics(&uroce::mem::peer::totals::host().totals));
+    o
+}
+
+/// uroce counters under the mlx5 hw_counters names of the same meaning
+/// (`/sys/class/infiniband/mlx5_*/ports/1/hw_counters`, shown by `rdma
+/// statistic show`); the others follow under uroce's names.
+const MLX5_NAMES: [(&str, &str); 6] = [
+    ("out_of_buffer", "rx_drop_no_recv"),
+    ("out_of_sequence", "rx_out_of_sequence"),
+    ("duplicate_request", "rx_duplicates"),
+    ("rnr_nak_retry_err", "rnr_naks_received"),
+    ("local_ack_timeout_err", "timeouts"),
+    ("packet_seq_err", "naks_received"),
+];
+
+/// `rdma statistic show` / `rdma statistic mr show` layout: one line per
+/// device port (`link DEV/1 `, then `name value ` pairs), and with `mrs`
+/// one per ODP region (`dev DEV mrn N `, then mlx5's ODP counter pairs).
+fn rdma_format(procs: &[Value], mrs: bool) -> String {
+    let mut o = String::new();
+    for p in procs {
+        for d in p["devices"].as_array().into_iter().flatten() {
+            let dev = d["name"].as_str().unwrap_or("?");
+            let st = &d["stats"];
+            o.push_str(&format!("link {dev}/1 "));
+            for (mlx5, ours) in MLX5_NAMES {
+                o.push_str(&format!("{mlx5} {} ", counter(&st[ours])));
+            }
+            for (k, v) in st.as_object().into_iter().flatten() {
+                if !MLX5_NAMES.iter().any(|(_, ours)| ours == k) {
+                    o.push_str(&format!("{k} {} ", counter(v)));
+                }
+            }
+            o.push('\n');
+            if mrs {
+                for m in d["mrs"].as_array().into_iter().flatten() {
+                    // mlx5's mrn is the mkey index: the key without its 8-bit tag.
+                    o.push_str(&format!("dev {dev} mrn {} ", m["key"].as_u64().unwrap_or(0) >> 8));
+                    for (k, v) in m["odp"].as_object().into_iter().flatten() {
+                        o.push_str(&format!("{k} {} ", counter(v)));
+                    }
+                    o.push('\n');
+                }
+            }
+        }
+    }
+    o
+}
+
+/// The host's peer-memory totals per client (`uroce peers`, row `all`):
+/// `uroce_peer_<counter>_total{client=...}`.
+fn peer_metrics(totals: &[uroce::mem::peer::PeerStats]) -> String {
+    let mut o = String::new();
+    for (i, c) in uroce::mem::peer::COUNTERS.iter().enumerate() {
+        if totals.is_empty() {
+            break;
+        }
+        o.push_str(&format!(
+            "# HELP uroce_peer_{c}_total peer-memory {c} of this host (live and exited processes)\n\
+             # TYPE uroce_peer_{c}_total counter\n"
+        ));
+        for t in totals {
+            let client = t.name.replace('\\', "\\\\").replace('"', "\\\"");
+            o.push_str(&format!("uroce_peer_{c}_total{{client=\"{client}\"}} {}\n", t.counters()[i].1));
+        }
+    }
     o
 }
 
@@ -285,6 +372,8 @@ fn report(a: &Args) -> String {
         serde_json::to_string_pretty(&json!({ "processes": procs, "totals": t, "skipped": skipped })).unwrap() + "\n"
     } else if a.prometheus {
         prometheus(&procs)
+    } else if a.rdma {
+        rdma_format(&procs, a.qps)
     } else {
         table(&procs, a.qps)
     }
@@ -311,4 +400,26 @@ pub fn run(a: Args) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rdma_layout_of_devices_and_odp_regions() {
+        let procs = vec![json!({ "pid": 7, "devices": [{
+            "name": "uroce0",
+            "stats": { "tx_packets": 5, "rx_out_of_sequence": 2, "timeouts": 1 },
+            "mrs": [{ "key": 0x1234, "odp": { "page_faults": 3, "page_invalidations": 1 } }],
+        }]})];
+        let out = rdma_format(&procs, true);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        assert!(lines[0].starts_with("link uroce0/1 out_of_buffer 0 out_of_sequence 2 "), "{out}");
+        assert!(lines[0].contains(" local_ack_timeout_err 1 ") && lines[0].ends_with("tx_packets 5 "), "{out}");
+        assert!(!lines[0].contains("rx_out_of_sequence"), "named once, as mlx5 names it: {out}");
+        assert_eq!(lines[1], "dev uroce0 mrn 18 page_faults 3 page_invalidations 1 ");
+        assert_eq!(rdma_format(&procs, false).lines().count(), 1);
+    }
 }

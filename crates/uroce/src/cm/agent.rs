@@ -10,7 +10,6 @@
 //! connections in setup or teardown at once, and the scan is bounded by the
 //! number of records.
 
-use crate::mem::KeyRng;
 use super::conn::{Conn, ConnInfo, Pending, Role, State};
 use super::event::{CmEvent, ConnId, ConnParam, EventKind, ListenId, Param, UdParam};
 use super::mad::{
@@ -20,6 +19,7 @@ use super::mad::{
 use super::service::{self, CmaHdr, PortSpace};
 use super::timer;
 use crate::ib::{Errno, Error};
+use crate::mem::KeyRng;
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;

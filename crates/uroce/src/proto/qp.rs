@@ -431,7 +431,12 @@ impl Qp {
     /// A receive completion carrying its (small) message.
     pub(crate) fn deliver_recv_inline(&mut self, ctx: &mut Ctx, wc: Wc, solicited: bool, inline: InlineRecv) {
         if let Some(cq) = self.recv_cq_now() {
+            let len = inline.len as u64;
             let pushed = cq.push_inline(wc, solicited, inline);
+            if matches!(pushed, Pushed::Stored { .. }) {
+                ctx.stats.rx_inline_recvs += 1;
+                ctx.stats.rx_inline_bytes += len;
+            }
             self.pushed(ctx, &cq, pushed);
         }
     }

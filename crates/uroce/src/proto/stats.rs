@@ -73,6 +73,11 @@ counters! {
         naks_sent,
         naks_received,
         qp_errors,
+        /// Receives completed inline (scatter-to-CQE: the message travelled
+        /// in the completion and was copied at poll time).
+        rx_inline_recvs,
+        /// Their message bytes.
+        rx_inline_bytes,
     }
 }
 
@@ -86,7 +91,11 @@ mod tests {
         let qp = Stats { rx_packets: 4, rx_bytes: 400, tx_packets: 2, naks_sent: 1, ..Default::default() };
         dev.add_qp_share(&qp);
         assert_eq!((dev.rx_packets, dev.rx_bytes, dev.tx_packets, dev.naks_sent), (10, 1000, 5, 1));
-        assert_eq!(Stats::LEN, 23);
+        assert_eq!(Stats::LEN, 25);
+        // Inline receives are the QP's: the device's is the sum.
+        let inl = Stats { rx_inline_recvs: 2, rx_inline_bytes: 40, ..Default::default() };
+        dev.add_qp_share(&inl);
+        assert_eq!((dev.rx_inline_recvs, dev.rx_inline_bytes), (2, 40));
         assert_eq!(dev.fields()[0], ("tx_packets", 5));
     }
 }

@@ -282,6 +282,20 @@ impl SafeDir {
         Ok(Some(v))
     }
 
+    /// Takes an exclusive `flock` on file `name` (created 0600 with
+    /// `O_NOFOLLOW` if absent; must be a regular file), held until the
+    /// returned file is dropped.
+    pub fn lock(&self, name: &str) -> io::Result<File> {
+        let c = component(name)?;
+        let fd = openat(self.fd.as_raw_fd(), &c, libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW, 0o600)?;
+        if fstat(fd.as_raw_fd())?.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(io::Error::other(format!("{}: not a regular file", self.path.join(name).display())));
+        }
+        // SAFETY: flock on a descriptor we own.
+        cvt(unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX) })?;
+        Ok(File::from(fd))
+    }
+
     /// Whether entry `name` exists (a link counts; it is not followed).
     pub fn contains(&self, name: &str) -> bool {
         let Ok(c) = component(name) else { return false };

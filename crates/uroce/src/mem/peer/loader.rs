@@ -46,9 +46,24 @@ pub fn load_configured(file: &ConfigFile) -> Vec<ClientStatus> {
         return status();
     }
     let _ = DONE.set(());
+    super::service::set_configured_stopped(&file.peers.disabled);
     let v = evaluate(file, true);
     *statuses().lock().unwrap() = v.clone();
     v
+}
+
+/// Loads the configured clients now if no device has started yet (the C
+/// API's `uroce_peer_alloc` may come before `ibv_open_device`). A
+/// configuration that does not parse loads none.
+pub fn ensure_loaded() {
+    let file = match ConfigFile::load() {
+        Ok(f) => f.map(|(f, _)| f).unwrap_or_default(),
+        Err(e) => {
+            tracing::warn!("{e}; peer clients use defaults");
+            ConfigFile::default()
+        }
+    };
+    load_configured(&file);
 }
 
 /// Decides, and with `register` loads, each client of `file`. Without

@@ -21,9 +21,31 @@
 //! application deregisters it.
 //!
 //! Each client has the 8 counters of OFED's
-//! `/sys/kernel/mm/memory_peers/<name>/`, with the same meanings, published
-//! as files `<runtime dir>/<pid>/memory_peers/<name>/<counter>` (see
-//! [`crate::runtime`]) and shown by `uroce peers`.
+//! `/sys/kernel/mm/memory_peers/<name>/`, published as files
+//! `<runtime dir>/<pid>/memory_peers/<name>/<counter>` (see
+//! [`crate::runtime`]), folded into the user's host-wide totals when the
+//! process exits ([`totals`]) and shown by `uroce peers`. They change
+//! together, under one lock, at these moments, so that at every moment
+//! `num_alloc_mrs - num_dealloc_mrs` is the number of regions on the peer
+//! and `num_reg_pages - num_dereg_pages` / `num_reg_bytes -
+//! num_dereg_bytes` what is mapped (the seed's arithmetic):
+//!
+//! - `num_alloc_mrs` +1, `num_reg_pages` += device pages, `num_reg_bytes`
+//!   += region length: after `get_pages` and `dma_map` succeed (OFED:
+//!   entering MAPPED).
+//! - `num_dealloc_mrs` +1, `num_dereg_pages` += the same pages,
+//!   `num_dereg_bytes` += the same length: when the mapping ends, once —
+//!   at deregistration (MAPPED -> UNMAPPED), or at invalidation (MAPPED ->
+//!   INVALIDATED; the later deregistration adds nothing). OFED counts
+//!   `num_dealloc_mrs` at the same two moments but adds the pages and
+//!   bytes of an invalidated region only at its deregistration, and its
+//!   pages as 0 (the SG table is already cleared), which breaks the
+//!   arithmetic between the two moments and for ever after; uroce does not.
+//! - `num_free_callbacks` +1 per call of the invalidate callback, even for
+//!   a region already gone (as OFED).
+//! - Process exit: regions still registered are unmapped by the exit (the
+//!   kernel releases a dead process's umems), so the host totals count them
+//!   deallocated ([`PeerStats::at_exit`]).
 //!
 //! Re-registration of a peer region and memory windows over it are not
 //! supported (as in MLNX OFED): `rereg` fails with EOPNOTSUPP, a bind with
@@ -31,7 +53,9 @@
 
 pub mod loader;
 pub mod nv_mem;
+pub mod service;
 pub mod storage;
+pub mod totals;
 
 use super::AccessError;
 use std::collections::HashMap;
@@ -55,6 +79,25 @@ pub trait PeerMemoryClient: Send + Sync {
     fn invalidate_unmaps(&self) -> bool {
         true
     }
+    /// Allocates `len` bytes of the peer's device memory (`cudaMalloc` for
+    /// a GPU) and returns its device address; EOPNOTSUPP for a client that
+    /// cannot allocate.
+    fn alloc(&self, _len: u64) -> PeerResult<u64> {
+        Err(libc::EOPNOTSUPP)
+    }
+    /// Frees what [`PeerMemoryClient::alloc`] returned; regions registered
+    /// over it are invalidated.
+    fn free(&self, _addr: u64) -> PeerResult<()> {
+        Err(libc::EOPNOTSUPP)
+    }
+    /// Host reads of device memory (`cudaMemcpy` device to host).
+    fn host_read(&self, _addr: u64, _out: &mut [u8]) -> PeerResult<()> {
+        Err(libc::EOPNOTSUPP)
+    }
+    /// Host writes into device memory.
+    fn host_write(&self, _addr: u64, _data: &[u8]) -> PeerResult<()> {
+        Err(libc::EOPNOTSUPP)
+    }
 }
 
 /// One acquired range (the OFED `client_context`); dropping it is `release`.
@@ -72,18 +115,6 @@ pub trait PeerMemory: Send + Sync {
     fn read(&self, addr: u64, out: &mut [u8]) -> PeerResult<()>;
     /// Device writes.
     fn write(&self, addr: u64, data: &[u8]) -> PeerResult<()>;
-}
-
-/// The per-client counters of OFED's `memory_peers` sysfs directory.
-#[derive(Debug, Default)]
-pub struct PeerCounters {
-    pub num_alloc_mrs: AtomicU64,
-    pub num_dealloc_mrs: AtomicU64,
-    pub num_reg_pages: AtomicU64,
-    pub num_dereg_pages: AtomicU64,
-    pub num_reg_bytes: AtomicU64,
-    pub num_dereg_bytes: AtomicU64,
-    pub num_free_callbacks: AtomicU64,
 }
 
 /// A snapshot of one client's counters.
@@ -123,12 +154,93 @@ impl PeerStats {
             (COUNTERS[6], self.num_free_callbacks),
         ]
     }
+
+    /// Sets counter `name` (one of [`COUNTERS`]); false for another name.
+    pub fn set(&mut self, name: &str, v: u64) -> bool {
+        let slot = match name {
+            "num_alloc_mrs" => &mut self.num_alloc_mrs,
+            "num_dealloc_mrs" => &mut self.num_dealloc_mrs,
+            "num_reg_pages" => &mut self.num_reg_pages,
+            "num_dereg_pages" => &mut self.num_dereg_pages,
+            "num_reg_bytes" => &mut self.num_reg_bytes,
+            "num_dereg_bytes" => &mut self.num_dereg_bytes,
+            "num_free_callbacks" => &mut self.num_free_callbacks,
+            _ => return false,
+        };
+        *slot = v;
+        true
+    }
+
+    /// Regions on the peer now: `num_alloc_mrs - num_dealloc_mrs`.
+    pub fn regions(&self) -> u64 {
+        self.num_alloc_mrs.saturating_sub(self.num_dealloc_mrs)
+    }
+
+    /// Device pages mapped now.
+    pub fn mapped_pages(&self) -> u64 {
+        self.num_reg_pages.saturating_sub(self.num_dereg_pages)
+    }
+
+    /// Bytes mapped now.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.num_reg_bytes.saturating_sub(self.num_dereg_bytes)
+    }
+
+    /// Adds `o`'s counters to these.
+    pub fn add(&mut self, o: &PeerStats) {
+        self.num_alloc_mrs += o.num_alloc_mrs;
+        self.num_dealloc_mrs += o.num_dealloc_mrs;
+        self.num_reg_pages += o.num_reg_pages;
+        self.num_dereg_pages += o.num_dereg_pages;
+        self.num_reg_bytes += o.num_reg_bytes;
+        self.num_dereg_bytes += o.num_dereg_bytes;
+        self.num_free_callbacks += o.num_free_callbacks;
+    }
+
+    /// The counters of a process that has exited: what it still had mapped
+    /// is unmapped by its exit (as the kernel releases a dead process's
+    /// umems: MAPPED -> UNMAPPED), so it counts as deallocated.
+    pub fn at_exit(&self) -> PeerStats {
+        let mut s = self.clone();
+        s.num_dealloc_mrs = s.num_dealloc_mrs.max(s.num_alloc_mrs);
+        s.num_dereg_pages = s.num_dereg_pages.max(s.num_reg_pages);
+        s.num_dereg_bytes = s.num_dereg_bytes.max(s.num_reg_bytes);
+        s
+    }
+
+    /// The one-file form published beside the sysfs-like files: every
+    /// counter of one moment, `name value` per line.
+    pub fn to_text(&self) -> String {
+        let mut t = format!("version {}\n", self.version);
+        for (n, v) in self.counters() {
+            t.push_str(&format!("{n} {v}\n"));
+        }
+        t
+    }
+
+    /// Parses [`PeerStats::to_text`]; unknown lines are ignored.
+    pub fn from_text(name: &str, t: &str) -> PeerStats {
+        let mut s = PeerStats { name: name.to_string(), ..Default::default() };
+        for line in t.lines() {
+            let Some((k, v)) = line.split_once(' ') else { continue };
+            if k == "version" {
+                s.version = v.trim().to_string();
+            } else if let Ok(v) = v.trim().parse() {
+                s.set(k, v);
+            }
+        }
+        s
+    }
 }
 
 /// A registered client.
 pub struct ClientEntry {
     client: Arc<dyn PeerMemoryClient>,
-    counters: PeerCounters,
+    /// The counters, changed together under this lock so that every
+    /// snapshot obeys the seed's arithmetic (see [`PeerStats::regions`]).
+    counters: Mutex<PeerStats>,
+    /// Serializes publishing so that the files never go backwards.
+    publishing: Mutex<()>,
     mappings: Mutex<HashMap<u64, Weak<PeerMapping>>>,
     next_context: AtomicU64,
 }
@@ -141,30 +253,26 @@ impl std::fmt::Debug for ClientEntry {
 
 impl ClientEntry {
     pub fn stats(&self) -> PeerStats {
-        let c = &self.counters;
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        PeerStats {
-            name: self.client.name().to_string(),
-            version: self.client.version().to_string(),
-            num_alloc_mrs: l(&c.num_alloc_mrs),
-            num_dealloc_mrs: l(&c.num_dealloc_mrs),
-            num_reg_pages: l(&c.num_reg_pages),
-            num_dereg_pages: l(&c.num_dereg_pages),
-            num_reg_bytes: l(&c.num_reg_bytes),
-            num_dereg_bytes: l(&c.num_dereg_bytes),
-            num_free_callbacks: l(&c.num_free_callbacks),
-        }
+        self.counters.lock().unwrap().clone()
+    }
+
+    fn count(&self, f: impl FnOnce(&mut PeerStats)) {
+        f(&mut self.counters.lock().unwrap());
     }
 
     /// Writes the counter files (best effort: a read-only runtime directory
-    /// only loses the published copy).
+    /// only loses the published copy): OFED's one file per counter, then
+    /// `counters` with all of them from one moment (what `uroce peers`
+    /// reads).
     fn publish(&self) {
+        let _g = self.publishing.lock().unwrap();
         let s = self.stats();
         let dir = ["memory_peers", s.name.as_str()];
         let mut r = crate::runtime::write_process_file(&dir, "version", &format!("{}\n", s.version));
         for (name, v) in s.counters() {
             r = r.and(crate::runtime::write_process_file(&dir, name, &format!("{v}\n")));
         }
+        r = r.and(crate::runtime::write_process_file(&dir, "counters", &s.to_text()));
         if let Err(e) = r {
             tracing::debug!("peer memory: cannot publish counters of {}: {e}", s.name);
         }
@@ -197,7 +305,7 @@ impl Invalidator {
             c.fetch_add(1, Ordering::Relaxed);
         }
         let Some(entry) = self.entry.upgrade() else { return };
-        entry.counters.num_free_callbacks.fetch_add(1, Ordering::Relaxed);
+        entry.count(|c| c.num_free_callbacks += 1);
         let mapping = entry.mappings.lock().unwrap().get(&self.core_context).and_then(Weak::upgrade);
         if let Some(m) = mapping {
             m.invalidate(&entry);
@@ -297,16 +405,25 @@ impl PeerMapping {
         if self.state.compare_exchange(MAPPED, INVALIDATED, Ordering::AcqRel, Ordering::Acquire).is_err() {
             return;
         }
-        entry.counters.num_dealloc_mrs.fetch_add(1, Ordering::Relaxed);
         // Wait for accesses in progress (they hold the read lock).
         let mut mem = self.mem.write().unwrap();
         if !entry.client.invalidate_unmaps() {
             mem.dma_unmap();
             mem.put_pages();
             self.state.store(UNMAPPED, Ordering::Release);
-            entry.counters.num_dereg_pages.fetch_add(self.pages, Ordering::Relaxed);
-            entry.counters.num_dereg_bytes.fetch_add(self.len, Ordering::Relaxed);
         }
+        // The mapping ends here (the client unmapped, or the core just
+        // did): region, pages and bytes leave the peer together.
+        self.count_unmapped(entry);
+    }
+
+    /// MAPPED -> INVALIDATED or MAPPED -> UNMAPPED: once per mapping.
+    fn count_unmapped(&self, entry: &ClientEntry) {
+        entry.count(|c| {
+            c.num_dealloc_mrs += 1;
+            c.num_dereg_pages += self.pages;
+            c.num_dereg_bytes += self.len;
+        });
     }
 
     /// Deregistration: unmap, unpin, release. Runs once (again on drop).
@@ -316,20 +433,12 @@ impl PeerMapping {
         }
         let entry = &self.entry;
         let mut mem = self.mem.write().unwrap();
-        match self.state.swap(UNMAPPED, Ordering::AcqRel) {
-            MAPPED => {
-                mem.dma_unmap();
-                mem.put_pages();
-                entry.counters.num_dealloc_mrs.fetch_add(1, Ordering::Relaxed);
-                entry.counters.num_dereg_pages.fetch_add(self.pages, Ordering::Relaxed);
-                entry.counters.num_dereg_bytes.fetch_add(self.len, Ordering::Relaxed);
-            }
-            INVALIDATED => {
-                // The client unmapped at invalidation; OFED adds the bytes
-                // and 0 pages (the SG table is already cleared).
-                entry.counters.num_dereg_bytes.fetch_add(self.len, Ordering::Relaxed);
-            }
-            _ => {}
+        // An invalidated mapping was counted when it was invalidated (see
+        // `count_unmapped`).
+        if self.state.swap(UNMAPPED, Ordering::AcqRel) == MAPPED {
+            mem.dma_unmap();
+            mem.put_pages();
+            self.count_unmapped(entry);
         }
         drop(mem);
         entry.mappings.lock().unwrap().remove(&self.core_context);
@@ -370,9 +479,11 @@ pub fn register_client(client: Arc<dyn PeerMemoryClient>) -> crate::ib::Result<C
             "peer client: a client of that name is registered",
         ));
     }
+    let counters = PeerStats { name: name.to_string(), version: client.version().to_string(), ..Default::default() };
     let entry = Arc::new(ClientEntry {
         client,
-        counters: PeerCounters::default(),
+        counters: Mutex::new(counters),
+        publishing: Mutex::new(()),
         mappings: Mutex::new(HashMap::new()),
         next_context: AtomicU64::new(0),
     });
@@ -398,7 +509,11 @@ pub fn client_stats() -> Vec<PeerStats> {
 /// Asks the clients for `addr..addr+len`; `Ok(None)` when none claims it.
 pub(crate) fn acquire(addr: u64, len: u64, write: bool) -> crate::ib::Result<Option<Arc<PeerMapping>>> {
     let cs: Vec<Arc<ClientEntry>> = clients().lock().unwrap().clone();
+    let stopped = service::stopped_now();
     for entry in cs {
+        if stopped.contains(entry.client.name()) {
+            continue; // `uroce peers stop`: not for new registrations
+        }
         let Some(mut mem) = entry.client.acquire(addr, len) else { continue };
         let core_context = entry.next_context.fetch_add(1, Ordering::Relaxed) % u32::MAX as u64;
         let inv = Invalidator {
@@ -428,9 +543,11 @@ pub(crate) fn acquire(addr: u64, len: u64, write: bool) -> crate::ib::Result<Opt
             released: Default::default(),
         });
         entry.mappings.lock().unwrap().insert(core_context, Arc::downgrade(&mapping));
-        entry.counters.num_alloc_mrs.fetch_add(1, Ordering::Relaxed);
-        entry.counters.num_reg_pages.fetch_add(pages, Ordering::Relaxed);
-        entry.counters.num_reg_bytes.fetch_add(len, Ordering::Relaxed);
+        entry.count(|c| {
+            c.num_alloc_mrs += 1;
+            c.num_reg_pages += pages;
+            c.num_reg_bytes += len;
+        });
         entry.publish();
         return Ok(Some(mapping));
     }
@@ -441,4 +558,63 @@ pub(crate) fn acquire(addr: u64, len: u64, write: bool) -> crate::ib::Result<Opt
 /// entirely otherwise).
 pub(crate) fn any_client() -> bool {
     !clients().lock().unwrap().is_empty()
+}
+
+/// Device memory allocated through [`alloc_memory`]: start -> (client, length).
+type DeviceAllocs = std::collections::BTreeMap<u64, (Arc<dyn PeerMemoryClient>, u64)>;
+
+fn device_allocs() -> &'static Mutex<DeviceAllocs> {
+    static A: OnceLock<Mutex<DeviceAllocs>> = OnceLock::new();
+    A.get_or_init(Default::default)
+}
+
+fn errno(e: i32, what: &'static str) -> crate::ib::Error {
+    crate::ib::Error::new(crate::ib::Errno(e.abs()), what)
+}
+
+/// Allocates `len` bytes of device memory of the registered client named
+/// `client` (the C API's `uroce_peer_alloc`): its address, registered with
+/// a plain `ibv_reg_mr`, is then claimed by that client. EINVAL: `len` 0;
+/// ENOENT: no registered client of that name; EOPNOTSUPP: the client does
+/// not allocate; ENOMEM: the device is full.
+pub fn alloc_memory(client: &str, len: u64) -> crate::ib::Result<u64> {
+    if len == 0 {
+        return Err(crate::ib::Error::inval("peer memory: length 0"));
+    }
+    let c = clients().lock().unwrap().iter().find(|c| c.client.name() == client).map(|c| c.client.clone());
+    let c = c.ok_or_else(|| errno(libc::ENOENT, "peer memory: no peer-memory client of that name is loaded"))?;
+    let addr = c.alloc(len).map_err(|e| errno(e, "peer memory: the client cannot allocate that"))?;
+    device_allocs().lock().unwrap().insert(addr, (c, len));
+    Ok(addr)
+}
+
+/// Frees an allocation of [`alloc_memory`] (EINVAL if `addr` is not one's
+/// start); regions still registered over it are invalidated.
+pub fn free_memory(addr: u64) -> crate::ib::Result<()> {
+    let (c, _) = device_allocs()
+        .lock()
+        .unwrap()
+        .remove(&addr)
+        .ok_or_else(|| crate::ib::Error::inval("peer memory: not the start of a peer allocation"))?;
+    c.free(addr).map_err(|e| errno(e, "peer memory: free failed"))
+}
+
+/// The client and allocation holding `addr..addr+len`; EFAULT otherwise.
+fn holding(addr: u64, len: u64) -> crate::ib::Result<Arc<dyn PeerMemoryClient>> {
+    let a = device_allocs().lock().unwrap();
+    let end = addr.checked_add(len);
+    match a.range(..=addr).next_back() {
+        Some((&start, (c, l))) if end.is_some_and(|e| e <= start + l) => Ok(c.clone()),
+        _ => Err(errno(libc::EFAULT, "peer memory: range outside every peer allocation")),
+    }
+}
+
+/// Host read of device memory allocated by [`alloc_memory`].
+pub fn copy_from_memory(addr: u64, out: &mut [u8]) -> crate::ib::Result<()> {
+    holding(addr, out.len() as u64)?.host_read(addr, out).map_err(|e| errno(e, "peer memory: read failed"))
+}
+
+/// Host write into device memory allocated by [`alloc_memory`].
+pub fn copy_to_memory(addr: u64, data: &[u8]) -> crate::ib::Result<()> {
+    holding(addr, data.len() as u64)?.host_write(addr, data).map_err(|e| errno(e, "peer memory: write failed"))
 }

@@ -159,6 +159,22 @@ impl PeerMemoryClient for StoragePeer {
         let (alloc, _) = self.find(addr, size)?;
         Some(Box::new(StorageRange { peer: self.clone(), alloc, pinned: None }))
     }
+
+    fn alloc(&self, len: u64) -> PeerResult<u64> {
+        StoragePeer::alloc(self, len)
+    }
+
+    fn free(&self, addr: u64) -> PeerResult<()> {
+        StoragePeer::free(self, addr)
+    }
+
+    fn host_read(&self, addr: u64, out: &mut [u8]) -> PeerResult<()> {
+        StoragePeer::read(self, addr, out)
+    }
+
+    fn host_write(&self, addr: u64, data: &[u8]) -> PeerResult<()> {
+        StoragePeer::write(self, addr, data)
+    }
 }
 
 /// One acquired range of a [`StoragePeer`].
