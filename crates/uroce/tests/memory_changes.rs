@@ -313,15 +313,32 @@ fn deregistration_after_munmap_works() {
     let _g = serial();
     let (ctx, _other) = pair_with(None);
     let pd = ctx.alloc_pd().unwrap();
-    let m = Map::new(4, libc::PROT_READ | libc::PROT_WRITE);
+    // One page between two inaccessible ones: the hole its munmap leaves
+    // is too small for what other threads map meanwhile (a new thread's
+    // 16 KiB signal stack took a 4-page hole between the two accesses).
+    let m = Map::new(3, libc::PROT_READ | libc::PROT_WRITE);
+    let page = m.0 + PAGE;
+    // SAFETY: our mapping; the guards, then the page under the region on
+    // purpose.
+    unsafe {
+        assert_eq!(libc::mprotect(m.0 as *mut libc::c_void, PAGE, libc::PROT_NONE), 0);
+        assert_eq!(libc::mprotect((m.0 + 2 * PAGE) as *mut libc::c_void, PAGE, libc::PROT_NONE), 0);
+    }
     // SAFETY: the mapping is unmapped under the region on purpose.
-    let mr = unsafe { pd.register_raw(m.0 as *mut u8, m.1, m.0 as u64, ALL) }.unwrap();
+    let mr = unsafe { pd.register_raw(page as *mut u8, PAGE, page as u64, ALL) }.unwrap();
     // SAFETY: our mapping.
-    assert_eq!(unsafe { libc::munmap(m.0 as *mut libc::c_void, m.1) }, 0);
+    assert_eq!(unsafe { libc::munmap(page as *mut libc::c_void, PAGE) }, 0);
     let mut b = [0u8; 8];
     assert_eq!(mr.read_at(0, &mut b).unwrap_err().errno, Errno::EFAULT);
     assert_eq!(mr.write_at(0, &b).unwrap_err().errno, Errno::EFAULT);
     mr.dereg().map_err(|(_, e)| e).unwrap();
+    // Unmap the guards alone: the hole may be another thread's by now.
+    std::mem::forget(m);
+    // SAFETY: the two guard pages are ours.
+    unsafe {
+        libc::munmap((page - PAGE) as *mut libc::c_void, PAGE);
+        libc::munmap((page + PAGE) as *mut libc::c_void, PAGE);
+    }
 }
 
 #[test]

@@ -196,6 +196,31 @@ impl HostBytes {
         // holds the region.
         unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.piece.len) }
     }
+    /// Reads the bytes through a bounce buffer, in chunks given to `f`,
+    /// tolerating memory that the application unmapped or protected since
+    /// the span was resolved: false then.
+    pub(crate) fn read_chunks(&self, mut f: impl FnMut(&[u8])) -> bool {
+        let mut chunk = [0u8; 4096];
+        let mut off = 0;
+        while off < self.piece.len {
+            let n = chunk.len().min(self.piece.len - off);
+            // SAFETY: `chunk` is ours; the source lies inside a registered
+            // region (see `as_slice`) and `safe::copy` tolerates it being
+            // gone.
+            if unsafe { super::safe::copy(chunk.as_mut_ptr(), (self.addr + off) as *const u8, n) } != 0 {
+                return false;
+            }
+            f(&chunk[..n]);
+            off += n;
+        }
+        true
+    }
+
+    /// The checked piece again, to be copied by the path that reports
+    /// faults.
+    pub(crate) fn into_span(self) -> Span {
+        Span::one(self.piece)
+    }
 }
 
 /// A checked, in-bounds piece of registered memory (see the module docs).

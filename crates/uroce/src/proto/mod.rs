@@ -103,10 +103,22 @@ impl Transmit {
         }
     }
 
-    /// The UDP payload as one slice (gathered when sent in place).
+    /// The UDP payload as one slice (gathered when sent in place, through a
+    /// fault-tolerant copy: payload bytes the application unmapped since
+    /// read as zeros, and the kernel refuses to send such a packet).
     pub fn bytes(&self) -> std::borrow::Cow<'_, [u8]> {
-        match self.in_place {
-            Some(_) => std::borrow::Cow::Owned(self.parts().concat()),
+        match &self.in_place {
+            Some(p) => {
+                let mut v = Vec::with_capacity(self.len());
+                v.extend_from_slice(&self.data[..p.at()]);
+                let start = v.len();
+                if !p.bytes.read_chunks(|c| v.extend_from_slice(c)) {
+                    v.resize(start + p.bytes.len(), 0);
+                    v[start..].fill(0);
+                }
+                v.extend_from_slice(&self.data[p.at()..]);
+                std::borrow::Cow::Owned(v)
+            }
             None => std::borrow::Cow::Borrowed(&self.data),
         }
     }
@@ -250,7 +262,12 @@ impl Ctx<'_> {
     pub fn build_from(&mut self, dst: IpAddr, headers: &Headers, span: Span) -> Result<Transmit, AccessError> {
         let span = if self.cfg.send_in_place && span.len() >= IN_PLACE_MIN {
             match span.into_host_bytes() {
-                Ok(bytes) => return Ok(self.build_in_place(dst, headers, bytes)),
+                Ok(bytes) => match self.build_in_place(dst, headers, bytes) {
+                    Ok(t) => return Ok(t),
+                    // The memory went away since it was checked: the copy
+                    // reports the fault.
+                    Err(bytes) => bytes.into_span(),
+                },
                 Err(span) => span,
             }
         } else {
@@ -259,7 +276,10 @@ impl Ctx<'_> {
         self.build(dst, headers, span.len(), |buf| span.read(0, buf))
     }
 
-    fn build_in_place(&mut self, dst: IpAddr, headers: &Headers, payload: HostBytes) -> Transmit {
+    /// The packet with its payload left in place, or the payload back when
+    /// it could not be read for the ICRC (the application unmapped or
+    /// protected it since it was checked).
+    fn build_in_place(&mut self, dst: IpAddr, headers: &Headers, payload: HostBytes) -> Result<Transmit, HostBytes> {
         let hdr_len = headers.header_len();
         let mut data = self.spare.pop().unwrap_or_default();
         data.clear();
@@ -267,12 +287,18 @@ impl Ctx<'_> {
         let n = headers.emit(&mut data).expect("opcode table and headers agree");
         debug_assert_eq!(n, hdr_len);
         let ip = IpInfo { src: self.cfg.addr, dst, sport: self.cfg.port, dport: self.cfg.port, ipv4_id: 0 };
-        // SAFETY: read once, for the ICRC; any content is acceptable (see
-        // `HostBytes::as_slice`).
-        let len = wire::finish_packet_around(&mut data, hdr_len, unsafe { payload.as_slice() }, &ip)
-            .expect("buffer sized by packet_len");
+        // The ICRC reads the payload through a fault-tolerant copy: the
+        // application may unmap it at any moment (any content is acceptable,
+        // see `HostBytes::as_slice`).
+        let built = wire::finish_packet_around_with(&mut data, hdr_len, payload.len(), &ip, |h| {
+            payload.read_chunks(|c| h.update(c))
+        });
+        let Some(len) = built.expect("buffer sized by packet_len") else {
+            self.spare.push(data);
+            return Err(payload);
+        };
         self.stats.tx_packets += 1;
         self.stats.tx_bytes += len as u64;
-        Transmit { dst: SocketAddr::new(dst, self.cfg.port), data, in_place: Some(InPlace::new(hdr_len, payload)) }
+        Ok(Transmit { dst: SocketAddr::new(dst, self.cfg.port), data, in_place: Some(InPlace::new(hdr_len, payload)) })
     }
 }

@@ -112,6 +112,31 @@ pub fn compute_parts(ip: &IpInfo, parts: &[&[u8]]) -> [u8; 4] {
     h.finalize().to_le_bytes()
 }
 
+/// An ICRC computed over pieces fed one at a time, for a payload that is
+/// read in chunks (memory that may vanish while it is read).
+pub struct Incremental(crc32fast::Hasher);
+
+impl Incremental {
+    /// Starts the ICRC of a UDP payload of `len` bytes (without the ICRC)
+    /// whose first piece is `first`, which holds at least the 12 BTH bytes.
+    pub fn new(ip: &IpInfo, len: usize, first: &[u8]) -> Incremental {
+        let mut buf = [0u8; MAX_PREFIX];
+        let n = masked_prefix(ip, len + 4, first, &mut buf);
+        let mut h = crc32fast::Hasher::new();
+        h.update(&buf[..n]);
+        h.update(&first[12..]);
+        Incremental(h)
+    }
+
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    pub fn finish(self) -> [u8; 4] {
+        self.0.finalize().to_le_bytes()
+    }
+}
+
 /// Whether the last four bytes of `udp_payload` are its correct ICRC.
 pub fn verify(ip: &IpInfo, udp_payload: &[u8]) -> bool {
     let n = udp_payload.len();

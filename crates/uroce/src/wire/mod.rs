@@ -16,7 +16,9 @@ pub mod pcap;
 pub use headers::{rnr_timer_usec, Aeth, AethKind, AtomicEth, Bth, Deth, NakCode, Reth};
 pub use icrc::IpInfo;
 pub use opcode::{OpFlags, OpInfo, Opcode, Transport};
-pub use packet::{build_packet, finish_packet, finish_packet_around, packet_len, pad_len, Headers, Packet};
+pub use packet::{
+    build_packet, finish_packet, finish_packet_around, finish_packet_around_with, packet_len, pad_len, Headers, Packet,
+};
 
 /// The RoCEv2 UDP destination port.
 pub const ROCE_V2_PORT: u16 = 4791;

@@ -209,6 +209,31 @@ pub fn finish_packet_around(buf: &mut [u8], hdr_len: usize, payload: &[u8], ip: 
     Ok(packet_len(hdr_len, payload.len()))
 }
 
+/// As [`finish_packet_around`], for a payload of `payload_len` bytes that
+/// `feed` gives to the ICRC piece by piece; `Ok(None)` when `feed` fails
+/// (the payload could not be read).
+pub fn finish_packet_around_with(
+    buf: &mut [u8],
+    hdr_len: usize,
+    payload_len: usize,
+    ip: &IpInfo,
+    feed: impl FnOnce(&mut icrc::Incremental) -> bool,
+) -> Result<Option<usize>, WireError> {
+    let pad = pad_len(payload_len);
+    if buf.len() < hdr_len + pad + ICRC_LEN || hdr_len < BTH_LEN {
+        return Err(WireError::BufferTooSmall);
+    }
+    buf[hdr_len..hdr_len + pad].fill(0);
+    buf[1] = (buf[1] & !0x30) | ((pad as u8) << 4);
+    let mut h = icrc::Incremental::new(ip, hdr_len + payload_len + pad, &buf[..hdr_len]);
+    if !feed(&mut h) {
+        return Ok(None);
+    }
+    h.update(&buf[hdr_len..hdr_len + pad]);
+    buf[hdr_len + pad..hdr_len + pad + ICRC_LEN].copy_from_slice(&h.finish());
+    Ok(Some(packet_len(hdr_len, payload_len)))
+}
+
 /// Emits headers, copies the payload and finishes the packet.
 pub fn build_packet(h: &Headers, payload: &[u8], ip: &IpInfo, buf: &mut [u8]) -> Result<usize, WireError> {
     let hdr_len = h.header_len();
@@ -223,6 +248,27 @@ pub fn build_packet(h: &Headers, payload: &[u8], ip: &IpInfo, buf: &mut [u8]) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_icrc_fed_in_pieces_is_the_icrc_of_the_whole() {
+        let h = Headers::new(bth(0x04)); // RC SEND ONLY
+        let payload: Vec<u8> = (0..5003u32).map(|i| i as u8).collect();
+        let hdr_len = h.header_len();
+        let total = packet_len(hdr_len, payload.len());
+        let mut a = vec![0u8; total - payload.len()];
+        let mut b = a.clone();
+        h.emit(&mut a).unwrap();
+        h.emit(&mut b).unwrap();
+        let ip = ip();
+        finish_packet_around(&mut a, hdr_len, &payload, &ip).unwrap();
+        let n = finish_packet_around_with(&mut b, hdr_len, payload.len(), &ip, |h| {
+            payload.chunks(1000).for_each(|c| h.update(c));
+            true
+        });
+        assert_eq!(n.unwrap(), Some(total));
+        assert_eq!(a, b);
+        assert_eq!(finish_packet_around_with(&mut b, hdr_len, payload.len(), &ip, |_| false).unwrap(), None);
+    }
     use crate::wire::Opcode;
     use proptest::prelude::*;
 
