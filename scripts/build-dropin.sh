@@ -17,4 +17,7 @@ cc -shared -o "$out/libibverbs.so.1" \
 ln -sf libibverbs.so.1 "$out/libibverbs.so"
 mkdir -p "$out/include"
 cp crates/uroce-ibverbs/include/uroce.h "$out/include/"
+# Seed 003's man pages (ibv_rereg_mr_interleaved.3, ibv_rereg_mr_sg.3), beside uroce.h.
+mkdir -p "$out/include/man/man3"
+cp crates/uroce-ibverbs/include/man/*.3 "$out/include/man/man3/"
 echo "$(cd "$out" && pwd)/libibverbs.so.1"

@@ -26,6 +26,7 @@ mod events;
 mod ext;
 mod import;
 mod mw;
+mod noncontig;
 mod objects;
 mod qp_ex;
 mod srq;
