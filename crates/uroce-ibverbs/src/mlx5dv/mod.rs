@@ -119,10 +119,6 @@ pub unsafe extern "C" fn uroce_mlx5dv_create_qp(
             if ops != 0 && a.qp_type != ibv_qp_type_IBV_QPT_RC {
                 return null(libc::EOPNOTSUPP);
             }
-            if ops != 0 && a.comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_SEND_OPS_FLAGS == 0 {
-                // mlx5: the mlx5dv send ops extend the ibv_wr_* API.
-                return null(libc::EINVAL);
-            }
         }
     }
     SCATTER.with(|s| s.set(scatter));
