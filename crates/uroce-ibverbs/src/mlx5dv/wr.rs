@@ -23,8 +23,10 @@ use uroce::verbs::{InterleavedEntry, Layout, SendWr, WrOpcode};
 
 type Mqp = *mut Mlx5dvQpEx;
 
-/// `struct mlx5dv_qp_ex` of rdma-core 44 (function pointers uroce does not
-/// implement stay NULL, as on an mlx5 QP created without those ops).
+/// `struct mlx5dv_qp_ex` of rdma-core 44. No pointer is NULL: builders of
+/// operations the QP was not created with (`send_ops_flags`) and those
+/// uroce lacks (DC addresses, signature, raw WQEs, memcpy, crypto) latch
+/// EOPNOTSUPP, returned by `ibv_wr_complete` (an mlx5 QP would call NULL).
 #[repr(C)]
 pub struct Mlx5dvQpEx {
     pub comp_mask: u64,
@@ -64,6 +66,8 @@ struct Conf {
 pub struct DvQp {
     pub dv: Mlx5dvQpEx,
     qp: *mut ibv_qp_ex,
+    /// The `MLX5DV_QP_EX_WITH_*` the QP was created with.
+    ops: u64,
     conf: Mutex<Option<Conf>>,
 }
 
@@ -75,27 +79,50 @@ unsafe impl Sync for DvQp {}
 
 impl DvQp {
     pub fn new(qp: *mut ibv_qp_ex, ops: u64) -> Box<DvQp> {
-        let conf = ops & WITH_MKEY_CONFIGURE != 0;
+        let none = unsupported as *const c_void;
         Box::new(DvQp {
             dv: Mlx5dvQpEx {
                 comp_mask: 0,
-                wr_set_dc_addr: std::ptr::null(),
-                wr_mr_interleaved: (ops & WITH_MR_INTERLEAVED != 0).then_some(wr_mr_interleaved as _),
-                wr_mr_list: (ops & WITH_MR_LIST != 0).then_some(wr_mr_list as _),
-                wr_mkey_configure: conf.then_some(wr_mkey_configure as _),
-                wr_set_mkey_access_flags: conf.then_some(wr_set_mkey_access_flags as _),
-                wr_set_mkey_layout_list: conf.then_some(wr_set_mkey_layout_list as _),
-                wr_set_mkey_layout_interleaved: conf.then_some(wr_set_mkey_layout_interleaved as _),
-                wr_set_mkey_sig_block: std::ptr::null(),
-                wr_raw_wqe: std::ptr::null(),
-                wr_set_dc_addr_stream: std::ptr::null(),
-                wr_memcpy: std::ptr::null(),
-                wr_set_mkey_crypto: std::ptr::null(),
+                wr_set_dc_addr: none,
+                wr_mr_interleaved: Some(wr_mr_interleaved),
+                wr_mr_list: Some(wr_mr_list),
+                wr_mkey_configure: Some(wr_mkey_configure),
+                wr_set_mkey_access_flags: Some(wr_set_mkey_access_flags),
+                wr_set_mkey_layout_list: Some(wr_set_mkey_layout_list),
+                wr_set_mkey_layout_interleaved: Some(wr_set_mkey_layout_interleaved),
+                wr_set_mkey_sig_block: none,
+                wr_raw_wqe: none,
+                wr_set_dc_addr_stream: none,
+                wr_memcpy: none,
+                wr_set_mkey_crypto: none,
             },
             qp,
+            ops,
             conf: Mutex::new(None),
         })
     }
+}
+
+/// A builder uroce lacks: latches EOPNOTSUPP. Its first argument is the
+/// `mlx5dv_qp_ex` in every such builder; the C ABI lets it ignore the rest.
+unsafe extern "C" fn unsupported(mqp: Mqp) {
+    // SAFETY: the caller's mlx5dv_qp_ex.
+    if let Some(d) = unsafe { dv(mqp) } {
+        // SAFETY: the DvQp's QP.
+        unsafe { latch(d.qp, libc::EOPNOTSUPP) };
+    }
+}
+
+/// The DvQp of `mqp` if it was created with `op`; else EOPNOTSUPP is latched.
+unsafe fn with_op<'a>(mqp: Mqp, op: u64) -> Option<&'a DvQp> {
+    // SAFETY: the caller's mlx5dv_qp_ex.
+    let d = unsafe { dv(mqp) }?;
+    if d.ops & op == 0 {
+        // SAFETY: the DvQp's QP.
+        unsafe { latch(d.qp, libc::EOPNOTSUPP) };
+        return None;
+    }
+    Some(d)
 }
 
 /// The DvQp of a callback's `mqp`.
@@ -154,9 +181,9 @@ fn umr_wr(wr_id: u64, flags: u32, key: u32, layout: Layout) -> Result<SendWr, c_
 }
 
 /// A whole UMR (mr_list / mr_interleaved).
-unsafe fn post_layout(mqp: Mqp, mkey: *mut UMkey, make: impl FnOnce() -> Result<Layout, c_int>) {
+unsafe fn post_layout(mqp: Mqp, op: u64, mkey: *mut UMkey, make: impl FnOnce() -> Result<Layout, c_int>) {
     // SAFETY: the caller's mlx5dv_qp_ex.
-    let Some(d) = (unsafe { dv(mqp) }) else { return };
+    let Some(d) = (unsafe { with_op(mqp, op) }) else { return };
     // SAFETY: an mkey of mlx5dv_create_mkey, or NULL.
     let Some(mk) = (unsafe { mkey.as_ref() }) else {
         // SAFETY: the DvQp's QP.
@@ -183,7 +210,7 @@ unsafe extern "C" fn wr_mr_interleaved(
 ) {
     // SAFETY: the caller's objects and array.
     unsafe {
-        post_layout(mqp, mkey, || {
+        post_layout(mqp, WITH_MR_INTERLEAVED, mkey, || {
             Ok(Layout::interleaved(access_of(access)?, repeat_count, &entries(num_interleaved, data)?))
         })
     }
@@ -191,12 +218,12 @@ unsafe extern "C" fn wr_mr_interleaved(
 
 unsafe extern "C" fn wr_mr_list(mqp: Mqp, mkey: *mut UMkey, access: u32, num_sges: u16, sge: *const ibv_sge) {
     // SAFETY: the caller's objects and array.
-    unsafe { post_layout(mqp, mkey, || Ok(Layout::list(access_of(access)?, &sges(num_sges, sge)?))) }
+    unsafe { post_layout(mqp, WITH_MR_LIST, mkey, || Ok(Layout::list(access_of(access)?, &sges(num_sges, sge)?))) }
 }
 
 unsafe extern "C" fn wr_mkey_configure(mqp: Mqp, mkey: *mut UMkey, num_setters: u8, attr: *const MkeyConfAttr) {
     // SAFETY: the caller's mlx5dv_qp_ex.
-    let Some(d) = (unsafe { dv(mqp) }) else { return };
+    let Some(d) = (unsafe { with_op(mqp, WITH_MKEY_CONFIGURE) }) else { return };
     // SAFETY: the caller's attributes and mkey, or NULL.
     let (attr, mk) = unsafe { (attr.as_ref(), mkey.as_ref()) };
     let e = match (attr, mk) {
@@ -233,7 +260,7 @@ unsafe extern "C" fn wr_mkey_configure(mqp: Mqp, mkey: *mut UMkey, num_setters: 
 /// Applies one setter to the configuration in progress and its work request.
 unsafe fn setter(mqp: Mqp, f: impl FnOnce(&UQp, &mut Conf, &mut Layout) -> Result<(), c_int>) {
     // SAFETY: the caller's mlx5dv_qp_ex.
-    let Some(d) = (unsafe { dv(mqp) }) else { return };
+    let Some(d) = (unsafe { with_op(mqp, WITH_MKEY_CONFIGURE) }) else { return };
     // SAFETY: the DvQp's QP.
     unsafe {
         with_last(d.qp, |q, last| {

@@ -251,6 +251,19 @@ static void test_umr(void)
 	mlx5dv_wr_mr_list(mqp, mk, IBV_ACCESS_MW_BIND, 2, l);
 	CHECK(umr_end() == -EINVAL, "bad access");
 
+	/* Builders the QP was not created with, or uroce lacks: EOPNOTSUPP
+	 * from wr_complete (no NULL pointer to call). */
+	struct ibv_qp_ex *px = ibv_qp_to_qp_ex(peer);
+	struct mlx5dv_qp_ex *pm = mlx5dv_qp_ex_from_ibv_qp_ex(px);
+	CHECK(pm && pm->wr_mr_list && pm->wr_set_dc_addr && pm->wr_memcpy, "plain QP's mlx5dv_qp_ex");
+	ibv_wr_start(px);
+	px->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	mlx5dv_wr_mr_list(pm, mk, IBV_ACCESS_REMOTE_READ, 2, l);
+	CHECK(ibv_wr_complete(px) == EOPNOTSUPP, "mr_list without MLX5DV_QP_EX_WITH_MR_LIST");
+	umr_start(23, IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+	mlx5dv_wr_set_dc_addr(mqp, NULL, 0, 0);
+	CHECK(umr_end() == -EOPNOTSUPP, "DC address");
+
 	/* mlx5dv_wr_mkey_configure + setters. */
 	struct mlx5dv_mkey_conf_attr ca = { 0 };
 	umr_start(18, IBV_SEND_SIGNALED | IBV_SEND_INLINE);
