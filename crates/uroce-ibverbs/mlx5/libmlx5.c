@@ -4,11 +4,29 @@
  * src/mlx5dv/), so that both libraries share one uroce instance; every other
  * export fails cleanly (stubs.c). mlx5dv.h's inline mlx5dv_wr_* builders
  * call through the struct mlx5dv_qp_ex that mlx5dv_qp_ex_from_ibv_qp_ex
- * returns. Built by scripts/build-dropin.sh. */
+ * returns. Built by scripts/build-dropin.sh.
+ * It needs no rdma-core header (the build machine may lack them): the
+ * structs are opaque here but mlx5dv_context_attr, as in rdma-core 44. */
 #include <errno.h>
 #include <stdbool.h>
-#include <infiniband/verbs.h>
-#include <infiniband/mlx5dv.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct ibv_device;
+struct ibv_context;
+struct ibv_qp;
+struct ibv_qp_ex;
+struct ibv_qp_init_attr_ex;
+struct mlx5dv_qp_init_attr;
+struct mlx5dv_qp_ex;
+struct mlx5dv_mkey;
+struct mlx5dv_mkey_init_attr;
+struct mlx5dv_context_attr {
+	uint32_t flags; /* enum mlx5dv_context_attr_flags */
+	uint64_t comp_mask;
+};
+
+struct ibv_context *ibv_open_device(struct ibv_device *device);
 
 bool uroce_mlx5dv_is_supported(struct ibv_device *device);
 struct ibv_qp *uroce_mlx5dv_create_qp(struct ibv_context *context, struct ibv_qp_init_attr_ex *qp_attr,
