@@ -17,4 +17,15 @@ cc -shared -o "$out/libibverbs.so.1" \
 ln -sf libibverbs.so.1 "$out/libibverbs.so"
 mkdir -p "$out/include"
 cp crates/uroce-ibverbs/include/uroce.h "$out/include/"
+# Seed 003's man pages (ibv_rereg_mr_interleaved.3, ibv_rereg_mr_sg.3), beside uroce.h.
+mkdir -p "$out/include/man/man3"
+cp crates/uroce-ibverbs/include/man/*.3 "$out/include/man/man3/"
+# The drop-in libmlx5.so.1 (crates/uroce-ibverbs/mlx5/): mlx5dv entry points
+# forwarded to libibverbs.so.1's UROCE_MLX5_PRIVATE exports, the rest failing
+# cleanly; rdma-core 44's MLX5_1.x symbol versions.
+cc -shared -fPIC -O2 -Wall -Werror -o "$out/libmlx5.so.1" \
+   crates/uroce-ibverbs/mlx5/libmlx5.c crates/uroce-ibverbs/mlx5/stubs.c \
+   -Wl,--version-script=crates/uroce-ibverbs/mlx5/libmlx5.map \
+   -Wl,-soname,libmlx5.so.1 -Wl,-z,now -Wl,--no-as-needed "$out/libibverbs.so.1"
+ln -sf libmlx5.so.1 "$out/libmlx5.so"
 echo "$(cd "$out" && pwd)/libibverbs.so.1"

@@ -50,6 +50,8 @@ pub struct UQp {
     pub inner: Option<QueuePair>,
     /// The work requests of the `ibv_wr_*` builders since `wr_start` (`qp_ex.rs`).
     pub batch: crate::qp_ex::Batch,
+    /// `struct mlx5dv_qp_ex` of this QP, made by `mlx5dv_create_qp` (`mlx5dv/`).
+    pub mlx5: std::sync::OnceLock<Box<crate::mlx5dv::DvQp>>,
 }
 
 fn mutex_init(m: *mut pthread_mutex_t) {
@@ -423,7 +425,8 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
             max_inline_data: c.max_inline_data,
         },
         sq_sig_all: a.sq_sig_all != 0,
-        scatter_to_cqe: None,
+        // mlx5dv_create_qp's DISABLE/ALLOW_SCATTER_TO_CQE, else the device's.
+        scatter_to_cqe: crate::mlx5dv::scatter_to_cqe_override(),
     };
     match p.inner.as_ref().unwrap().create_qp(&init) {
         // SAFETY: the caller's PD and attributes.
@@ -466,7 +469,8 @@ pub(crate) unsafe fn new_qp(
     a.cap.max_send_sge = cap.max_send_sge;
     a.cap.max_recv_sge = cap.max_recv_sge;
     crate::qp_ex::set_ops(&mut raw, qp_type, crate::qp_ex::all_ops(qp_type));
-    let b = Box::into_raw(Box::new(UQp { qp: raw, inner: Some(qp), batch: Default::default() }));
+    let b =
+        Box::into_raw(Box::new(UQp { qp: raw, inner: Some(qp), batch: Default::default(), mlx5: Default::default() }));
     // SAFETY: fresh allocation; the context outlives it.
     unsafe {
         mutex_init(&mut (*b).qp.qp_base.mutex);

@@ -509,3 +509,47 @@ fn trace_once(n: usize) {
         let _ = writeln!(std::io::stderr(), "uroce: ibv_wr_* API: posted a batch of {n} work requests");
     }
 }
+
+/// Adds one work request made by `make` (mlx5dv's UMR builders, `mlx5dv/`),
+/// with the QP's `wr_id` and `wr_flags`, unless an error is latched; an
+/// error of `make` is latched.
+pub(crate) unsafe fn push_wr(qp: *mut ibv_qp_ex, make: impl FnOnce(&UQp, u64, u32) -> Result<SendWr, c_int>) {
+    // SAFETY: a QP of this library.
+    let Some(q) = (unsafe { uqp(qp) }) else { return };
+    let mut p = q.batch.lock();
+    if p.err != 0 {
+        return;
+    }
+    let Some(inner) = q.inner.as_ref() else {
+        p.err = libc::EINVAL;
+        return;
+    };
+    if p.wrs.len() >= inner.cap().max_send_wr as usize {
+        p.err = libc::ENOSPC;
+        return;
+    }
+    match make(q, q.qp.wr_id, q.qp.wr_flags) {
+        Ok(wr) => p.wrs.push(wr),
+        Err(e) => p.err = e,
+    }
+}
+
+/// Changes the last work request built (mlx5dv's mkey setters), unless an
+/// error is latched; an error of `f` is latched.
+pub(crate) unsafe fn with_last(qp: *mut ibv_qp_ex, f: impl FnOnce(&UQp, Option<&mut SendWr>) -> Result<(), c_int>) {
+    // SAFETY: a QP of this library.
+    let Some(q) = (unsafe { uqp(qp) }) else { return };
+    let mut p = q.batch.lock();
+    if p.err != 0 {
+        return;
+    }
+    if let Err(e) = f(q, p.wrs.last_mut()) {
+        p.err = e;
+    }
+}
+
+/// Latches an error into the batch (mlx5dv's builders).
+pub(crate) unsafe fn latch(qp: *mut ibv_qp_ex, e: c_int) {
+    // SAFETY: the caller's QP.
+    unsafe { set_error(qp, e) }
+}

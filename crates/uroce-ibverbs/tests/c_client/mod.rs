@@ -20,7 +20,7 @@ fn root() -> PathBuf {
 fn dropin_dir() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), |t| root().join(t));
     let dir = target.join("dropin");
-    if !dir.join("libibverbs.so.1").exists() {
+    if !dir.join("libibverbs.so.1").exists() || !dir.join("libmlx5.so.1").exists() {
         let st = Command::new(root().join("scripts/build-dropin.sh")).status().expect("run build-dropin.sh");
         assert!(st.success(), "build-dropin.sh failed");
     }
@@ -32,7 +32,14 @@ fn have(prog: &str) -> bool {
 }
 
 /// Compiles and runs `tests/c/<name>.c` with `UROCE_ADDR=addr`.
+#[allow(dead_code)]
 pub fn run(name: &str, addr: &str, check_leaks: bool) -> bool {
+    run_with_libs(name, addr, check_leaks, &[])
+}
+
+/// As [`run`], linking also the drop-in libraries `libs` of target/dropin
+/// (e.g. "libmlx5.so.1").
+pub fn run_with_libs(name: &str, addr: &str, check_leaks: bool, libs: &[&str]) -> bool {
     if !std::path::Path::new("/usr/include/infiniband/verbs.h").exists() {
         skip::whole("verbs.h is not installed (Debian package libibverbs-dev)");
         return false;
@@ -46,6 +53,7 @@ pub fn run(name: &str, addr: &str, check_leaks: bool) -> bool {
         .arg("-I")
         .arg(root().join("crates/uroce-ibverbs/include"))
         .arg(dir.join("libibverbs.so.1"))
+        .args(libs.iter().map(|l| dir.join(l)))
         .output()
         .expect("run cc");
     assert!(cc.status.success(), "cc: {}", String::from_utf8_lossy(&cc.stderr));

@@ -28,8 +28,10 @@ use std::sync::{Arc, RwLock};
 
 /// How deep indirect keys may nest (an access through more levels fails).
 pub const MAX_DEPTH: usize = 4;
-/// Largest `bytes_count` / `bytes_skip` of an interleaved entry (the
-/// 16-bit fields of the mlx5 WQE; larger values are refused, not truncated).
+/// Largest `bytes_count` / `bytes_skip` of an interleaved entry set by a UMR
+/// work request (the 16-bit fields of the mlx5 WQE; larger values are
+/// refused, not truncated). Verbs-style layouts (`set_layout`,
+/// `ibv_rereg_mr_interleaved`) have no such limit: see [`Layout::validate_wide`].
 pub const MAX_STRIDE_FIELD: u32 = 0xFFFF;
 
 /// One entry of an interleaved layout.
@@ -96,8 +98,20 @@ impl Layout {
     }
 
     /// Checks the layout against a key of `max_entries` slots: EINVAL for
-    /// bad rights or shapes, ENOMEM for too many entries.
+    /// bad rights or shapes (and for 16-bit WQE fields that would not hold
+    /// `bytes_count` / `bytes_skip`), ENOMEM for too many entries.
     pub fn validate(&self, max_entries: u32) -> Result<()> {
+        self.check(max_entries, MAX_STRIDE_FIELD)
+    }
+
+    /// As [`Layout::validate`], for layouts set without a WQE (verbs-style
+    /// re-registration): `bytes_count` and `bytes_skip` may take any 32-bit
+    /// value, so a column of a matrix whose rows exceed 64 KiB works.
+    pub fn validate_wide(&self, max_entries: u32) -> Result<()> {
+        self.check(max_entries, u32::MAX)
+    }
+
+    fn check(&self, max_entries: u32, max_field: u32) -> Result<()> {
         let allowed = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
         if !allowed.contains(self.access) {
             return Err(Error::inval("indirect key: access beyond LOCAL_WRITE|REMOTE_WRITE|REMOTE_READ|REMOTE_ATOMIC"));
@@ -108,7 +122,7 @@ impl Layout {
                 if entries.is_empty() || *repeat == 0 {
                     return Err(Error::inval("indirect key: interleaved layout needs entries and a repeat count"));
                 }
-                if entries.iter().any(|e| e.bytes_count > MAX_STRIDE_FIELD || e.bytes_skip > MAX_STRIDE_FIELD) {
+                if entries.iter().any(|e| e.bytes_count > max_field || e.bytes_skip > max_field) {
                     return Err(Error::inval("indirect key: bytes_count and bytes_skip must fit in 16 bits"));
                 }
                 if entries.iter().all(|e| e.bytes_count == 0) {
@@ -257,5 +271,10 @@ mod tests {
         assert_eq!(Layout::interleaved(Access::empty(), 1, &[e; 4]).validate(4).unwrap_err().errno, Errno::ENOMEM);
         assert!(Layout::interleaved(Access::empty(), 1, &[e; 3]).validate(4).is_ok());
         assert_eq!(IndirectKey::new(5).max_entries, 8);
+        // Verbs-style layouts take 32-bit strides: a column of 100 KiB rows.
+        let wide = InterleavedEntry { bytes_count: 8, bytes_skip: 100 * 1024 - 8, ..e };
+        assert_eq!(Layout::interleaved(Access::empty(), 4, &[wide]).validate(8).unwrap_err().errno, Errno::EINVAL);
+        assert!(Layout::interleaved(Access::empty(), 4, &[wide]).validate_wide(8).is_ok());
+        assert_eq!(runs(&Layout::interleaved(Access::empty(), 2, &[wide]), 0, 16), vec![(1, 0, 8), (1, 100 * 1024, 8)]);
     }
 }

@@ -217,11 +217,47 @@ impl Memory {
             return Err(Error::new(Errno::EPERM, "set_layout: key of another protection domain"));
         }
         if let Some(l) = &layout {
-            l.validate(k.max_entries)?;
+            l.validate_wide(k.max_entries)?;
             self.check_no_cycle(key, l)?;
         }
         k.set(layout);
         Ok(())
+    }
+
+    /// Seed 003's `ibv_rereg_mr_interleaved` / `ibv_rereg_mr_sg`: gives
+    /// region `key` a non-contiguous layout over other keys (of its PD), in
+    /// place of its translation. The region becomes an indirect key of
+    /// [`MAX_INDIRECT_ENTRIES`] slots with a zero-based address space
+    /// `0..layout.len()`, under a new key variant (as a new translation
+    /// gets): work requests still naming the old key fail. Its memory, if
+    /// pinned, is released once no transfer uses it. An indirect region may
+    /// be given a new layout again the same way. Everything is checked
+    /// before anything changes: EINVAL for an unknown key or a bad layout
+    /// (32-bit strides allowed), ENOMEM beyond the slots, EBUSY with memory
+    /// windows bound, EOPNOTSUPP for peer memory.
+    pub fn rereg_layout(&self, key: u32, layout: Layout) -> Result<Arc<MemoryRegion>> {
+        let old = self.lookup(key).ok_or_else(|| Error::inval("rereg_mr_layout: unknown key"))?;
+        if matches!(old.backing, Backing::Peer(_)) {
+            return Err(Error::new(Errno::EOPNOTSUPP, "rereg_mr_layout: peer-memory regions cannot be re-registered"));
+        }
+        if old.bound_windows() > 0 {
+            return Err(Error::new(Errno::EBUSY, "rereg_mr_layout: memory windows are bound to the region"));
+        }
+        layout.validate_wide(MAX_INDIRECT_ENTRIES)?;
+        self.check_no_cycle(key, &layout)?;
+        let (pd, len) = (old.pd, layout.len());
+        drop(old);
+        let k = IndirectKey::new(MAX_INDIRECT_ENTRIES);
+        k.set(Some(layout));
+        let replaced = self
+            .keys
+            .write()
+            .unwrap()
+            .replace(key, true, |nk| MemoryRegion::new(pd, nk, 0, len, Access::empty(), Backing::Indirect(k)));
+        let (old, new) = replaced.ok_or_else(|| Error::inval("rereg_mr_layout: region went away"))?;
+        old.wait_unused();
+        self.release(&old);
+        Ok(new)
     }
 
     /// A UMR work request: sets the layout of a free indirect key of `pd`.

@@ -179,6 +179,20 @@ impl MemoryRegion {
         Ok(())
     }
 
+    /// Seed 003's non-contiguous re-registration (`ibv_rereg_mr_sg`,
+    /// `ibv_rereg_mr_interleaved`): the region becomes a zero-based indirect
+    /// key over `layout`, under a new key; see [`crate::mem::Memory::rereg_layout`].
+    pub fn rereg_layout(&mut self, layout: crate::mem::Layout) -> Result<()> {
+        let access = layout.access;
+        let mr = self.pd.ctx.dev.mem.rereg_layout(self.key, layout)?;
+        self.key = mr.key;
+        self.addr = 0;
+        self.iova = 0;
+        self.len = usize::try_from(mr.length).unwrap_or(usize::MAX);
+        self.access = access;
+        Ok(())
+    }
+
     pub fn lkey(&self) -> u32 {
         self.key
     }
