@@ -219,7 +219,10 @@ fn perftest(prog: &str, extra: &[&str], tcp: u16) -> String {
     let mut server = Reap(Some(dropin_command(prog, "127.0.0.73").args(&args).spawn().unwrap()));
     let mut cargs = args.clone();
     cargs.push("127.0.0.1".into());
-    assert!(listening(tcp), "{prog} {extra:?}: the server never listened on TCP port {tcp}");
+    if !listening(tcp) {
+        let (_, out) = wait_output(server.into_inner_killed(), "server");
+        panic!("{prog} {extra:?}: the server never listened on TCP port {tcp}:\n{out}");
+    }
     // Listening, it may still refuse for a moment; a refused client exits
     // at once (however long a busy machine takes to say so) and is started
     // again.
@@ -247,6 +250,13 @@ struct Reap(Option<std::process::Child>);
 impl Reap {
     fn into_inner(mut self) -> std::process::Child {
         self.0.take().unwrap()
+    }
+
+    /// The child, killed (its output can still be read).
+    fn into_inner_killed(self) -> std::process::Child {
+        let mut c = self.into_inner();
+        let _ = c.kill();
+        c
     }
 }
 
