@@ -200,17 +200,21 @@ impl HostBytes {
     /// tolerating memory that the application unmapped or protected since
     /// the span was resolved: false then.
     pub(crate) fn read_chunks(&self, mut f: impl FnMut(&[u8])) -> bool {
-        let mut chunk = [0u8; 4096];
+        // Not zeroed: only the bytes copied into it are read (a 4 KiB memset
+        // per packet cost as much as the copy).
+        let mut chunk = std::mem::MaybeUninit::<[u8; 4096]>::uninit();
+        let buf = chunk.as_mut_ptr().cast::<u8>();
         let mut off = 0;
         while off < self.piece.len {
-            let n = chunk.len().min(self.piece.len - off);
+            let n = 4096.min(self.piece.len - off);
             // SAFETY: `chunk` is ours; the source lies inside a registered
             // region (see `as_slice`) and `safe::copy` tolerates it being
             // gone.
-            if unsafe { super::safe::copy(chunk.as_mut_ptr(), (self.addr + off) as *const u8, n) } != 0 {
+            if unsafe { super::safe::copy(buf, (self.addr + off) as *const u8, n) } != 0 {
                 return false;
             }
-            f(&chunk[..n]);
+            // SAFETY: the copy initialised the first `n` bytes.
+            f(unsafe { std::slice::from_raw_parts(buf, n) });
             off += n;
         }
         true
