@@ -28,6 +28,7 @@ mod import;
 mod mw;
 mod objects;
 mod qp_ex;
+mod rdmacm;
 mod srq;
 mod strings;
 mod stubs;
