@@ -965,6 +965,10 @@ pub unsafe extern "C" fn uroce_cm_rdma_create_ep(
     };
     // SAFETY: the caller's addrinfo; our id.
     unsafe {
+        // As librdmacm: the QP type is the addrinfo's.
+        if !qp_init_attr.is_null() {
+            (*qp_init_attr).qp_type = r.ai_qp_type as u32;
+        }
         if r.ai_flags & RAI_PASSIVE as c_int != 0 {
             if uroce_cm_rdma_bind_addr(cm, r.ai_src_addr as *mut libc::sockaddr) != 0 {
                 return undo(cm);
