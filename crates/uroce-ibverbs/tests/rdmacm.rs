@@ -1,0 +1,246 @@
+//! The drop-in librdmacm.so.1 (with the drop-in libibverbs.so.1) under
+//! real, unmodified rdmacm programs (Debian package rdmacm-utils), server
+//! and client as separate processes on one host, each with its own uroce
+//! device: rping (data verified by rping's -v), ucmatose (4 RC
+//! connections), udaddy (UD by SIDR), rdma_server/rdma_client (synchronous
+//! ids, rdma_create_ep), cmtime; and the exports with librdmacm 44's
+//! symbol versions. Programs that are not installed are skipped.
+
+#[path = "../../uroce/tests/skip/mod.rs"]
+#[macro_use]
+mod skip;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One server/client pair at a time: two CPUs.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn dropin_dir() -> PathBuf {
+    let dir =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), |t| root().join(t)).join("dropin");
+    if !dir.join("librdmacm.so.1").exists() {
+        let st = Command::new(root().join("scripts/build-dropin.sh")).status().expect("run build-dropin.sh");
+        assert!(st.success(), "build-dropin.sh failed");
+    }
+    dir
+}
+
+fn have(prog: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {prog}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// `prog` through both drop-ins, its device at `addr`, output captured.
+fn cmd(prog: &str, addr: &str) -> Command {
+    let mut c = Command::new(prog);
+    c.env("LD_LIBRARY_PATH", dropin_dir()).env("UROCE_ADDR", addr).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+/// A child killed if the test ends before it is waited for.
+struct Reap(Option<Child>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Waits (at most `limit`) for a child to exit; whether it succeeded and
+/// its output. Killed at the limit.
+fn wait_output(r: &mut Reap, what: &str, limit: Duration) -> (bool, String) {
+    let mut child = r.0.take().expect("a child");
+    let t = Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    match st {
+        Some(st) => (st.success(), text),
+        None => (false, format!("{what} did not finish in {limit:?}: {text}")),
+    }
+}
+
+/// Waits (at most 10 s) until a uroce device has bound UDP 4791 on `addr`
+/// (the server's rdma_bind_addr opened it; rdma_listen follows at once),
+/// then a little longer.
+fn device_up(addr: &str) -> bool {
+    let ip: std::net::Ipv4Addr = addr.parse().unwrap();
+    let want = format!("{:08X}:12B7", u32::from_le_bytes(ip.octets()));
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        let text = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+        if text.lines().skip(1).any(|l| l.split_whitespace().nth(1) == Some(want.as_str())) {
+            std::thread::sleep(Duration::from_millis(300));
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// Runs `server` then `client` (both through the drop-ins); their outputs.
+/// `server_exits`: wait for the server's success too (else it is killed).
+fn pair(
+    prog: &str,
+    saddr: &str,
+    server: &[&str],
+    caddr: &str,
+    client: &[&str],
+    server_exits: bool,
+) -> (String, String) {
+    let mut s = Reap(Some(cmd(prog, saddr).args(server).spawn().unwrap()));
+    assert!(device_up(saddr), "{prog} server did not open its device on {saddr}");
+    let mut c = Reap(Some(cmd(prog, caddr).args(client).spawn().unwrap()));
+    let (ok, cout) = wait_output(&mut c, "client", Duration::from_secs(60));
+    if !server_exits {
+        let (_, sout) = wait_output(&mut s, "server", Duration::from_millis(1));
+        assert!(ok, "{prog} client failed: {cout}\nserver: {sout}");
+        return (sout, cout);
+    }
+    let (sok, sout) = wait_output(&mut s, "server", Duration::from_secs(30));
+    assert!(ok && sok, "{prog}: client ok {ok}, server ok {sok}\nclient: {cout}\nserver: {sout}");
+    (sout, cout)
+}
+
+#[test]
+fn rping_server_and_client_verify_data() {
+    if !have("rping") {
+        skip!("rping is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let (sout, cout) = pair(
+        "rping",
+        "127.0.0.161",
+        &["-s", "-a", "127.0.0.161", "-p", "7174", "-C", "100", "-v"],
+        "127.0.0.162",
+        &["-c", "-a", "127.0.0.161", "-p", "7174", "-C", "100", "-v"],
+        true,
+    );
+    // rping -v prints each ping's data; the server checks what it read.
+    assert_eq!(cout.matches("ping data: rdma-ping-").count(), 100, "{cout}");
+    assert!(cout.contains("ping data: rdma-ping-99: "), "{cout}");
+    assert_eq!(sout.matches("server ping data: rdma-ping-").count(), 100, "{sout}");
+}
+
+#[test]
+fn ucmatose_four_connections() {
+    if !have("ucmatose") {
+        skip!("ucmatose is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let (sout, cout) = pair(
+        "ucmatose",
+        "127.0.0.163",
+        &["-b", "127.0.0.163", "-p", "7471", "-c", "4"],
+        "127.0.0.164",
+        &["-s", "127.0.0.163", "-p", "7471", "-c", "4"],
+        true,
+    );
+    for out in [&sout, &cout] {
+        assert!(out.contains("data transfers complete") && out.contains("return status 0"), "{out}");
+    }
+    assert!(sout.contains("disconnected"), "{sout}");
+}
+
+#[test]
+fn udaddy_ud_by_sidr() {
+    if !have("udaddy") {
+        skip!("udaddy is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let (sout, cout) =
+        pair("udaddy", "127.0.0.165", &["-b", "127.0.0.165"], "127.0.0.166", &["-s", "127.0.0.165"], true);
+    for out in [&sout, &cout] {
+        assert!(out.contains("data transfers complete") && out.contains("return status 0"), "{out}");
+    }
+}
+
+#[test]
+fn rdma_server_and_rdma_client_synchronous() {
+    if !have("rdma_server") || !have("rdma_client") {
+        skip!("rdma_server is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let mut s =
+        Reap(Some(cmd("rdma_server", "127.0.0.167").args(["-s", "127.0.0.167", "-p", "7472"]).spawn().unwrap()));
+    assert!(device_up("127.0.0.167"));
+    let mut c =
+        Reap(Some(cmd("rdma_client", "127.0.0.168").args(["-s", "127.0.0.167", "-p", "7472"]).spawn().unwrap()));
+    let (ok, cout) = wait_output(&mut c, "rdma_client", Duration::from_secs(60));
+    let (sok, sout) = wait_output(&mut s, "rdma_server", Duration::from_secs(30));
+    assert!(ok && cout.contains("rdma_client: end 0"), "{cout}\nserver: {sout}");
+    assert!(sok && sout.contains("rdma_server: end 0"), "{sout}");
+}
+
+#[test]
+fn cmtime_connects_and_disconnects_50() {
+    if !have("cmtime") {
+        skip!("cmtime is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    // cmtime's server serves until killed; the client measures and exits.
+    let (_, cout) = pair(
+        "cmtime",
+        "127.0.0.169",
+        &["-b", "127.0.0.169", "-p", "7473", "-c", "50"],
+        "127.0.0.170",
+        &["-s", "127.0.0.169", "-p", "7473", "-c", "50"],
+        false,
+    );
+    for step in ["resolve addr", "resolve route", "create qp", "connect", "disconnect", "destroy"] {
+        assert!(cout.lines().any(|l| l.starts_with(step)), "{step}: {cout}");
+    }
+}
+
+/// The exports of the drop-in librdmacm.so.1 are the system librdmacm's,
+/// each with its version.
+#[test]
+fn exports_match_librdmacm_44() {
+    let sys = "/usr/lib/x86_64-linux-gnu/librdmacm.so.1";
+    if !std::path::Path::new(sys).exists() || !have("objdump") {
+        skip!("librdmacm1 is not installed (Debian package librdmacm1)");
+    }
+    let list = |p: &std::path::Path| -> Vec<String> {
+        let out = Command::new("objdump").arg("-T").arg(p).output().unwrap();
+        let mut v: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains(" DF .text") || l.contains("*ABS*"))
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let n = f.len();
+                (n >= 2 && f[n - 2].starts_with("RDMACM")).then(|| format!("{} {}", f[n - 1], f[n - 2]))
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let ours = list(&dropin_dir().join("librdmacm.so.1"));
+    let theirs = list(std::path::Path::new(sys));
+    assert_eq!(ours.len(), 72, "{ours:?}");
+    assert_eq!(ours, theirs);
+}
