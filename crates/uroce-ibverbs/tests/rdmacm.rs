@@ -244,3 +244,39 @@ fn exports_match_librdmacm_44() {
     assert_eq!(ours.len(), 72, "{ours:?}");
     assert_eq!(ours, theirs);
 }
+
+/// A connection to a port nobody listens on is rejected by the peer's CM
+/// with REJ 8 (invalid service ID), as a Linux peer does; rping reports it
+/// as the kernel's event and status.
+#[test]
+fn rping_to_a_closed_port_is_rejected_8() {
+    if !have("rping") || !have("ucmatose") {
+        skip!("rping is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    // A CM on the server's address listening on another port.
+    let _s = Reap(Some(cmd("ucmatose", "127.0.0.171").args(["-b", "127.0.0.171", "-p", "7475"]).spawn().unwrap()));
+    assert!(device_up("127.0.0.171"));
+    let t = Instant::now();
+    let mut c = Reap(Some(
+        cmd("rping", "127.0.0.172").args(["-c", "-a", "127.0.0.171", "-p", "7476", "-C", "1"]).spawn().unwrap(),
+    ));
+    let (_, out) = wait_output(&mut c, "rping", Duration::from_secs(30));
+    assert!(out.contains("cma event RDMA_CM_EVENT_REJECTED, error 8"), "{out}");
+    assert!(t.elapsed() < Duration::from_secs(10), "the REJ came at once, not after retries");
+}
+
+/// rsockets are not implemented: rstream and udpong fail at once with
+/// ENOSYS from rsocket(), no crash and no hang.
+#[test]
+fn rsocket_programs_fail_cleanly() {
+    if !have("rstream") || !have("udpong") {
+        skip!("rstream is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    for prog in ["rstream", "udpong"] {
+        let mut c = Reap(Some(cmd(prog, "127.0.0.173").args(["-s", "127.0.0.173"]).spawn().unwrap()));
+        let (ok, out) = wait_output(&mut c, prog, Duration::from_secs(20));
+        assert!(!ok && out.contains("rsocket failed: Function not implemented"), "{prog}: {out}");
+    }
+}
