@@ -280,3 +280,29 @@ fn rsocket_programs_fail_cleanly() {
         assert!(!ok && out.contains("rsocket failed: Function not implemented"), "{prog}: {out}");
     }
 }
+
+/// librdmacm's behaviour in one process (tests/c/rdmacm.c): channel fd
+/// semantics, errnos, an RC connection to its own listener with private
+/// data both ways and a message, DISCONNECTED on both sides, a synchronous
+/// connect refused with REJ 8.
+#[test]
+fn library_behaviour_from_c() {
+    if !std::path::Path::new("/usr/include/rdma/rdma_cma.h").exists() {
+        skip!("rdma_cma.h is not installed (Debian package librdmacm-dev)");
+    }
+    let _g = serial();
+    let dir = dropin_dir();
+    let exe = dir.join("rdmacm-test");
+    let cc = Command::new("cc")
+        .args(["-O1", "-g", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(root().join("crates/uroce-ibverbs/tests/c/rdmacm.c"))
+        .arg(dir.join("librdmacm.so.1"))
+        .arg(dir.join("libibverbs.so.1"))
+        .output()
+        .expect("run cc");
+    assert!(cc.status.success(), "cc: {}", String::from_utf8_lossy(&cc.stderr));
+    let mut c = Reap(Some(cmd(exe.to_str().unwrap(), "127.0.0.174").spawn().unwrap()));
+    let (ok, out) = wait_output(&mut c, "rdmacm-test", Duration::from_secs(60));
+    assert!(ok && out.contains("all ok"), "{out}");
+}

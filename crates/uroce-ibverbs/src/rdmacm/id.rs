@@ -194,7 +194,19 @@ unsafe fn core_qp<'a>(qp: *mut ibv_qp) -> Option<&'a uroce::verbs::QueuePair> {
 pub unsafe fn connect_qp(ep: &CmEndpoint, qp: *mut ibv_qp, info: &ConnInfo) -> Result<(), c_int> {
     // SAFETY: the id's QP.
     let q = unsafe { core_qp(qp) }.ok_or(libc::EINVAL)?;
-    ep.connect_qp(q, info).map_err(|e| e.errno.0)
+    let r = ep.connect_qp(q, info).map_err(|e| e.errno.0);
+    // SAFETY: as above.
+    unsafe { sync_state(qp) };
+    r
+}
+
+/// `qp->state` as `ibv_modify_qp` leaves it (applications read it).
+unsafe fn sync_state(qp: *mut ibv_qp) {
+    // SAFETY: one of our QPs.
+    if let Some(q) = unsafe { core_qp(qp) } {
+        // SAFETY: as above.
+        unsafe { (*qp).state = q.state().to_raw() as _ };
+    }
 }
 
 pub unsafe fn qp_to_err(qp: *mut ibv_qp) {
@@ -202,6 +214,8 @@ pub unsafe fn qp_to_err(qp: *mut ibv_qp) {
     if let Some(q) = unsafe { core_qp(qp) } {
         let a = uroce::verbs::QpAttr { qp_state: QpState::Err, ..Default::default() };
         let _ = q.modify(&a, QpAttrMask::STATE);
+        // SAFETY: as above.
+        unsafe { sync_state(qp) };
     }
 }
 
@@ -713,7 +727,9 @@ pub unsafe extern "C" fn uroce_cm_rdma_create_qp(
             if pd.is_null() || (*pd).context != (*u).id.verbs {
                 return Err(libc::EINVAL);
             }
-            let a = &mut *attr;
+            // As librdmacm: a copy; only the granted capabilities go back.
+            let mut b = *attr;
+            let a = &mut b;
             let mut own = false;
             if a.send_cq.is_null() || a.recv_cq.is_null() {
                 own = true;
@@ -735,15 +751,19 @@ pub unsafe extern "C" fn uroce_cm_rdma_create_qp(
                 }
                 a.send_cq = (*u).id.send_cq;
                 a.recv_cq = (*u).id.recv_cq;
+                g.ids.get_mut(&(u as usize)).expect("live").own_cqs = true;
             } else {
                 (*u).id.send_cq = a.send_cq;
                 (*u).id.recv_cq = a.recv_cq;
             }
-            let qp = crate::objects::ibv_create_qp(pd, attr);
+            let qp = crate::objects::ibv_create_qp(pd, a);
             if qp.is_null() {
                 return Err(crate::errno::last());
             }
-            if let Err(e) = init_new_qp(u, qp) {
+            (*attr).cap = a.cap;
+            let r = init_new_qp(u, qp);
+            sync_state(qp);
+            if let Err(e) = r {
                 crate::objects::ibv_destroy_qp(qp);
                 return Err(e);
             }
