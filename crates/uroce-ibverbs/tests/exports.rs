@@ -4,7 +4,8 @@
 //! one (`@`, shown in parentheses by `objdump -T`), must be defined the same
 //! way by target/dropin/libibverbs.so.1, except the ones below, each with
 //! its reason (the README's "Exports" section lists them too); the drop-in
-//! defines nothing beyond them but its own UROCE_1.0 extensions. Skipped
+//! defines nothing beyond them but its own UROCE_1.0 extensions and the
+//! UROCE_PRIVATE uroce_cm_* entry points of the drop-in librdmacm. Skipped
 //! with a reason when objdump or the Debian library is missing.
 
 use std::collections::BTreeSet;
@@ -93,7 +94,10 @@ fn export_list_matches_rdma_core_44() {
     assert!(missing.is_empty(), "rdma-core 44 exports that the drop-in lacks (or versions differently): {missing:?}");
     let stale: Vec<&String> = left_out.iter().filter(|s| ours.contains(*s) || !real.contains(*s)).collect();
     assert!(stale.is_empty(), "allow-list entries now exported, or not in rdma-core: {stale:?}");
-    let extra: Vec<&String> = ours.difference(&real).filter(|s| !s.starts_with("UROCE_1.0 ")).collect();
+    // UROCE_PRIVATE: the librdmacm implementation that the drop-in
+    // librdmacm.so.1 jumps into (src/rdmacm), named uroce_cm_*.
+    let private = |s: &str| s == "UROCE_PRIVATE UROCE_PRIVATE" || s.starts_with("UROCE_PRIVATE uroce_cm_");
+    let extra: Vec<&String> = ours.difference(&real).filter(|s| !s.starts_with("UROCE_1.0 ") && !private(s)).collect();
     assert!(extra.is_empty(), "exports rdma-core 44 does not have: {extra:?}");
     for s in ["IBVERBS_1.1 ibv_init_ah_from_wc", "IBVERBS_1.1 ibv_create_ah_from_wc", "IBVERBS_1.1 ibv_get_device_list"]
     {
