@@ -306,3 +306,32 @@ fn library_behaviour_from_c() {
     let (ok, out) = wait_output(&mut c, "rdmacm-test", Duration::from_secs(60));
     assert!(ok && out.contains("all ok"), "{out}");
 }
+
+/// rping's client under valgrind through both drop-ins: no invalid access,
+/// no definitely lost block.
+#[test]
+fn valgrind_reports_no_error_in_rping_client() {
+    if !have("rping") {
+        skip!("rping is not installed (Debian package rdmacm-utils)");
+    }
+    if !have("valgrind") {
+        skip!("valgrind is not installed (Debian package valgrind)");
+    }
+    let _g = serial();
+    let mut s = Reap(Some(
+        cmd("rping", "127.0.0.175").args(["-s", "-a", "127.0.0.175", "-p", "7477", "-C", "10", "-v"]).spawn().unwrap(),
+    ));
+    assert!(device_up("127.0.0.175"));
+    let mut c = Reap(Some(
+        cmd("valgrind", "127.0.0.176")
+            .args(["--fair-sched=yes", "--leak-check=full", "--errors-for-leak-kinds=definite"])
+            .args(["--error-exitcode=9", "rping", "-c", "-a", "127.0.0.175", "-p", "7477", "-C", "10", "-v"])
+            .spawn()
+            .unwrap(),
+    ));
+    let (ok, out) = wait_output(&mut c, "rping under valgrind", Duration::from_secs(240));
+    assert!(ok, "{out}");
+    assert!(out.contains("ERROR SUMMARY: 0 errors") && out.contains("ping data: rdma-ping-9: "), "{out}");
+    let (sok, sout) = wait_output(&mut s, "rping server", Duration::from_secs(30));
+    assert!(sok, "{sout}");
+}

@@ -8,7 +8,7 @@ use crate::errno::{null, set_errno};
 use crate::ffi::cma::*;
 use std::collections::VecDeque;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 
 /// Bytes of private data an event carries (`RDMA_MAX_PRIVATE_DATA`).
@@ -21,6 +21,8 @@ pub struct UChannel {
     queue: Mutex<VecDeque<usize>>,
     /// Threads inside `rdma_get_cm_event` on this channel.
     readers: AtomicU32,
+    /// Destroyed by the application (the struct stays: see destroy).
+    closed: AtomicBool,
 }
 
 /// An event as the application sees it, then its private data and which
@@ -53,6 +55,7 @@ pub fn create() -> *mut UChannel {
         wfd: fds[1],
         queue: Mutex::new(VecDeque::new()),
         readers: AtomicU32::new(0),
+        closed: AtomicBool::new(false),
     }))
 }
 
@@ -77,11 +80,26 @@ pub unsafe extern "C" fn uroce_cm_rdma_create_event_channel() -> *mut rdma_event
 
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rdma_destroy_event_channel(ch: *mut rdma_event_channel) {
+    // SAFETY: the application's channel; its struct is kept.
+    unsafe { destroy(ch, false) }
+}
+
+/// Destroys a channel: its queued events, its fds. A channel of the
+/// application keeps its (small) struct for good: threaded programs (rping's
+/// CM thread) still call or sit in `rdma_get_cm_event` on it while the main
+/// thread destroys it before exiting; such a call waits (at most 10 s) as
+/// a read on the kernel's closed file stays blocked, instead of touching
+/// freed memory. A private channel of a synchronous id is freed when no
+/// thread reads it.
+pub unsafe fn destroy(ch: *mut rdma_event_channel, free: bool) {
     if ch.is_null() {
         return;
     }
-    // SAFETY: a channel from rdma_create_event_channel, destroyed once (its ids are gone).
+    // SAFETY: a channel of ours, destroyed once (its ids are gone).
     let c = unsafe { &*(ch as *const UChannel) };
+    if c.closed.swap(true, Ordering::SeqCst) {
+        return;
+    }
     for e in c.queue.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
         // SAFETY: queued events are ours and were never handed out.
         drop(unsafe { Box::from_raw(e as *mut UEvent) });
@@ -89,15 +107,15 @@ pub unsafe extern "C" fn uroce_cm_rdma_destroy_event_channel(ch: *mut rdma_event
     // SAFETY: our read end.
     unsafe { libc::close(c.ch.fd) };
     if c.readers.load(Ordering::SeqCst) > 0 {
-        // A thread blocks in rdma_get_cm_event (rping's CM thread at exit):
-        // with the kernel's file it stays blocked after the close, so the
-        // write end and the struct stay too, and it never wakes.
+        // A thread blocks in read: the write end stays, so it never wakes.
         return;
     }
-    // SAFETY: no reader; nothing refers to it any more.
-    let c = unsafe { Box::from_raw(ch as *mut UChannel) };
     // SAFETY: our write end.
     unsafe { libc::close(c.wfd) };
+    if free {
+        // SAFETY: no reader; nothing refers to it any more.
+        drop(unsafe { Box::from_raw(ch as *mut UChannel) });
+    }
 }
 
 /// The next event of `ch` whose id is still alive (waiting as the fd's
@@ -105,6 +123,10 @@ pub unsafe extern "C" fn uroce_cm_rdma_destroy_event_channel(ch: *mut rdma_event
 pub unsafe fn get(ch: *mut rdma_event_channel) -> Result<*mut UEvent, c_int> {
     // SAFETY: a channel of ours.
     let c = unsafe { &*(ch as *const UChannel) };
+    if c.closed.load(Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_secs(10));
+        return Err(libc::EBADF);
+    }
     c.readers.fetch_add(1, Ordering::SeqCst);
     let r = next(c);
     c.readers.fetch_sub(1, Ordering::SeqCst);

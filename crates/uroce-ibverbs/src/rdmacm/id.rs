@@ -361,7 +361,7 @@ pub unsafe extern "C" fn uroce_cm_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int 
     let b = unsafe { Box::from_raw(u) };
     if sync {
         // SAFETY: the id's private channel.
-        unsafe { channel::uroce_cm_rdma_destroy_event_channel(b.id.channel) };
+        unsafe { channel::destroy(b.id.channel, true) };
     }
     0
 }
@@ -857,7 +857,7 @@ pub unsafe extern "C" fn uroce_cm_rdma_migrate_id(id: *mut rdma_cm_id, ch: *mut 
     unsafe { (*id).channel = new };
     if was_sync {
         // SAFETY: its private channel, no longer used.
-        unsafe { channel::uroce_cm_rdma_destroy_event_channel(old) };
+        unsafe { channel::destroy(old, true) };
     }
     0
 }
