@@ -34,8 +34,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Receives kept posted on QP 1.
-const RECV_DEPTH: usize = 64;
+/// Receives kept posted on QP 1 (the kernel MAD layer's `mad_recvq_size`,
+/// 512: a burst of connection requests is not dropped for want of one).
+const RECV_DEPTH: usize = 512;
 /// One receive: the 40-byte GRH area, then the MAD.
 const SLOT: usize = 40 + MAD_LEN;
 /// Longest sleep of the agent's thread (it also wakes for MADs and timers).
