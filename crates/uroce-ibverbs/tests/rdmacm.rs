@@ -335,3 +335,23 @@ fn valgrind_reports_no_error_in_rping_client() {
     let (sok, sout) = wait_output(&mut s, "rping server", Duration::from_secs(30));
     assert!(sok, "{sout}");
 }
+
+/// perftest's rdma_cm mode (`-R`): the QPs are connected by the CM instead
+/// of perftest's TCP exchange.
+#[test]
+fn perftest_with_rdma_cm() {
+    if !have("ib_send_bw") {
+        skip!("ib_send_bw is not installed (Debian package perftest)");
+    }
+    let _g = serial();
+    for prog in ["ib_send_bw", "ib_read_bw", "ib_write_lat"] {
+        let args = ["-R", "-p", "7478", "-n", "200"];
+        let mut s = Reap(Some(cmd(prog, "127.0.0.177").args(args).spawn().unwrap()));
+        assert!(device_up("127.0.0.177"));
+        let mut c = Reap(Some(cmd(prog, "127.0.0.178").args(args).arg("127.0.0.177").spawn().unwrap()));
+        let (ok, out) = wait_output(&mut c, prog, Duration::from_secs(60));
+        let (sok, sout) = wait_output(&mut s, prog, Duration::from_secs(30));
+        assert!(ok && sok, "{prog}: {out}\nserver: {sout}");
+        assert!(out.contains("Data ex. method : rdma_cm") && out.contains(" 200 "), "{prog}: {out}");
+    }
+}
