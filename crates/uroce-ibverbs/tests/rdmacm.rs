@@ -3,12 +3,15 @@
 //! and client as separate processes on one host, each with its own uroce
 //! device: rping (data verified by rping's -v), ucmatose (4 RC
 //! connections), udaddy (UD by SIDR), rdma_server/rdma_client (synchronous
-//! ids, rdma_create_ep), cmtime; and the exports with librdmacm 44's
-//! symbol versions. Programs that are not installed are skipped.
+//! ids, rdma_create_ep), cmtime, perftest -R, rping between two network
+//! namespaces; and the exports with librdmacm 44's symbol versions. Programs that are not installed are skipped.
 
 #[path = "../../uroce/tests/skip/mod.rs"]
 #[macro_use]
 mod skip;
+
+#[path = "../../uroce/tests/netns/mod.rs"]
+mod netns;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -354,4 +357,39 @@ fn perftest_with_rdma_cm() {
         assert!(ok && sok, "{prog}: {out}\nserver: {sout}");
         assert!(out.contains("Data ex. method : rdma_cm") && out.contains(" 200 "), "{prog}: {out}");
     }
+}
+
+/// rping between two network namespaces joined by a veth pair (two hosts).
+#[test]
+fn rping_between_two_namespaces() {
+    if !have("rping") {
+        skip!("rping is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let Some(p) = netns::Pair::new("rping_between_two_namespaces", "rcm", 18, None) else { return };
+    let lib = dropin_dir();
+    let run = |ns: &str, ip: &str, args: &[&str]| {
+        let mut c = p.exec(ns, "rping", args);
+        c.env("LD_LIBRARY_PATH", &lib).env("UROCE_ADDR", ip);
+        Reap(Some(c.spawn().unwrap()))
+    };
+    let mut s = run(&p.b, &p.ip_b, &["-s", "-a", &p.ip_b, "-C", "100", "-v"]);
+    // The server's device is up when UDP 4791 is bound in its namespace.
+    let ip: std::net::Ipv4Addr = p.ip_b.parse().unwrap();
+    let want = format!("{:08X}:12B7", u32::from_le_bytes(ip.octets()));
+    let t = Instant::now();
+    loop {
+        let out = Command::new("ip").args(["netns", "exec", &p.b, "cat", "/proc/net/udp"]).output().unwrap();
+        if String::from_utf8_lossy(&out.stdout).contains(&want) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "rping server did not open its device");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c = run(&p.a, &p.ip_a, &["-c", "-a", &p.ip_b, "-C", "100", "-v"]);
+    let (ok, out) = wait_output(&mut c, "rping client", Duration::from_secs(60));
+    let (sok, sout) = wait_output(&mut s, "rping server", Duration::from_secs(30));
+    assert!(ok && sok, "client: {out}\nserver: {sout}");
+    assert_eq!(out.matches("ping data: rdma-ping-").count(), 100, "{out}");
 }
