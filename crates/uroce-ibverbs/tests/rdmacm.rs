@@ -10,6 +10,8 @@
 #[macro_use]
 mod skip;
 
+// netns loads the skip module for itself too (its SKIP lines).
+#[allow(clippy::duplicate_mod)]
 #[path = "../../uroce/tests/netns/mod.rs"]
 mod netns;
 
