@@ -376,6 +376,11 @@ pub unsafe extern "C" fn uroce_cm_rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut
             return Err(libc::EINVAL);
         }
         let d = dev::device_for(g, Some(a.ip()))?;
+        let mut a = a;
+        if a.port() == 0 {
+            // As the kernel: binding to port 0 takes an ephemeral port.
+            a.set_port(g.devs[d].ep.ephemeral_port());
+        }
         // SAFETY: a live id.
         unsafe {
             attach_dev(g, u, d);
@@ -635,6 +640,18 @@ pub unsafe extern "C" fn uroce_cm_rdma_accept(id: *mut rdma_cm_id, conn_param: *
 
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rdma_reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { reject(id, data, len, uroce::cm::mad::rej_reason::CONSUMER_DEFINED) }
+}
+
+/// `rdma_reject_ece`: REJ reason 35 (vendor option not supported).
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_reject_ece(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { reject(id, data, len, uroce::cm::mad::rej_reason::VENDOR_OPTION_NOT_SUPPORTED) }
+}
+
+unsafe fn reject(id: *mut rdma_cm_id, data: *const c_void, len: u8, reason: u16) -> c_int {
     let pdata = if data.is_null() || len == 0 {
         Vec::new()
     } else {
@@ -644,7 +661,6 @@ pub unsafe extern "C" fn uroce_cm_rdma_reject(id: *mut rdma_cm_id, data: *const 
     rc(with_id(id, |g, u| {
         let s = &g.ids[&(u as usize)];
         let (d, c) = (s.dev.ok_or(libc::EINVAL)?, s.conn.ok_or(libc::EINVAL)?);
-        let reason = uroce::cm::mad::rej_reason::CONSUMER_DEFINED;
         g.devs[d].ep.with_cm(|cm, now| cm.reject(now, c, reason, &pdata)).map_err(|e| e.errno.0)
     }))
 }

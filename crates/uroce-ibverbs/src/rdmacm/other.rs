@@ -2,7 +2,8 @@
 //! rsockets are not implemented (`rsocket` fails ENOSYS, so no rsocket fd
 //! can exist and the calls on one fail EBADF), except `rpoll`/`rselect`,
 //! which on ordinary fds are `poll`/`select` (rping and the other examples
-//! poll their channel with them); multicast and ECE fail EOPNOTSUPP;
+//! poll their channel with them); multicast and ECE options fail
+//! EOPNOTSUPP;
 //! `rdma_get_devices` lists the contexts the CM uses.
 
 use crate::errno::set_errno;
@@ -30,7 +31,7 @@ failing!(libc::EBADF =>
 );
 failing!(libc::EOPNOTSUPP =>
     uroce_cm_rdma_join_multicast, uroce_cm_rdma_join_multicast_ex, uroce_cm_rdma_leave_multicast,
-    uroce_cm_rdma_get_remote_ece, uroce_cm_rdma_set_local_ece, uroce_cm_rdma_reject_ece,
+    uroce_cm_rdma_get_remote_ece, uroce_cm_rdma_set_local_ece,
 );
 
 #[no_mangle]

@@ -64,6 +64,14 @@ int main(int argc, char **argv)
 	CHECK(rdma_get_src_port(listen) == htons(7480), "src port");
 	CHECK(rdma_join_multicast(listen, (struct sockaddr *)&sa, NULL) == -1 && errno == EOPNOTSUPP, "mcast");
 
+	/* Binding to port 0 takes an ephemeral port, as the kernel does. */
+	struct rdma_cm_id *eph;
+	struct sockaddr_in any = sa;
+	any.sin_port = 0;
+	CHECK(rdma_create_id(ch, &eph, NULL, RDMA_PS_TCP) == 0, "create_id");
+	CHECK(rdma_bind_addr(eph, (struct sockaddr *)&any) == 0 && rdma_get_src_port(eph) != 0, "ephemeral bind");
+	CHECK(rdma_destroy_id(eph) == 0, "destroy ephemeral");
+
 	CHECK(rdma_create_id(ch, &cli, NULL, RDMA_PS_TCP) == 0, "create_id");
 	CHECK(rdma_resolve_addr(cli, NULL, (struct sockaddr *)&sa, 2000) == 0, "resolve_addr: %m");
 	e = next(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
