@@ -527,6 +527,12 @@ pub unsafe extern "C" fn uroce_cm_rdma_connect(id: *mut rdma_cm_id, conn_param: 
         let (dst, mut src, qp, ps) =
             unsafe { (dst_of(u).ok_or(libc::EINVAL)?, src_of(u).ok_or(libc::EINVAL)?, (*u).id.qp, (*u).id.ps) };
         let ps = ps_of(ps).ok_or(libc::EINVAL)?;
+        // SAFETY: the id's QP, if any.
+        let (qp_uc, qp_srq) = if qp.is_null() {
+            (false, false)
+        } else {
+            unsafe { ((*qp).qp_type == ibv_qp_type_IBV_QPT_UC, !(*qp).srq.is_null()) }
+        };
         let ep = g.devs[d].ep.clone();
         if src.port() == 0 {
             src.set_port(ep.ephemeral_port());
@@ -544,11 +550,7 @@ pub unsafe extern "C" fn uroce_cm_rdma_connect(id: *mut rdma_cm_id, conn_param: 
             }
             // SAFETY: the id's QP.
             let qpn = if qp.is_null() { p.map_or(0, |p| p.qp_num) } else { unsafe { (*qp).qp_num } };
-            let transport = if !qp.is_null() && unsafe { (*qp).qp_type } == ibv_qp_type_IBV_QPT_UC {
-                uroce::cm::mad::TransportType::Uc
-            } else {
-                uroce::cm::mad::TransportType::Rc
-            };
+            let transport = if qp_uc { uroce::cm::mad::TransportType::Uc } else { uroce::cm::mad::TransportType::Rc };
             let lim = |v: u8| if v == 0xFF { 16 } else { v };
             let cp = ConnectParams {
                 ps,
@@ -561,7 +563,7 @@ pub unsafe extern "C" fn uroce_cm_rdma_connect(id: *mut rdma_cm_id, conn_param: 
                 flow_control: p.is_some_and(|p| p.flow_control != 0),
                 retry_count: p.map_or(7, |p| p.retry_count),
                 rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count),
-                srq: p.is_some_and(|p| p.srq != 0) || (!qp.is_null() && unsafe { !(*qp).srq.is_null() }),
+                srq: p.is_some_and(|p| p.srq != 0) || qp_srq,
                 traffic_class: g.ids[&(u as usize)].tos,
                 private_data: pdata,
             };
@@ -622,6 +624,7 @@ pub unsafe extern "C" fn uroce_cm_rdma_accept(id: *mut rdma_cm_id, conn_param: *
             initiator_depth: info.initiator_depth,
             flow_control: p.is_some_and(|p| p.flow_control != 0),
             rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count),
+            // SAFETY: the id's QP.
             srq: p.is_some_and(|p| p.srq != 0) || (!qp.is_null() && unsafe { !(*qp).srq.is_null() }),
             qkey: 0,
             private_data: pdata,
@@ -892,11 +895,14 @@ pub unsafe extern "C" fn uroce_cm_rdma_set_option(
         }
         let s = g.ids.get_mut(&(u as usize)).expect("live");
         match (level, optname) {
-            // RDMA_OPTION_ID_TOS (u8)
+            // RDMA_OPTION_ID_TOS (u8): the REQ's traffic class.
+            // SAFETY: the caller's option of the length it gives.
             (0, 0) if optlen == 1 => s.tos = unsafe { *(optval as *const u8) },
-            // REUSEADDR, AFONLY (int)
-            (0, 1) | (0, 2) if optlen == 4 => s.reuse = unsafe { *(optval as *const c_int) } != 0,
-            // ACK_TIMEOUT (u8): the CM's timeout is used.
+            // REUSEADDR (int)
+            // SAFETY: as above.
+            (0, 1) if optlen == 4 => s.reuse = unsafe { *(optval as *const c_int) } != 0,
+            // AFONLY (int); ACK_TIMEOUT (u8): accepted, the CM's own values are used.
+            (0, 2) if optlen == 4 => {}
             (0, 3) if optlen == 1 => {}
             // RDMA_OPTION_IB_PATH: RoCE takes no IB paths.
             (1, 1) => return Err(libc::EOPNOTSUPP),
@@ -913,22 +919,20 @@ unsafe fn port_of(sa: *const libc::sockaddr) -> u16 {
 
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
-    // SAFETY: the caller's id (rdma_get_src_port reads the struct only).
     if id.is_null() {
-        0
-    } else {
-        unsafe { port_of(addrs(id as *mut UId) as *const libc::sockaddr) }
+        return 0;
     }
+    // SAFETY: the caller's id (rdma_get_src_port reads the struct only).
+    unsafe { port_of(addrs(id as *mut UId) as *const libc::sockaddr) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
-    // SAFETY: as above.
     if id.is_null() {
-        0
-    } else {
-        unsafe { port_of(addrs(id as *mut UId).add(1) as *const libc::sockaddr) }
+        return 0;
     }
+    // SAFETY: as above; dst_addr follows src_addr.
+    unsafe { port_of(addrs(id as *mut UId).add(1) as *const libc::sockaddr) }
 }
 
 #[no_mangle]
