@@ -15,6 +15,12 @@ cc -shared -o "$out/libibverbs.so.1" \
    -Wl,-soname,libibverbs.so.1 -Wl,-z,now -Wl,--gc-sections \
    -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
 ln -sf libibverbs.so.1 "$out/libibverbs.so"
+# The drop-in librdmacm.so.1: its exports jump to libibverbs.so.1's
+# uroce_cm_* (crates/uroce-rdmacm), so both share one uroce instance.
+cc -shared -fPIC -o "$out/librdmacm.so.1" crates/uroce-rdmacm/rdmacm.c \
+   -Wl,--version-script=crates/uroce-rdmacm/librdmacm.map \
+   -Wl,-soname,librdmacm.so.1 -Wl,-z,now -Wl,--no-as-needed -L"$out" -l:libibverbs.so.1
+ln -sf librdmacm.so.1 "$out/librdmacm.so"
 mkdir -p "$out/include"
 cp crates/uroce-ibverbs/include/uroce.h "$out/include/"
 # Seed 003's man pages (ibv_rereg_mr_interleaved.3, ibv_rereg_mr_sg.3), beside uroce.h.

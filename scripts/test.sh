@@ -12,7 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS=(ibverbs-utils perftest python3-pyverbs libibverbs-dev rdma-core tshark valgrind iproute2 ethtool clang libclang-dev
+PKGS=(ibverbs-utils rdmacm-utils librdmacm-dev perftest python3-pyverbs libibverbs-dev rdma-core tshark valgrind iproute2 ethtool clang libclang-dev
       ucx-utils binutils python3-dpkt)
 
 install_packages() {

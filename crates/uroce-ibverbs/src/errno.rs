@@ -18,3 +18,9 @@ pub fn null<T>(e: i32) -> *mut T {
     set_errno(e);
     std::ptr::null_mut()
 }
+
+/// This thread's errno.
+pub fn last() -> i32 {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}

@@ -31,6 +31,7 @@ mod noncontig;
 mod objects;
 mod peer;
 mod qp_ex;
+mod rdmacm;
 mod srq;
 mod strings;
 mod stubs;

@@ -4,7 +4,9 @@
 //! one (`@`, shown in parentheses by `objdump -T`), must be defined the same
 //! way by target/dropin/libibverbs.so.1, except the ones below, each with
 //! its reason (the README's "Exports" section lists them too); the drop-in
-//! defines nothing beyond them but its own UROCE_* extensions. Skipped
+//! defines nothing beyond them but its own UROCE_* extensions and private entry
+//! points (UROCE_PRIVATE uroce_cm_* for librdmacm.so.1, UROCE_MLX5_PRIVATE for
+//! libmlx5.so.1). Skipped
 //! with a reason when objdump or the Debian library is missing.
 
 use std::collections::BTreeSet;

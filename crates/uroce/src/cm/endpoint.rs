@@ -34,8 +34,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Receives kept posted on QP 1.
-const RECV_DEPTH: usize = 64;
+/// Receives kept posted on QP 1 (the kernel MAD layer's `mad_recvq_size`,
+/// 512: a burst of connection requests is not dropped for want of one).
+const RECV_DEPTH: usize = 512;
 /// One receive: the 40-byte GRH area, then the MAD.
 const SLOT: usize = 40 + MAD_LEN;
 /// Longest sleep of the agent's thread (it also wakes for MADs and timers).
@@ -264,7 +265,9 @@ fn move_qp(qp: &QueuePair, info: &ConnInfo, dev_mtu: Mtu) -> Result<()> {
     if cur != QpState::Reset && cur != QpState::Init {
         return Err(Error::inval("cm: the QP must be in RESET or INIT"));
     }
-    qp.modify(&a, required(cur, QpState::Init))?;
+    // INIT → INIT too (the QP rdma_create_qp left in INIT): the access
+    // flags, P_Key index and port are set either way, as librdmacm does.
+    qp.modify(&a, required(cur, QpState::Init) | QpAttrMask::ACCESS_FLAGS | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT)?;
     a.qp_state = QpState::Rtr;
     a.path_mtu = Mtu::from_raw(info.path_mtu as u32).unwrap_or(Mtu::Mtu1024).min_by_bytes(dev_mtu);
     a.dest_qp_num = info.remote_qpn;
@@ -572,6 +575,38 @@ impl CmEndpoint {
     /// the state machine themselves).
     pub fn wait_event(&self, id: ConnId, kinds: &[EventKind], timeout: Duration) -> Result<CmEvent> {
         self.inner.wait_event(timeout, |e| e.id == id && kinds.contains(&e.kind))
+    }
+
+    /// The next event of any id, waiting at most `timeout` (None if none
+    /// came): for a caller that routes events itself (the drop-in
+    /// librdmacm's event channels). Events are not also kept for the
+    /// blocking calls above; use one style per endpoint.
+    pub fn next_event(&self, timeout: Duration) -> Option<CmEvent> {
+        self.inner.wait_event(timeout, |_| true).ok()
+    }
+
+    /// Runs `f` on the agent (for callers that drive it themselves), then
+    /// sends what it caused at once.
+    pub fn with_cm<R>(&self, f: impl FnOnce(&mut Cm, Instant) -> R) -> R {
+        let mut st = self.inner.lock();
+        let r = f(&mut st.cm, Instant::now());
+        self.inner.kick(&mut st);
+        r
+    }
+
+    /// Moves `qp` (RESET or INIT) through INIT, RTR and RTS with what the
+    /// CM negotiated for a connection (`shared/spec/cm.md` §4.6), as
+    /// librdmacm does with the kernel's attributes.
+    pub fn connect_qp(&self, qp: &QueuePair, info: &ConnInfo) -> Result<()> {
+        let dev_mtu = self.inner.ctx.query_port(1)?.active_mtu;
+        move_qp(qp, info, dev_mtu)
+    }
+
+    /// An unused ephemeral port of this agent (32768..60999, in turn).
+    pub fn ephemeral_port(&self) -> u16 {
+        let mut st = self.inner.lock();
+        st.next_port = if st.next_port >= 60999 { 32768 } else { st.next_port + 1 };
+        st.next_port
     }
 
     /// `rdma_destroy_id`: what the state needs on the wire, then no events.

@@ -1,0 +1,254 @@
+//! The devices the CM uses and the routing of their agents' events. Each
+//! device is opened once through this library's own `ibv_open_device` (so
+//! `id->verbs` is an ordinary context of the process), with one PD for
+//! `id->pd` and one CM agent on its QP 1; a thread per device takes the
+//! agent's events and queues them, as `rdma_cm_event`s, on the channel of
+//! the id they belong to. For a REP on an id with a QP it first does what
+//! librdmacm does: QP to RTS, RTU, then ESTABLISHED (CONNECT_ERROR if the
+//! QP cannot move).
+
+use super::channel::{push, UEvent, MAX_PRIVATE};
+use super::id::{self, IdState, UId};
+use crate::ffi::cma::*;
+use crate::ffi::*;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+use uroce::cm::{CmEndpoint, CmEvent, ConnId, EventKind, ListenId, Param};
+
+pub struct Dev {
+    pub ip: IpAddr,
+    /// The `ibv_context` and `ibv_pd` of the device (never closed: ids may
+    /// point to them until the process ends).
+    pub ctx: usize,
+    pub pd: usize,
+    pub ep: Arc<CmEndpoint>,
+}
+
+pub struct Global {
+    pub devs: Vec<Dev>,
+    /// Live ids by their `UId` address.
+    pub ids: HashMap<usize, IdState>,
+    pub by_conn: HashMap<(usize, ConnId), usize>,
+    pub by_listen: HashMap<(usize, ListenId), usize>,
+    pub next_serial: u64,
+}
+
+impl Global {
+    pub fn new() -> Global {
+        Global {
+            devs: Vec::new(),
+            ids: HashMap::new(),
+            by_conn: HashMap::new(),
+            by_listen: HashMap::new(),
+            next_serial: 1,
+        }
+    }
+}
+
+fn open_device(dev: *mut ibv_device) -> Result<Dev, i32> {
+    // SAFETY: a device of our list.
+    let ctx = unsafe { crate::device::ibv_open_device(dev) };
+    if ctx.is_null() {
+        return Err(crate::errno::last());
+    }
+    // SAFETY: our context.
+    let u = unsafe { crate::device::UContext::from_ctx(ctx) };
+    let ip = u.ctx.local_addr().ip();
+    let ep = match CmEndpoint::open(&u.ctx) {
+        Ok(ep) => Arc::new(ep),
+        Err(e) => {
+            // SAFETY: opened above, unused.
+            unsafe { crate::device::ibv_close_device(ctx) };
+            return Err(e.errno.0);
+        }
+    };
+    // SAFETY: our context.
+    let pd = unsafe { crate::objects::ibv_alloc_pd(ctx) };
+    if pd.is_null() {
+        return Err(crate::errno::last());
+    }
+    Ok(Dev { ip, ctx: ctx as usize, pd: pd as usize, ep })
+}
+
+/// The device whose address is `ip` (any address: the default device),
+/// opened and its agent started on first use. EADDRNOTAVAIL if no device
+/// of this process has that address.
+pub fn device_for(g: &mut Global, ip: Option<IpAddr>) -> Result<usize, i32> {
+    let want = ip.filter(|a| !a.is_unspecified());
+    if let Some(i) = g.devs.iter().position(|d| want.is_none() || Some(d.ip) == want) {
+        return Ok(i);
+    }
+    let mut n = 0;
+    // SAFETY: our device list, freed below.
+    let list = unsafe { crate::device::ibv_get_device_list(&mut n) };
+    if list.is_null() || n == 0 {
+        return Err(libc::ENODEV);
+    }
+    let mut res = Err(libc::EADDRNOTAVAIL);
+    for i in 0..n as usize {
+        // SAFETY: i < n.
+        let d = unsafe { *list.add(i) };
+        // SAFETY: devices of our list are UDevices.
+        let cfg = unsafe { &(*(d as *const crate::device::UDevice)).cfg };
+        let open_it = match (want, cfg.addr) {
+            (None, _) => i == 0,
+            (Some(w), Some(a)) => a == w,
+            // A device that takes the first free address: opened to see it.
+            (Some(_), None) => i == 0,
+        };
+        if !open_it || g.devs.iter().any(|x| Some(x.ip) == cfg.addr) {
+            continue;
+        }
+        match open_device(d) {
+            Ok(dev) => {
+                let matches = want.is_none() || Some(dev.ip) == want;
+                let ep = dev.ep.clone();
+                let idx = g.devs.len();
+                g.devs.push(dev);
+                let _ = std::thread::Builder::new().name("uroce-rdmacm".into()).spawn(move || dispatch(idx, ep));
+                if matches {
+                    res = Ok(idx);
+                    break;
+                }
+            }
+            Err(e) => res = Err(e),
+        }
+    }
+    // SAFETY: from ibv_get_device_list.
+    unsafe { crate::device::ibv_free_device_list(list) };
+    res
+}
+
+fn dispatch(dev: usize, ep: Arc<CmEndpoint>) {
+    loop {
+        if let Some(e) = ep.next_event(Duration::from_millis(500)) {
+            route(dev, &ep, e);
+        }
+    }
+}
+
+pub fn sockaddr_of(a: SocketAddr) -> libc::sockaddr_storage {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut s: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match a {
+        SocketAddr::V4(v) => {
+            // SAFETY: sockaddr_in fits in sockaddr_storage.
+            let sin = unsafe { &mut *(&mut s as *mut _ as *mut libc::sockaddr_in) };
+            sin.sin_family = libc::AF_INET as u16;
+            sin.sin_port = v.port().to_be();
+            sin.sin_addr.s_addr = u32::from(*v.ip()).to_be();
+        }
+        SocketAddr::V6(v) => {
+            // SAFETY: sockaddr_in6 fits in sockaddr_storage.
+            let sin = unsafe { &mut *(&mut s as *mut _ as *mut libc::sockaddr_in6) };
+            sin.sin6_family = libc::AF_INET6 as u16;
+            sin.sin6_port = v.port().to_be();
+            sin.sin6_addr.s6_addr = v.ip().octets();
+        }
+    }
+    s
+}
+
+/// Fills an event's parameters from the agent's.
+pub fn fill(ev: &mut UEvent, e: &CmEvent, remote: Option<SocketAddr>) {
+    ev.ev.event = e.kind as u32;
+    ev.ev.status = e.status;
+    let n = e.private_data.len().min(MAX_PRIVATE);
+    ev.private[..n].copy_from_slice(&e.private_data[..n]);
+    let pd = if n > 0 { ev.private.as_ptr() as *const libc::c_void } else { std::ptr::null() };
+    match e.param {
+        Param::Ud(u) => {
+            // SAFETY: the param union's ud member; plain data.
+            let ud = unsafe { ev.ev.param.ud.as_mut() };
+            ud.private_data = pd;
+            ud.private_data_len = n as u8;
+            ud.qp_num = u.qp_num;
+            ud.qkey = u.qkey;
+            if let Some(r) = remote {
+                ud.ah_attr.is_global = 1;
+                ud.ah_attr.port_num = 1;
+                ud.ah_attr.grh.hop_limit = 64;
+                ud.ah_attr.grh.dgid.raw = uroce::ib::Gid::from_ip(r.ip()).0;
+            }
+        }
+        Param::Conn(c) => {
+            // SAFETY: the param union's conn member; plain data.
+            let p = unsafe { ev.ev.param.conn.as_mut() };
+            p.private_data = pd;
+            p.private_data_len = n as u8;
+            p.responder_resources = c.responder_resources;
+            p.initiator_depth = c.initiator_depth;
+            p.flow_control = c.flow_control as u8;
+            p.retry_count = c.retry_count;
+            p.rnr_retry_count = c.rnr_retry_count;
+            p.srq = c.srq as u8;
+            p.qp_num = c.qp_num;
+        }
+        Param::None => {
+            // SAFETY: as above.
+            let p = unsafe { ev.ev.param.conn.as_mut() };
+            p.private_data = pd;
+            p.private_data_len = n as u8;
+        }
+    }
+}
+
+fn route(dev: usize, ep: &CmEndpoint, mut e: CmEvent) {
+    let mut g = super::lock();
+    let mut ev = UEvent::new();
+    if e.kind == EventKind::ConnectRequest {
+        let Some(&l) = e.listen_id.and_then(|l| g.by_listen.get(&(dev, l))) else {
+            ep.with_cm(|cm, now| cm.reject(now, e.id, uroce::cm::mad::rej_reason::CONSUMER_DEFINED, &[]).ok());
+            return;
+        };
+        let info = ep.with_cm(|cm, _| cm.conn_info(e.id).cloned());
+        let Some(info) = info else { return };
+        // SAFETY: a live listener id (in by_listen).
+        let child = unsafe { id::new_child(&mut g, l as *mut UId, dev, e.id, &info) };
+        let remote = Some(info.remote);
+        fill(&mut ev, &e, remote);
+        ev.ev.id = child as *mut rdma_cm_id;
+        ev.ev.listen_id = l as *mut rdma_cm_id;
+        let Some(ls) = g.ids.get(&l) else { return };
+        ev.owner = l;
+        ev.serial = ls.serial;
+        // SAFETY: the listener is alive; its channel too.
+        unsafe { push((*(l as *mut UId)).id.channel, ev) };
+        return;
+    }
+    let Some(&idp) = g.by_conn.get(&(dev, e.id)) else { return };
+    let u = idp as *mut UId;
+    let info = ep.with_cm(|cm, _| cm.conn_info(e.id).cloned());
+    // SAFETY: a live id (in by_conn).
+    let qp = unsafe { (*u).id.qp };
+    match e.kind {
+        EventKind::ConnectResponse if !qp.is_null() => {
+            // SAFETY: the id's QP, one of ours.
+            let moved = info.as_ref().map_or(Err(libc::ECONNABORTED), |i| unsafe { id::connect_qp(ep, qp, i) });
+            if moved.is_ok() && ep.with_cm(|cm, now| cm.establish(now, e.id)).is_ok() {
+                e.kind = EventKind::Established;
+            } else {
+                e.kind = EventKind::ConnectError;
+                e.status = -moved.err().unwrap_or(libc::EINVAL);
+                if let Some(s) = g.ids.get_mut(&idp) {
+                    s.conn_error = true;
+                }
+            }
+        }
+        EventKind::Rejected | EventKind::Disconnected if g.ids.get(&idp).is_some_and(|s| s.conn_error) => return,
+        EventKind::Rejected if !qp.is_null() => {
+            // SAFETY: the id's QP.
+            unsafe { id::qp_to_err(qp) };
+        }
+        _ => {}
+    }
+    fill(&mut ev, &e, info.map(|i| i.remote));
+    ev.ev.id = u as *mut rdma_cm_id;
+    let Some(s) = g.ids.get(&idp) else { return };
+    ev.owner = idp;
+    ev.serial = s.serial;
+    // SAFETY: live id, live channel.
+    unsafe { push((*u).id.channel, ev) };
+}

@@ -1,0 +1,1184 @@
+//! `rdma_cm_id`s and the calls on them. An id is a `UId` whose first field
+//! is the public `struct rdma_cm_id`; its private state (device, CM
+//! connection or listener, unacked events) lives in the global state under
+//! its address. Ids with no channel (`rdma_create_id(NULL, …)`,
+//! `rdma_create_ep`) get a private channel and the calls that cause an
+//! event wait for it, as librdmacm's synchronous mode does.
+
+use super::channel::{self, UEvent};
+use super::dev::{self, Global};
+use crate::errno::set_errno;
+use crate::ffi::cma::*;
+use crate::ffi::*;
+use std::ffi::{c_int, c_void};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use uroce::cm::{
+    AcceptParams, CmEndpoint, ConnId, ConnInfo, ConnectParams, ListenParams, PortSpace, SidrParams, RDMA_UDP_QKEY,
+};
+use uroce::ib::{QpAttrMask, QpState};
+
+/// `rdma_create_ep`'s QP attributes, kept for `rdma_get_request`.
+#[derive(Clone, Copy)]
+pub struct EpAttr(pub ibv_qp_init_attr);
+// SAFETY: plain values and the application's object pointers, only used
+// under the state lock and given back to the verbs calls.
+unsafe impl Send for EpAttr {}
+
+#[repr(C)]
+pub struct UId {
+    pub id: rdma_cm_id,
+    /// The one path record `route.path_rec` points to.
+    pub path: ibv_sa_path_rec,
+}
+
+/// What the library knows of an id besides its public part.
+#[derive(Default)]
+pub struct IdState {
+    pub serial: u64,
+    /// Events read by the application and not yet acked.
+    pub unacked: u32,
+    pub dev: Option<usize>,
+    pub conn: Option<ConnId>,
+    pub listen: Option<uroce::cm::ListenId>,
+    /// A private channel: calls wait for their event.
+    pub sync: bool,
+    /// The library reported CONNECT_ERROR: later REJECTED/DISCONNECTED dropped.
+    pub conn_error: bool,
+    /// CQs and channels `rdma_create_qp` made (destroyed with the QP).
+    pub own_cqs: bool,
+    /// `rdma_create_ep`'s QP attributes, for the ids `rdma_get_request` returns.
+    pub ep_attr: Option<EpAttr>,
+    pub reuse: bool,
+    pub tos: u8,
+}
+
+fn fail(e: c_int) -> c_int {
+    set_errno(e);
+    -1
+}
+
+fn ps_of(ps: u32) -> Option<PortSpace> {
+    match ps {
+        0x0002 => Some(PortSpace::Ipoib),
+        0x0106 => Some(PortSpace::Tcp),
+        0x0111 => Some(PortSpace::Udp),
+        0x013F => Some(PortSpace::Ib),
+        _ => None,
+    }
+}
+
+/// A caller's sockaddr (AF_INET / AF_INET6).
+pub unsafe fn read_sockaddr(sa: *const libc::sockaddr) -> Option<SocketAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's sockaddr of the family it says.
+    unsafe {
+        match (*sa).sa_family as c_int {
+            libc::AF_INET => {
+                let s = &*(sa as *const libc::sockaddr_in);
+                Some(SocketAddr::new(
+                    IpAddr::V4(Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr))),
+                    u16::from_be(s.sin_port),
+                ))
+            }
+            libc::AF_INET6 => {
+                let s = &*(sa as *const libc::sockaddr_in6);
+                let ip = Ipv6Addr::from(s.sin6_addr.s6_addr);
+                Some(SocketAddr::new(ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4), u16::from_be(s.sin6_port)))
+            }
+            _ => None,
+        }
+    }
+}
+
+fn addrs(u: *mut UId) -> *mut libc::sockaddr_storage {
+    // SAFETY: route.addr starts with src (128 bytes) then dst (128 bytes).
+    unsafe { std::ptr::addr_of_mut!((*u).id.route.addr) as *mut libc::sockaddr_storage }
+}
+
+unsafe fn set_src(u: *mut UId, a: SocketAddr) {
+    // SAFETY: the id's src_addr storage; its ibaddr after both addresses.
+    unsafe {
+        *addrs(u) = dev::sockaddr_of(a);
+        let ib = (addrs(u) as *mut u8).add(256);
+        std::ptr::copy_nonoverlapping(uroce::ib::Gid::from_ip(a.ip()).0.as_ptr(), ib, 16);
+        *(ib.add(32) as *mut u16) = 0xFFFFu16.to_be();
+        (*u).path.sgid.raw = uroce::ib::Gid::from_ip(a.ip()).0;
+        (*u).path.pkey = 0xFFFFu16.to_be();
+    }
+}
+
+unsafe fn set_dst(u: *mut UId, a: SocketAddr) {
+    // SAFETY: as set_src.
+    unsafe {
+        *addrs(u).add(1) = dev::sockaddr_of(a);
+        let ib = (addrs(u) as *mut u8).add(256 + 16);
+        std::ptr::copy_nonoverlapping(uroce::ib::Gid::from_ip(a.ip()).0.as_ptr(), ib, 16);
+        (*u).path.dgid.raw = uroce::ib::Gid::from_ip(a.ip()).0;
+    }
+}
+
+pub unsafe fn src_of(u: *mut UId) -> Option<SocketAddr> {
+    // SAFETY: the id's storage.
+    unsafe { read_sockaddr(addrs(u) as *const libc::sockaddr) }
+}
+
+pub unsafe fn dst_of(u: *mut UId) -> Option<SocketAddr> {
+    // SAFETY: the id's storage.
+    unsafe { read_sockaddr(addrs(u).add(1) as *const libc::sockaddr) }
+}
+
+unsafe fn alloc_id(g: &mut Global, ch: *mut rdma_event_channel, ctx: *mut c_void, ps: u32, qpt: u32) -> *mut UId {
+    let sync = ch.is_null();
+    let ch = if sync { channel::create() as *mut rdma_event_channel } else { ch };
+    if ch.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: plain old data; all-zero is valid.
+    let mut u: Box<UId> = Box::new(unsafe { std::mem::zeroed() });
+    u.id.channel = ch;
+    u.id.context = ctx;
+    u.id.ps = ps;
+    u.id.qp_type = qpt;
+    let u = Box::into_raw(u);
+    let serial = g.next_serial;
+    g.next_serial += 1;
+    g.ids.insert(u as usize, IdState { serial, sync, ..Default::default() });
+    u
+}
+
+unsafe fn attach_dev(g: &Global, u: *mut UId, dev: usize) {
+    let d = &g.devs[dev];
+    // SAFETY: a live id.
+    unsafe {
+        (*u).id.verbs = d.ctx as *mut ibv_context;
+        (*u).id.pd = d.pd as *mut ibv_pd;
+        (*u).id.port_num = 1;
+    }
+}
+
+/// The id of a CONNECT_REQUEST: the listener's channel (a private one for
+/// a synchronous listener), context, port space and QP type.
+pub unsafe fn new_child(g: &mut Global, l: *mut UId, dev: usize, conn: ConnId, info: &ConnInfo) -> *mut UId {
+    let lsync = g.ids.get(&(l as usize)).is_some_and(|s| s.sync);
+    // SAFETY: the live listener.
+    let (ch, ctx, ps, qpt) = unsafe { ((*l).id.channel, (*l).id.context, (*l).id.ps, (*l).id.qp_type) };
+    // SAFETY: as alloc_id's contract.
+    let u = unsafe { alloc_id(g, if lsync { std::ptr::null_mut() } else { ch }, ctx, ps, qpt) };
+    if u.is_null() {
+        return u;
+    }
+    // SAFETY: the new id.
+    unsafe {
+        attach_dev(g, u, dev);
+        set_src(u, info.local);
+        set_dst(u, info.remote);
+        (*u).id.route.path_rec = &mut (*u).path;
+        (*u).id.route.num_paths = 1;
+    }
+    let s = g.ids.get_mut(&(u as usize)).expect("just inserted");
+    s.dev = Some(dev);
+    s.conn = Some(conn);
+    g.by_conn.insert((dev, conn), u as usize);
+    u
+}
+
+unsafe fn core_qp<'a>(qp: *mut ibv_qp) -> Option<&'a uroce::verbs::QueuePair> {
+    // SAFETY: every QP of this library is the first field of a UQp.
+    unsafe { (*(qp as *const crate::objects::UQp)).inner.as_ref() }
+}
+
+/// INIT → RTR → RTS with the connection's values (librdmacm's
+/// `ucma_modify_qp_rtr/rts`).
+pub unsafe fn connect_qp(ep: &CmEndpoint, qp: *mut ibv_qp, info: &ConnInfo) -> Result<(), c_int> {
+    // SAFETY: the id's QP.
+    let q = unsafe { core_qp(qp) }.ok_or(libc::EINVAL)?;
+    let r = ep.connect_qp(q, info).map_err(|e| e.errno.0);
+    // SAFETY: as above.
+    unsafe { sync_state(qp) };
+    r
+}
+
+/// `qp->state` as `ibv_modify_qp` leaves it (applications read it).
+unsafe fn sync_state(qp: *mut ibv_qp) {
+    // SAFETY: one of our QPs.
+    if let Some(q) = unsafe { core_qp(qp) } {
+        // SAFETY: as above.
+        unsafe { (*qp).state = q.state().to_raw() as _ };
+    }
+}
+
+pub unsafe fn qp_to_err(qp: *mut ibv_qp) {
+    // SAFETY: the id's QP.
+    if let Some(q) = unsafe { core_qp(qp) } {
+        let a = uroce::verbs::QpAttr { qp_state: QpState::Err, ..Default::default() };
+        let _ = q.modify(&a, QpAttrMask::STATE);
+        // SAFETY: as above.
+        unsafe { sync_state(qp) };
+    }
+}
+
+/// Queues an event the library itself produces (address and route resolution).
+unsafe fn local_event(g: &Global, u: *mut UId, kind: u32, status: c_int) {
+    let Some(s) = g.ids.get(&(u as usize)) else { return };
+    let mut ev = UEvent::new();
+    ev.ev.id = u as *mut rdma_cm_id;
+    ev.ev.event = kind;
+    ev.ev.status = status;
+    ev.owner = u as usize;
+    ev.serial = s.serial;
+    // SAFETY: a live id and its channel.
+    unsafe { channel::push((*u).id.channel, ev) };
+}
+
+unsafe fn ack_pending(u: *mut UId) {
+    // SAFETY: a live id; its pending event is ours.
+    unsafe {
+        let e = (*u).id.event;
+        if !e.is_null() {
+            (*u).id.event = std::ptr::null_mut();
+            channel::uroce_cm_rdma_ack_cm_event(e);
+        }
+    }
+}
+
+/// For a synchronous id: waits for the event the call caused, keeps it in
+/// `id->event` and maps a failure as `ucma_complete` does.
+unsafe fn complete(u: *mut UId, want: u32) -> c_int {
+    if !super::lock().ids.get(&(u as usize)).is_some_and(|s| s.sync) {
+        return 0;
+    }
+    // SAFETY: a live synchronous id.
+    unsafe {
+        ack_pending(u);
+        let ev = match channel::get((*u).id.channel) {
+            Ok(ev) => ev,
+            Err(e) => return fail(e),
+        };
+        (*u).id.event = ev as *mut rdma_cm_event;
+        let (kind, status) = ((*ev).ev.event, (*ev).ev.status);
+        if kind == want && status == 0 {
+            return 0;
+        }
+        if kind == 8 {
+            return fail(libc::ECONNREFUSED);
+        }
+        fail(if status < 0 {
+            -status
+        } else if status > 0 {
+            status
+        } else {
+            libc::EINVAL
+        })
+    }
+}
+
+fn with_id<R>(id: *mut rdma_cm_id, f: impl FnOnce(&mut Global, *mut UId) -> Result<R, c_int>) -> Result<R, c_int> {
+    let mut g = super::lock();
+    if id.is_null() || !g.ids.contains_key(&(id as usize)) {
+        return Err(libc::EINVAL);
+    }
+    f(&mut g, id as *mut UId)
+}
+
+fn rc(r: Result<(), c_int>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => fail(e),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_create_id(
+    ch: *mut rdma_event_channel,
+    id: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: u32,
+) -> c_int {
+    let qpt = match ps_of(ps) {
+        Some(PortSpace::Ipoib | PortSpace::Udp) => ibv_qp_type_IBV_QPT_UD,
+        Some(_) => ibv_qp_type_IBV_QPT_RC,
+        None => return fail(libc::EINVAL),
+    };
+    // SAFETY: as rdma_create_id_ex.
+    unsafe { create_id_ex(ch, id, context, ps, qpt) }
+}
+
+unsafe fn create_id_ex(
+    ch: *mut rdma_event_channel,
+    id: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: u32,
+    qpt: u32,
+) -> c_int {
+    if id.is_null() {
+        return fail(libc::EINVAL);
+    }
+    let mut g = super::lock();
+    // SAFETY: the caller's channel or NULL.
+    let u = unsafe { alloc_id(&mut g, ch, context, ps, qpt) };
+    if u.is_null() {
+        return fail(libc::ENOMEM);
+    }
+    // SAFETY: the caller's out pointer.
+    unsafe { *id = u as *mut rdma_cm_id };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
+    let u = id as *mut UId;
+    let sync = {
+        let mut g = super::lock();
+        let Some(s) = g.ids.get(&(u as usize)) else { return fail(libc::EINVAL) };
+        let (dev, conn, listen, sync) = (s.dev, s.conn, s.listen, s.sync);
+        if let Some(d) = dev {
+            let ep = g.devs[d].ep.clone();
+            if let Some(c) = conn {
+                ep.with_cm(|cm, now| cm.destroy(now, c).ok());
+                g.by_conn.remove(&(d, c));
+            }
+            if let Some(l) = listen {
+                ep.with_cm(|cm, _| cm.unlisten(l).ok());
+                g.by_listen.remove(&(d, l));
+            }
+        }
+        sync
+    };
+    if sync {
+        // SAFETY: a live id.
+        unsafe { ack_pending(u) };
+    }
+    // The kernel's rule: wait until every event reported for the id is acked.
+    let mut g = super::lock();
+    while g.ids.get(&(u as usize)).is_some_and(|s| s.unacked > 0) {
+        g = super::ACKED.wait(g).unwrap_or_else(|p| p.into_inner());
+    }
+    g.ids.remove(&(u as usize));
+    drop(g);
+    // SAFETY: no longer reachable from the state; the application gives it up.
+    let b = unsafe { Box::from_raw(u) };
+    if sync {
+        // SAFETY: the id's private channel.
+        unsafe { channel::destroy(b.id.channel, true) };
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
+    // SAFETY: the caller's sockaddr.
+    let Some(a) = (unsafe { read_sockaddr(addr) }) else { return fail(libc::EAFNOSUPPORT) };
+    rc(with_id(id, |g, u| {
+        let s = &g.ids[&(u as usize)];
+        if s.dev.is_some() {
+            return Err(libc::EINVAL);
+        }
+        let d = dev::device_for(g, Some(a.ip()))?;
+        let mut a = a;
+        if a.port() == 0 {
+            // As the kernel: binding to port 0 takes an ephemeral port.
+            a.set_port(g.devs[d].ep.ephemeral_port());
+        }
+        // SAFETY: a live id.
+        unsafe {
+            attach_dev(g, u, d);
+            set_src(u, a);
+        }
+        g.ids.get_mut(&(u as usize)).expect("live").dev = Some(d);
+        Ok(())
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_resolve_addr(
+    id: *mut rdma_cm_id,
+    src: *mut libc::sockaddr,
+    dst: *mut libc::sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    // SAFETY: the caller's sockaddrs.
+    let (s, Some(d)) = (unsafe { read_sockaddr(src) }, unsafe { read_sockaddr(dst) }) else {
+        return fail(libc::EINVAL);
+    };
+    let r = with_id(id, |g, u| {
+        let dev = match g.ids[&(u as usize)].dev {
+            Some(x) => x,
+            None => {
+                let x = dev::device_for(g, s.map(|s| s.ip()))?;
+                // SAFETY: a live id.
+                unsafe {
+                    attach_dev(g, u, x);
+                    set_src(u, SocketAddr::new(g.devs[x].ip, s.map_or(0, |s| s.port())));
+                }
+                g.ids.get_mut(&(u as usize)).expect("live").dev = Some(x);
+                x
+            }
+        };
+        if d.is_ipv4() != g.devs[dev].ip.is_ipv4() {
+            return Err(libc::EAFNOSUPPORT);
+        }
+        // SAFETY: a live id.
+        unsafe {
+            set_dst(u, d);
+            local_event(g, u, rdma_cm_event_type_RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        return fail(e);
+    }
+    // SAFETY: a live id.
+    unsafe { complete(id as *mut UId, rdma_cm_event_type_RDMA_CM_EVENT_ADDR_RESOLVED) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
+    let r = with_id(id, |g, u| {
+        // SAFETY: a live id.
+        if g.ids[&(u as usize)].dev.is_none() || unsafe { dst_of(u) }.is_none() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: a live id.
+        unsafe {
+            (*u).path.hop_limit = 64;
+            (*u).path.mtu = 3;
+            (*u).path.packet_life_time = 16;
+            (*u).id.route.path_rec = &mut (*u).path;
+            (*u).id.route.num_paths = 1;
+            local_event(g, u, rdma_cm_event_type_RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        return fail(e);
+    }
+    // SAFETY: a live id.
+    unsafe { complete(id as *mut UId, rdma_cm_event_type_RDMA_CM_EVENT_ROUTE_RESOLVED) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
+    rc(with_id(id, |g, u| {
+        let s = &g.ids[&(u as usize)];
+        if s.listen.is_some() {
+            return Ok(());
+        }
+        let d = match s.dev {
+            Some(d) => d,
+            None => {
+                // Listening unbound: any address, an ephemeral port (as the kernel autobinds).
+                let d = dev::device_for(g, None)?;
+                // SAFETY: a live id.
+                unsafe {
+                    attach_dev(g, u, d);
+                    set_src(u, SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0));
+                }
+                g.ids.get_mut(&(u as usize)).expect("live").dev = Some(d);
+                d
+            }
+        };
+        // SAFETY: a live id.
+        let mut a = unsafe { src_of(u) }.ok_or(libc::EINVAL)?;
+        let ep = g.devs[d].ep.clone();
+        if a.port() == 0 {
+            a.set_port(ep.ephemeral_port());
+            // SAFETY: a live id.
+            unsafe { set_src(u, a) };
+        }
+        // SAFETY: a live id.
+        let ps = ps_of(unsafe { (*u).id.ps }).ok_or(libc::EINVAL)?;
+        let addr = Some(a.ip()).filter(|i| !i.is_unspecified());
+        let p = ListenParams { ps, addr, port: a.port(), backlog: backlog.max(0) as u32 };
+        let l = ep.with_cm(|cm, _| cm.listen(p)).map_err(|e| e.errno.0)?;
+        g.ids.get_mut(&(u as usize)).expect("live").listen = Some(l);
+        g.by_listen.insert((d, l), u as usize);
+        Ok(())
+    }))
+}
+
+unsafe fn param<'a>(p: *mut rdma_conn_param) -> Option<&'a rdma_conn_param> {
+    // SAFETY: the caller's param or NULL.
+    unsafe { p.as_ref() }
+}
+
+unsafe fn private<'a>(p: Option<&rdma_conn_param>) -> &'a [u8] {
+    match p {
+        Some(p) if !p.private_data.is_null() && p.private_data_len > 0 => {
+            // SAFETY: the caller's private data of the length it gives.
+            unsafe { std::slice::from_raw_parts(p.private_data as *const u8, p.private_data_len as usize) }
+        }
+        _ => &[],
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
+    // SAFETY: the caller's param.
+    let p = unsafe { param(conn_param) };
+    let r = with_id(id, |g, u| {
+        let s = &g.ids[&(u as usize)];
+        let d = s.dev.ok_or(libc::EINVAL)?;
+        if s.conn.is_some() {
+            return Err(libc::EISCONN);
+        }
+        // SAFETY: a live id.
+        let (dst, mut src, qp, ps) =
+            unsafe { (dst_of(u).ok_or(libc::EINVAL)?, src_of(u).ok_or(libc::EINVAL)?, (*u).id.qp, (*u).id.ps) };
+        let ps = ps_of(ps).ok_or(libc::EINVAL)?;
+        // SAFETY: the id's QP, if any.
+        let (qp_uc, qp_srq) = if qp.is_null() {
+            (false, false)
+        } else {
+            unsafe { ((*qp).qp_type == ibv_qp_type_IBV_QPT_UC, !(*qp).srq.is_null()) }
+        };
+        let ep = g.devs[d].ep.clone();
+        if src.port() == 0 {
+            src.set_port(ep.ephemeral_port());
+            // SAFETY: a live id.
+            unsafe { set_src(u, src) };
+        }
+        // SAFETY: the caller's private data.
+        let pdata = unsafe { private(p) }.to_vec();
+        let conn = if ps.is_ud() {
+            let sp = SidrParams { ps, src_port: src.port(), dst, private_data: pdata };
+            ep.with_cm(|cm, now| cm.sidr_resolve(now, sp)).map_err(|e| e.errno.0)?
+        } else {
+            if qp.is_null() && p.is_none() {
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: the id's QP.
+            let qpn = if qp.is_null() { p.map_or(0, |p| p.qp_num) } else { unsafe { (*qp).qp_num } };
+            let transport = if qp_uc { uroce::cm::mad::TransportType::Uc } else { uroce::cm::mad::TransportType::Rc };
+            let lim = |v: u8| if v == 0xFF { 16 } else { v };
+            let cp = ConnectParams {
+                ps,
+                src_port: src.port(),
+                dst,
+                qpn,
+                transport,
+                responder_resources: p.map_or(0, |p| lim(p.responder_resources)),
+                initiator_depth: p.map_or(0, |p| lim(p.initiator_depth)),
+                flow_control: p.is_some_and(|p| p.flow_control != 0),
+                retry_count: p.map_or(7, |p| p.retry_count),
+                rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count),
+                srq: p.is_some_and(|p| p.srq != 0) || qp_srq,
+                traffic_class: g.ids[&(u as usize)].tos,
+                private_data: pdata,
+            };
+            ep.with_cm(|cm, now| cm.connect(now, cp)).map_err(|e| e.errno.0)?
+        };
+        g.ids.get_mut(&(u as usize)).expect("live").conn = Some(conn);
+        g.by_conn.insert((d, conn), u as usize);
+        Ok(())
+    });
+    if let Err(e) = r {
+        return fail(e);
+    }
+    // SAFETY: a live id.
+    unsafe { complete(id as *mut UId, rdma_cm_event_type_RDMA_CM_EVENT_ESTABLISHED) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
+    // SAFETY: the caller's param.
+    let p = unsafe { param(conn_param) };
+    let mut ud = false;
+    let r = with_id(id, |g, u| {
+        let s = &g.ids[&(u as usize)];
+        let (d, c) = (s.dev.ok_or(libc::EINVAL)?, s.conn.ok_or(libc::EINVAL)?);
+        let ep = g.devs[d].ep.clone();
+        // SAFETY: a live id.
+        let (qp, ps) = unsafe { ((*u).id.qp, ps_of((*u).id.ps).ok_or(libc::EINVAL)?) };
+        // SAFETY: the caller's private data.
+        let pdata = unsafe { private(p) }.to_vec();
+        // SAFETY: the id's QP.
+        let qpn = if qp.is_null() { p.map_or(0, |p| p.qp_num) } else { unsafe { (*qp).qp_num } };
+        if ps.is_ud() {
+            ud = true;
+            let a = AcceptParams { qpn, qkey: RDMA_UDP_QKEY, private_data: pdata, ..AcceptParams::default() };
+            return ep.with_cm(|cm, now| cm.accept(now, c, a)).map_err(|e| e.errno.0);
+        }
+        if qp.is_null() && p.is_none() {
+            return Err(libc::EINVAL);
+        }
+        let mut info = ep.with_cm(|cm, _| cm.conn_info(c).cloned()).ok_or(libc::EINVAL)?;
+        let pick = |given: Option<u8>, offered: u8| match given {
+            None | Some(0xFF) => offered.min(16),
+            Some(v) => v,
+        };
+        info.responder_resources = pick(p.map(|p| p.responder_resources), info.responder_resources);
+        info.initiator_depth = pick(p.map(|p| p.initiator_depth), info.initiator_depth);
+        if !qp.is_null() {
+            // SAFETY: the id's QP.
+            if let Err(e) = unsafe { connect_qp(&ep, qp, &info) } {
+                // SAFETY: the id's QP.
+                unsafe { qp_to_err(qp) };
+                return Err(e);
+            }
+        }
+        let a = AcceptParams {
+            qpn,
+            responder_resources: info.responder_resources,
+            initiator_depth: info.initiator_depth,
+            flow_control: p.is_some_and(|p| p.flow_control != 0),
+            rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count),
+            // SAFETY: the id's QP.
+            srq: p.is_some_and(|p| p.srq != 0) || (!qp.is_null() && unsafe { !(*qp).srq.is_null() }),
+            qkey: 0,
+            private_data: pdata,
+        };
+        ep.with_cm(|cm, now| cm.accept(now, c, a)).map_err(|e| e.errno.0)
+    });
+    if let Err(e) = r {
+        return fail(e);
+    }
+    if ud {
+        return 0;
+    }
+    // SAFETY: a live id.
+    unsafe { complete(id as *mut UId, rdma_cm_event_type_RDMA_CM_EVENT_ESTABLISHED) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { reject(id, data, len, uroce::cm::mad::rej_reason::CONSUMER_DEFINED) }
+}
+
+/// `rdma_reject_ece`: REJ reason 35 (vendor option not supported).
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_reject_ece(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { reject(id, data, len, uroce::cm::mad::rej_reason::VENDOR_OPTION_NOT_SUPPORTED) }
+}
+
+unsafe fn reject(id: *mut rdma_cm_id, data: *const c_void, len: u8, reason: u16) -> c_int {
+    let pdata = if data.is_null() || len == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: the caller's bytes.
+        unsafe { std::slice::from_raw_parts(data as *const u8, len as usize) }.to_vec()
+    };
+    rc(with_id(id, |g, u| {
+        let s = &g.ids[&(u as usize)];
+        let (d, c) = (s.dev.ok_or(libc::EINVAL)?, s.conn.ok_or(libc::EINVAL)?);
+        g.devs[d].ep.with_cm(|cm, now| cm.reject(now, c, reason, &pdata)).map_err(|e| e.errno.0)
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
+    let r = with_id(id, |g, u| {
+        let s = &g.ids[&(u as usize)];
+        let (d, c) = (s.dev.ok_or(libc::EINVAL)?, s.conn.ok_or(libc::ENOTCONN)?);
+        // SAFETY: a live id and its QP.
+        unsafe {
+            if !(*u).id.qp.is_null() {
+                qp_to_err((*u).id.qp);
+            }
+        }
+        g.devs[d].ep.with_cm(|cm, now| cm.disconnect(now, c)).map_err(|e| e.errno.0)
+    });
+    if let Err(e) = r {
+        return fail(e);
+    }
+    // SAFETY: a live id.
+    unsafe { complete(id as *mut UId, rdma_cm_event_type_RDMA_CM_EVENT_DISCONNECTED) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_establish(id: *mut rdma_cm_id) -> c_int {
+    rc(with_id(id, |g, u| {
+        let s = &g.ids[&(u as usize)];
+        let (d, c) = (s.dev.ok_or(libc::EINVAL)?, s.conn.ok_or(libc::EINVAL)?);
+        g.devs[d].ep.with_cm(|cm, now| cm.establish(now, c)).map_err(|e| e.errno.0)
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_notify(id: *mut rdma_cm_id, event: u32) -> c_int {
+    if event != ibv_event_type_IBV_EVENT_COMM_EST {
+        return 0;
+    }
+    rc(with_id(id, |g, u| {
+        let s = &g.ids[&(u as usize)];
+        let (d, c) = (s.dev.ok_or(libc::EINVAL)?, s.conn.ok_or(libc::EINVAL)?);
+        g.devs[d].ep.with_cm(|cm, now| cm.notify_established(now, c)).map_err(|e| e.errno.0)
+    }))
+}
+
+/// Moves a new QP of `u` to INIT (RC/UC) or RTS (UD) as librdmacm does.
+unsafe fn init_new_qp(u: *mut UId, qp: *mut ibv_qp) -> Result<(), c_int> {
+    // SAFETY: our QP.
+    let q = unsafe { core_qp(qp) }.ok_or(libc::EINVAL)?;
+    if q.qp_type() == uroce::ib::QpType::Ud {
+        let mut a =
+            uroce::verbs::QpAttr { qp_state: QpState::Init, port_num: 1, qkey: RDMA_UDP_QKEY, ..Default::default() };
+        q.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY)
+            .map_err(|e| e.errno.0)?;
+        a.qp_state = QpState::Rtr;
+        q.modify(&a, QpAttrMask::STATE).map_err(|e| e.errno.0)?;
+        a.qp_state = QpState::Rts;
+        return q.modify(&a, QpAttrMask::STATE | QpAttrMask::SQ_PSN).map_err(|e| e.errno.0);
+    }
+    let _ = u;
+    CmEndpoint::init_qp(q).map_err(|e| e.errno.0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    if attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    let r = with_id(id, |g, u| {
+        // SAFETY: a live id; the caller's attributes.
+        unsafe {
+            if g.ids[&(u as usize)].dev.is_none() || !(*u).id.qp.is_null() {
+                return Err(libc::EINVAL);
+            }
+            let pd = if pd.is_null() { (*u).id.pd } else { pd };
+            if pd.is_null() || (*pd).context != (*u).id.verbs {
+                return Err(libc::EINVAL);
+            }
+            // As librdmacm: a copy; only the granted capabilities go back.
+            let mut b = *attr;
+            let a = &mut b;
+            let mut own = false;
+            if a.send_cq.is_null() || a.recv_cq.is_null() {
+                own = true;
+                let ctx = (*u).id.verbs;
+                for (cqp, chp, n) in [
+                    (&mut (*u).id.send_cq, &mut (*u).id.send_cq_channel, a.cap.max_send_wr),
+                    (&mut (*u).id.recv_cq, &mut (*u).id.recv_cq_channel, a.cap.max_recv_wr),
+                ] {
+                    let ch = crate::objects::ibv_create_comp_channel(ctx);
+                    if ch.is_null() {
+                        return Err(crate::errno::last());
+                    }
+                    let cq = crate::objects::ibv_create_cq(ctx, n.max(1) as c_int, std::ptr::null_mut(), ch, 0);
+                    if cq.is_null() {
+                        return Err(crate::errno::last());
+                    }
+                    *chp = ch;
+                    *cqp = cq;
+                }
+                a.send_cq = (*u).id.send_cq;
+                a.recv_cq = (*u).id.recv_cq;
+                g.ids.get_mut(&(u as usize)).expect("live").own_cqs = true;
+            } else {
+                (*u).id.send_cq = a.send_cq;
+                (*u).id.recv_cq = a.recv_cq;
+            }
+            let qp = crate::objects::ibv_create_qp(pd, a);
+            if qp.is_null() {
+                return Err(crate::errno::last());
+            }
+            (*attr).cap = a.cap;
+            let r = init_new_qp(u, qp);
+            sync_state(qp);
+            if let Err(e) = r {
+                crate::objects::ibv_destroy_qp(qp);
+                return Err(e);
+            }
+            (*u).id.qp = qp;
+            if !a.srq.is_null() {
+                (*u).id.srq = a.srq;
+            }
+            g.ids.get_mut(&(u as usize)).expect("live").own_cqs = own;
+        }
+        Ok(())
+    });
+    rc(r)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_qp_init_attr_ex) -> c_int {
+    if attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller's attributes.
+    let a = unsafe { &*attr };
+    if a.comp_mask & !ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD != 0 {
+        return fail(libc::EOPNOTSUPP);
+    }
+    let mut b = ibv_qp_init_attr {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+    };
+    let pd = if a.comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD != 0 { a.pd } else { std::ptr::null_mut() };
+    // SAFETY: forwarded.
+    let r = unsafe { uroce_cm_rdma_create_qp(id, pd, &mut b) };
+    if r == 0 {
+        // SAFETY: the caller's attributes: the capabilities granted.
+        unsafe { (*attr).cap = b.cap };
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_destroy_qp(id: *mut rdma_cm_id) {
+    let _ = with_id(id, |g, u| {
+        let own = g.ids[&(u as usize)].own_cqs;
+        // SAFETY: a live id and the objects rdma_create_qp made.
+        unsafe {
+            if !(*u).id.qp.is_null() {
+                crate::objects::ibv_destroy_qp((*u).id.qp);
+                (*u).id.qp = std::ptr::null_mut();
+            }
+            if own {
+                for cq in [(*u).id.send_cq, (*u).id.recv_cq] {
+                    crate::objects::ibv_destroy_cq(cq);
+                }
+                for ch in [(*u).id.send_cq_channel, (*u).id.recv_cq_channel] {
+                    crate::objects::ibv_destroy_comp_channel(ch);
+                }
+                (*u).id.send_cq = std::ptr::null_mut();
+                (*u).id.recv_cq = std::ptr::null_mut();
+                (*u).id.send_cq_channel = std::ptr::null_mut();
+                (*u).id.recv_cq_channel = std::ptr::null_mut();
+            }
+        }
+        g.ids.get_mut(&(u as usize)).expect("live").own_cqs = false;
+        Ok(())
+    });
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_migrate_id(id: *mut rdma_cm_id, ch: *mut rdma_event_channel) -> c_int {
+    let mut g = super::lock();
+    if id.is_null() || !g.ids.contains_key(&(id as usize)) {
+        return fail(libc::EINVAL);
+    }
+    while g.ids.get(&(id as usize)).is_some_and(|s| s.unacked > 0) {
+        g = super::ACKED.wait(g).unwrap_or_else(|p| p.into_inner());
+    }
+    let Some(s) = g.ids.get_mut(&(id as usize)) else { return fail(libc::EINVAL) };
+    let new = if ch.is_null() { channel::create() as *mut rdma_event_channel } else { ch };
+    if new.is_null() {
+        return fail(libc::ENOMEM);
+    }
+    // SAFETY: a live id.
+    let old = unsafe { (*id).channel };
+    let was_sync = s.sync;
+    s.sync = ch.is_null();
+    // SAFETY: a live id.
+    unsafe { (*id).channel = new };
+    if was_sync {
+        // SAFETY: its private channel, no longer used.
+        unsafe { channel::destroy(old, true) };
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_set_option(
+    id: *mut rdma_cm_id,
+    level: c_int,
+    optname: c_int,
+    optval: *mut c_void,
+    optlen: usize,
+) -> c_int {
+    rc(with_id(id, |g, u| {
+        if optval.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let s = g.ids.get_mut(&(u as usize)).expect("live");
+        match (level, optname) {
+            // RDMA_OPTION_ID_TOS (u8): the REQ's traffic class.
+            // SAFETY: the caller's option of the length it gives.
+            (0, 0) if optlen == 1 => s.tos = unsafe { *(optval as *const u8) },
+            // REUSEADDR (int)
+            // SAFETY: as above.
+            (0, 1) if optlen == 4 => s.reuse = unsafe { *(optval as *const c_int) } != 0,
+            // AFONLY (int); ACK_TIMEOUT (u8): accepted, the CM's own values are used.
+            (0, 2) if optlen == 4 => {}
+            (0, 3) if optlen == 1 => {}
+            // RDMA_OPTION_IB_PATH: RoCE takes no IB paths.
+            (1, 1) => return Err(libc::EOPNOTSUPP),
+            _ => return Err(libc::ENOSYS),
+        }
+        Ok(())
+    }))
+}
+
+unsafe fn port_of(sa: *const libc::sockaddr) -> u16 {
+    // SAFETY: the id's storage.
+    unsafe { read_sockaddr(sa) }.map_or(0, |a| a.port().to_be())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
+    if id.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's id (rdma_get_src_port reads the struct only).
+    unsafe { port_of(addrs(id as *mut UId) as *const libc::sockaddr) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
+    if id.is_null() {
+        return 0;
+    }
+    // SAFETY: as above; dst_addr follows src_addr.
+    unsafe { port_of(addrs(id as *mut UId).add(1) as *const libc::sockaddr) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int {
+    if id.is_null() {
+        return fail(libc::EINVAL);
+    }
+    let ch = {
+        let g = super::lock();
+        match g.ids.get(&(listen as usize)) {
+            Some(s) if s.sync && s.listen.is_some() => {}
+            _ => return fail(libc::EINVAL),
+        }
+        // SAFETY: a live id.
+        unsafe { (*listen).channel }
+    };
+    // SAFETY: the listener's private channel.
+    unsafe {
+        ack_pending(listen as *mut UId);
+        let ev = match channel::get(ch) {
+            Ok(e) => e,
+            Err(e) => return fail(e),
+        };
+        if (*ev).ev.event != rdma_cm_event_type_RDMA_CM_EVENT_CONNECT_REQUEST {
+            let st = (*ev).ev.status;
+            channel::uroce_cm_rdma_ack_cm_event(ev as *mut rdma_cm_event);
+            return fail(if st < 0 { -st } else { libc::EINVAL });
+        }
+        let child = (*ev).ev.id;
+        (*child).event = ev as *mut rdma_cm_event;
+        let attr = super::lock().ids.get(&(listen as usize)).and_then(|s| s.ep_attr.map(|a| a.0));
+        if let Some(mut a) = attr {
+            if uroce_cm_rdma_create_qp(child, std::ptr::null_mut(), &mut a) != 0 {
+                let e = crate::errno::last();
+                uroce_cm_rdma_reject(child, std::ptr::null(), 0);
+                uroce_cm_rdma_destroy_id(child);
+                return fail(e);
+            }
+        }
+        *id = child;
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_create_ep(
+    id: *mut *mut rdma_cm_id,
+    res: *mut rdma_addrinfo,
+    pd: *mut ibv_pd,
+    qp_init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    if id.is_null() || res.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller's addrinfo.
+    let r = unsafe { &*res };
+    let mut cm: *mut rdma_cm_id = std::ptr::null_mut();
+    // SAFETY: a private channel.
+    if unsafe {
+        create_id_ex(std::ptr::null_mut(), &mut cm, std::ptr::null_mut(), r.ai_port_space as u32, r.ai_qp_type as u32)
+    } != 0
+    {
+        return -1;
+    }
+    let undo = |cm| {
+        let e = crate::errno::last();
+        // SAFETY: the id made above.
+        unsafe { uroce_cm_rdma_destroy_id(cm) };
+        fail(e)
+    };
+    // SAFETY: the caller's addrinfo; our id.
+    unsafe {
+        // As librdmacm: the QP type is the addrinfo's.
+        if !qp_init_attr.is_null() {
+            (*qp_init_attr).qp_type = r.ai_qp_type as u32;
+        }
+        if r.ai_flags & RAI_PASSIVE as c_int != 0 {
+            if uroce_cm_rdma_bind_addr(cm, r.ai_src_addr as *mut libc::sockaddr) != 0 {
+                return undo(cm);
+            }
+            if !qp_init_attr.is_null() {
+                let a = EpAttr(*qp_init_attr);
+                super::lock().ids.get_mut(&(cm as usize)).expect("live").ep_attr = Some(a);
+            }
+        } else {
+            if uroce_cm_rdma_resolve_addr(
+                cm,
+                r.ai_src_addr as *mut libc::sockaddr,
+                r.ai_dst_addr as *mut libc::sockaddr,
+                2000,
+            ) != 0
+                || uroce_cm_rdma_resolve_route(cm, 2000) != 0
+            {
+                return undo(cm);
+            }
+            if !qp_init_attr.is_null() && uroce_cm_rdma_create_qp(cm, pd, qp_init_attr) != 0 {
+                return undo(cm);
+            }
+        }
+        *id = cm;
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_destroy_ep(id: *mut rdma_cm_id) {
+    if id.is_null() {
+        return;
+    }
+    // SAFETY: the caller's id.
+    unsafe {
+        if !(*id).qp.is_null() {
+            uroce_cm_rdma_destroy_qp(id);
+        }
+        if !(*id).srq.is_null() {
+            uroce_cm_rdma_destroy_srq(id);
+        }
+        uroce_cm_rdma_destroy_id(id);
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_create_srq(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_srq_init_attr,
+) -> c_int {
+    rc(with_id(id, |_, u| {
+        // SAFETY: a live id; the caller's attributes.
+        unsafe {
+            let pd = if pd.is_null() { (*u).id.pd } else { pd };
+            if pd.is_null() || attr.is_null() {
+                return Err(libc::EINVAL);
+            }
+            let srq = crate::srq::ibv_create_srq(pd, attr);
+            if srq.is_null() {
+                return Err(crate::errno::last());
+            }
+            (*u).id.srq = srq;
+        }
+        Ok(())
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut ibv_srq_init_attr_ex) -> c_int {
+    if attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller's attributes.
+    let a = unsafe { &*attr };
+    if a.srq_type != ibv_srq_type_IBV_SRQT_BASIC {
+        return fail(libc::EOPNOTSUPP);
+    }
+    let mut b = ibv_srq_init_attr { srq_context: a.srq_context, attr: a.attr };
+    let pd = if a.comp_mask & ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_PD != 0 { a.pd } else { std::ptr::null_mut() };
+    // SAFETY: forwarded.
+    unsafe { uroce_cm_rdma_create_srq(id, pd, &mut b) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_destroy_srq(id: *mut rdma_cm_id) {
+    let _ = with_id(id, |_, u| {
+        // SAFETY: a live id and its SRQ.
+        unsafe {
+            if !(*u).id.srq.is_null() {
+                crate::srq::ibv_destroy_srq((*u).id.srq);
+                (*u).id.srq = std::ptr::null_mut();
+            }
+        }
+        Ok(())
+    });
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_init_qp_attr(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_attr,
+    mask: *mut c_int,
+) -> c_int {
+    if attr.is_null() || mask.is_null() {
+        return fail(libc::EINVAL);
+    }
+    rc(with_id(id, |g, u| {
+        let s = &g.ids[&(u as usize)];
+        let d = s.dev.ok_or(libc::EINVAL)?;
+        let info = s.conn.and_then(|c| g.devs[d].ep.with_cm(|cm, _| cm.conn_info(c).cloned()));
+        // SAFETY: the caller's attribute struct; all-zero is valid; a live id.
+        unsafe {
+            let a = &mut *attr;
+            *a = std::mem::zeroed();
+            let qp = (*u).id.qp;
+            let state = if qp.is_null() { ibv_qp_state_IBV_QPS_RESET } else { (*qp).state };
+            let ud = ps_of((*u).id.ps).is_some_and(|p| p.is_ud());
+            a.port_num = 1;
+            let info = info.filter(|_| state != ibv_qp_state_IBV_QPS_RESET);
+            match info {
+                None => {
+                    a.qp_state = ibv_qp_state_IBV_QPS_INIT;
+                    *mask = (ibv_qp_attr_mask_IBV_QP_STATE
+                        | ibv_qp_attr_mask_IBV_QP_PKEY_INDEX
+                        | ibv_qp_attr_mask_IBV_QP_PORT) as c_int;
+                    if ud {
+                        a.qkey = RDMA_UDP_QKEY;
+                        *mask |= ibv_qp_attr_mask_IBV_QP_QKEY as c_int;
+                    } else {
+                        *mask |= ibv_qp_attr_mask_IBV_QP_ACCESS_FLAGS as c_int;
+                    }
+                }
+                Some(i) if state == ibv_qp_state_IBV_QPS_INIT => {
+                    a.qp_state = ibv_qp_state_IBV_QPS_RTR;
+                    a.path_mtu = i.path_mtu as u32;
+                    a.dest_qp_num = i.remote_qpn;
+                    a.rq_psn = i.local_psn;
+                    a.max_dest_rd_atomic = i.responder_resources;
+                    a.min_rnr_timer = 0;
+                    a.ah_attr.is_global = 1;
+                    a.ah_attr.port_num = 1;
+                    a.ah_attr.grh.dgid.raw = uroce::ib::Gid::from_ip(i.remote.ip()).0;
+                    a.ah_attr.grh.hop_limit = i.hop_limit;
+                    a.ah_attr.grh.flow_label = i.flow_label;
+                    a.ah_attr.grh.traffic_class = i.traffic_class;
+                    *mask = (ibv_qp_attr_mask_IBV_QP_STATE
+                        | ibv_qp_attr_mask_IBV_QP_AV
+                        | ibv_qp_attr_mask_IBV_QP_PATH_MTU
+                        | ibv_qp_attr_mask_IBV_QP_DEST_QPN
+                        | ibv_qp_attr_mask_IBV_QP_RQ_PSN
+                        | ibv_qp_attr_mask_IBV_QP_MAX_DEST_RD_ATOMIC
+                        | ibv_qp_attr_mask_IBV_QP_MIN_RNR_TIMER) as c_int;
+                }
+                Some(i) => {
+                    a.qp_state = ibv_qp_state_IBV_QPS_RTS;
+                    a.sq_psn = i.remote_psn;
+                    a.timeout = i.ack_timeout;
+                    a.retry_cnt = i.retry_count;
+                    a.rnr_retry = i.rnr_retry_count;
+                    a.max_rd_atomic = i.initiator_depth;
+                    *mask = (ibv_qp_attr_mask_IBV_QP_STATE
+                        | ibv_qp_attr_mask_IBV_QP_SQ_PSN
+                        | ibv_qp_attr_mask_IBV_QP_TIMEOUT
+                        | ibv_qp_attr_mask_IBV_QP_RETRY_CNT
+                        | ibv_qp_attr_mask_IBV_QP_RNR_RETRY
+                        | ibv_qp_attr_mask_IBV_QP_MAX_QP_RD_ATOMIC) as c_int;
+                }
+            }
+        }
+        Ok(())
+    }))
+}

@@ -1,0 +1,179 @@
+/* librdmacm's behaviour through the drop-ins, in one process with one
+ * device (tests/rdmacm.rs): the channel fd polls and reads as the kernel's
+ * (EAGAIN when non-blocking), bad arguments get librdmacm's errno, an RC
+ * connection to this process's own listener carries private data both ways
+ * and a message, rdma_init_qp_attr gives RTS attributes, both sides see
+ * DISCONNECTED; a synchronous connect to a closed port fails ECONNREFUSED;
+ * unsupported calls fail EOPNOTSUPP / ENOSYS. Prints "all ok". */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rsocket.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "check.h"
+
+static struct rdma_cm_event *next(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
+{
+	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+	struct rdma_cm_event *e;
+	CHECK(poll(&p, 1, 10000) == 1, "no event %s within 10 s", rdma_event_str(want));
+	CHECK(rdma_get_cm_event(ch, &e) == 0, "get_cm_event: %m");
+	CHECK(e->event == want, "got %s (status %d), want %s", rdma_event_str(e->event), e->status,
+	      rdma_event_str(want));
+	return e;
+}
+
+int main(int argc, char **argv)
+{
+	const char *ip = getenv("UROCE_ADDR");
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(7480) };
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *listen, *cli, *srv, *bad;
+	struct rdma_cm_event *e;
+	struct rdma_addrinfo *ai;
+	struct ibv_qp_init_attr qa;
+	struct ibv_qp_attr attr;
+	struct rdma_conn_param cp;
+	char buf[64];
+	int mask;
+
+	CHECK(ip && inet_pton(AF_INET, ip, &sa.sin_addr) == 1, "UROCE_ADDR");
+	CHECK(ch, "create_event_channel: %m");
+	CHECK(!strcmp(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED"), "event_str");
+	CHECK(!strcmp(rdma_event_str(99), "UNKNOWN EVENT"), "event_str 99");
+	errno = 0;
+	CHECK(rdma_getaddrinfo(NULL, NULL, NULL, &ai) == -1 && errno == EINVAL, "getaddrinfo(NULL): %m");
+	CHECK(rdma_create_id(ch, &bad, NULL, 0x999) == -1 && errno == EINVAL, "create_id bad ps");
+	CHECK(rsocket(AF_INET, SOCK_STREAM, 0) == -1 && errno == ENOSYS, "rsocket");
+
+	/* Non-blocking: EAGAIN, and poll says not readable. */
+	CHECK(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK) == 0, "fcntl");
+	CHECK(rdma_get_cm_event(ch, &e) == -1 && errno == EAGAIN, "nonblocking get: %m");
+	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+	CHECK(poll(&p, 1, 0) == 0, "empty channel polls readable");
+
+	/* A listener and a client id on the same channel. */
+	CHECK(rdma_create_id(ch, &listen, NULL, RDMA_PS_TCP) == 0, "create_id");
+	CHECK(rdma_bind_addr(listen, (struct sockaddr *)&sa) == 0, "bind: %m");
+	CHECK(listen->verbs && listen->pd, "bound id has verbs and pd");
+	CHECK(rdma_listen(listen, 4) == 0, "listen: %m");
+	CHECK(rdma_get_src_port(listen) == htons(7480), "src port");
+	CHECK(rdma_join_multicast(listen, (struct sockaddr *)&sa, NULL) == -1 && errno == EOPNOTSUPP, "mcast");
+
+	/* Binding to port 0 takes an ephemeral port, as the kernel does. */
+	struct rdma_cm_id *eph;
+	struct sockaddr_in any = sa;
+	any.sin_port = 0;
+	CHECK(rdma_create_id(ch, &eph, NULL, RDMA_PS_TCP) == 0, "create_id");
+	CHECK(rdma_bind_addr(eph, (struct sockaddr *)&any) == 0 && rdma_get_src_port(eph) != 0, "ephemeral bind");
+	CHECK(rdma_destroy_id(eph) == 0, "destroy ephemeral");
+
+	CHECK(rdma_create_id(ch, &cli, NULL, RDMA_PS_TCP) == 0, "create_id");
+	CHECK(rdma_resolve_addr(cli, NULL, (struct sockaddr *)&sa, 2000) == 0, "resolve_addr: %m");
+	e = next(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+	CHECK(e->id == cli && e->status == 0, "addr event id");
+	rdma_ack_cm_event(e);
+	CHECK(rdma_resolve_route(cli, 2000) == 0, "resolve_route: %m");
+	rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+	CHECK(cli->verbs == listen->verbs, "one context per device");
+
+	memset(&qa, 0, sizeof qa);
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	qa.sq_sig_all = 1;
+	CHECK(rdma_create_qp(cli, NULL, &qa) == 0, "create_qp: %m");
+	CHECK(cli->qp && cli->send_cq && cli->recv_cq && cli->qp->state == IBV_QPS_INIT, "client QP in INIT");
+	memset(&cp, 0, sizeof cp);
+	cp.private_data = "hello";
+	cp.private_data_len = 6;
+	cp.responder_resources = cp.initiator_depth = 1;
+	cp.retry_count = cp.rnr_retry_count = 7;
+	CHECK(rdma_connect(cli, &cp) == 0, "connect: %m");
+
+	e = next(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+	srv = e->id;
+	CHECK(e->listen_id == listen && srv != cli && srv->verbs == listen->verbs, "request ids");
+	CHECK(e->param.conn.private_data_len == 56 && !strcmp(e->param.conn.private_data, "hello"), "REQ data");
+	CHECK(e->param.conn.initiator_depth == 1 && e->param.conn.responder_resources == 1, "REQ depths");
+	CHECK(rdma_get_dst_port(srv) == rdma_get_src_port(cli), "ports");
+	rdma_ack_cm_event(e);
+	qa.send_cq = qa.recv_cq = NULL;
+	CHECK(rdma_create_qp(srv, NULL, &qa) == 0, "server create_qp: %m");
+	struct ibv_mr *mr = ibv_reg_mr(srv->pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr, "reg_mr");
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 32, .lkey = mr->lkey };
+	struct ibv_recv_wr rw = { .wr_id = 1, .sg_list = &sge, .num_sge = 1 }, *brw;
+	CHECK(ibv_post_recv(srv->qp, &rw, &brw) == 0, "post_recv");
+	cp.private_data = "welcome";
+	cp.private_data_len = 8;
+	CHECK(rdma_accept(srv, &cp) == 0, "accept: %m");
+	CHECK(srv->qp->state == IBV_QPS_RTS, "passive QP RTS before the REP leaves");
+
+	/* Both ESTABLISHED, in either order. */
+	for (int i = 0; i < 2; i++) {
+		e = next(ch, RDMA_CM_EVENT_ESTABLISHED);
+		if (e->id == cli)
+			CHECK(!strcmp(e->param.conn.private_data, "welcome"), "REP data");
+		else
+			CHECK(e->id == srv, "established id");
+		rdma_ack_cm_event(e);
+	}
+	CHECK(cli->qp->state == IBV_QPS_RTS, "active QP RTS");
+	CHECK(rdma_init_qp_attr(cli, &attr, &mask) == 0 && attr.qp_state == IBV_QPS_RTS &&
+		      (mask & IBV_QP_SQ_PSN) && attr.retry_cnt == 7, "init_qp_attr");
+
+	/* A message over the connected QPs. */
+	char msg[32] = "over rdma_cm";
+	struct ibv_mr *smr = ibv_reg_mr(cli->pd, msg, sizeof msg, 0);
+	struct ibv_sge ss = { .addr = (uintptr_t)msg, .length = 32, .lkey = smr->lkey };
+	struct ibv_send_wr sw = { .wr_id = 2, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND }, *bsw;
+	CHECK(ibv_post_send(cli->qp, &sw, &bsw) == 0, "post_send");
+	struct ibv_wc wc;
+	int n = 0;
+	for (int t = 0; t < 10000 && n == 0; t++) {
+		n = ibv_poll_cq(srv->recv_cq, 1, &wc);
+		if (!n)
+			usleep(1000);
+	}
+	CHECK(n == 1 && wc.status == IBV_WC_SUCCESS && !strcmp(buf, "over rdma_cm"), "message");
+
+	/* Disconnect: both sides DISCONNECTED. */
+	CHECK(rdma_disconnect(cli) == 0, "disconnect: %m");
+	for (int i = 0; i < 2; i++) {
+		e = next(ch, RDMA_CM_EVENT_DISCONNECTED);
+		if (e->id == srv)
+			CHECK(rdma_disconnect(srv) == 0, "server disconnect: %m");
+		rdma_ack_cm_event(e);
+	}
+	ibv_dereg_mr(mr);
+	ibv_dereg_mr(smr);
+	rdma_destroy_qp(cli);
+	rdma_destroy_qp(srv);
+	CHECK(rdma_destroy_id(cli) == 0 && rdma_destroy_id(srv) == 0, "destroy");
+
+	/* Synchronous mode: a connect to a closed port fails ECONNREFUSED. */
+	struct sockaddr_in closed = sa;
+	closed.sin_port = htons(7481);
+	CHECK(rdma_create_id(NULL, &bad, NULL, RDMA_PS_TCP) == 0, "sync create_id");
+	CHECK(rdma_resolve_addr(bad, NULL, (struct sockaddr *)&closed, 2000) == 0, "sync resolve: %m");
+	CHECK(bad->event && bad->event->event == RDMA_CM_EVENT_ADDR_RESOLVED, "sync event kept in id->event");
+	CHECK(rdma_resolve_route(bad, 2000) == 0, "sync route: %m");
+	CHECK(rdma_create_qp(bad, NULL, &qa) == 0, "sync create_qp: %m");
+	errno = 0;
+	CHECK(rdma_connect(bad, NULL) == -1 && errno == ECONNREFUSED, "sync connect to a closed port: %m");
+	CHECK(bad->event->event == RDMA_CM_EVENT_REJECTED && bad->event->status == 8, "REJ 8");
+	rdma_destroy_qp(bad);
+	CHECK(rdma_destroy_id(bad) == 0, "sync destroy");
+
+	CHECK(rdma_destroy_id(listen) == 0, "destroy listener");
+	rdma_destroy_event_channel(ch);
+	(void)argc;
+	(void)argv;
+	printf("all ok\n");
+	return 0;
+}

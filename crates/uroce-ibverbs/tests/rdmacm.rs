@@ -1,0 +1,421 @@
+//! The drop-in librdmacm.so.1 (with the drop-in libibverbs.so.1) under
+//! real, unmodified rdmacm programs (Debian package rdmacm-utils), server
+//! and client as separate processes on one host, each with its own uroce
+//! device: rping (data verified by rping's -v), ucmatose (4 RC
+//! connections), udaddy (UD by SIDR), rdma_server/rdma_client (synchronous
+//! ids, rdma_create_ep), cmtime, perftest -R, rping between two network
+//! namespaces; and the exports with librdmacm 44's symbol versions. Programs that are not installed are skipped.
+
+#[path = "../../uroce/tests/skip/mod.rs"]
+#[macro_use]
+mod skip;
+
+// netns loads the skip module for itself too (its SKIP lines).
+#[allow(clippy::duplicate_mod)]
+#[path = "../../uroce/tests/netns/mod.rs"]
+mod netns;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One server/client pair at a time: two CPUs.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn dropin_dir() -> PathBuf {
+    let dir =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), |t| root().join(t)).join("dropin");
+    if !dir.join("librdmacm.so.1").exists() {
+        let st = Command::new(root().join("scripts/build-dropin.sh")).status().expect("run build-dropin.sh");
+        assert!(st.success(), "build-dropin.sh failed");
+    }
+    dir
+}
+
+fn have(prog: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {prog}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// `prog` through both drop-ins, its device at `addr`, output captured.
+fn cmd(prog: &str, addr: &str) -> Command {
+    let mut c = Command::new(prog);
+    c.env("LD_LIBRARY_PATH", dropin_dir()).env("UROCE_ADDR", addr).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+/// A child killed if the test ends before it is waited for.
+struct Reap(Option<Child>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Waits (at most `limit`) for a child to exit; whether it succeeded and
+/// its output. Killed at the limit.
+fn wait_output(r: &mut Reap, what: &str, limit: Duration) -> (bool, String) {
+    let mut child = r.0.take().expect("a child");
+    let t = Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    match st {
+        Some(st) => (st.success(), text),
+        None => (false, format!("{what} did not finish in {limit:?}: {text}")),
+    }
+}
+
+/// Waits (at most 10 s) until a uroce device has bound UDP 4791 on `addr`
+/// (the server's rdma_bind_addr opened it; rdma_listen follows at once),
+/// then a little longer.
+fn device_up(addr: &str) -> bool {
+    let ip: std::net::Ipv4Addr = addr.parse().unwrap();
+    let want = format!("{:08X}:12B7", u32::from_le_bytes(ip.octets()));
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        let text = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+        if text.lines().skip(1).any(|l| l.split_whitespace().nth(1) == Some(want.as_str())) {
+            std::thread::sleep(Duration::from_millis(300));
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// Runs `server` then `client` (both through the drop-ins); their outputs.
+/// `server_exits`: wait for the server's success too (else it is killed).
+fn pair(
+    prog: &str,
+    saddr: &str,
+    server: &[&str],
+    caddr: &str,
+    client: &[&str],
+    server_exits: bool,
+) -> (String, String) {
+    let mut s = Reap(Some(cmd(prog, saddr).args(server).spawn().unwrap()));
+    assert!(device_up(saddr), "{prog} server did not open its device on {saddr}");
+    let mut c = Reap(Some(cmd(prog, caddr).args(client).spawn().unwrap()));
+    let (ok, cout) = wait_output(&mut c, "client", Duration::from_secs(60));
+    if !server_exits {
+        let (_, sout) = wait_output(&mut s, "server", Duration::from_millis(1));
+        assert!(ok, "{prog} client failed: {cout}\nserver: {sout}");
+        return (sout, cout);
+    }
+    let (sok, sout) = wait_output(&mut s, "server", Duration::from_secs(30));
+    assert!(ok && sok, "{prog}: client ok {ok}, server ok {sok}\nclient: {cout}\nserver: {sout}");
+    (sout, cout)
+}
+
+#[test]
+fn rping_server_and_client_verify_data() {
+    if !have("rping") {
+        skip!("rping is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let (sout, cout) = pair(
+        "rping",
+        "127.0.0.161",
+        &["-s", "-a", "127.0.0.161", "-p", "7174", "-C", "100", "-v"],
+        "127.0.0.162",
+        &["-c", "-a", "127.0.0.161", "-p", "7174", "-C", "100", "-v"],
+        true,
+    );
+    // rping -v prints each ping's data; the server checks what it read.
+    assert_eq!(cout.matches("ping data: rdma-ping-").count(), 100, "{cout}");
+    assert!(cout.contains("ping data: rdma-ping-99: "), "{cout}");
+    assert_eq!(sout.matches("server ping data: rdma-ping-").count(), 100, "{sout}");
+}
+
+#[test]
+fn ucmatose_four_connections() {
+    if !have("ucmatose") {
+        skip!("ucmatose is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let (sout, cout) = pair(
+        "ucmatose",
+        "127.0.0.163",
+        &["-b", "127.0.0.163", "-p", "7471", "-c", "4"],
+        "127.0.0.164",
+        &["-s", "127.0.0.163", "-p", "7471", "-c", "4"],
+        true,
+    );
+    for out in [&sout, &cout] {
+        assert!(out.contains("data transfers complete") && out.contains("return status 0"), "{out}");
+    }
+    assert!(sout.contains("disconnected"), "{sout}");
+}
+
+#[test]
+fn udaddy_ud_by_sidr() {
+    if !have("udaddy") {
+        skip!("udaddy is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let (sout, cout) =
+        pair("udaddy", "127.0.0.165", &["-b", "127.0.0.165"], "127.0.0.166", &["-s", "127.0.0.165"], true);
+    for out in [&sout, &cout] {
+        assert!(out.contains("data transfers complete") && out.contains("return status 0"), "{out}");
+    }
+}
+
+#[test]
+fn rdma_server_and_rdma_client_synchronous() {
+    if !have("rdma_server") || !have("rdma_client") {
+        skip!("rdma_server is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let mut s =
+        Reap(Some(cmd("rdma_server", "127.0.0.167").args(["-s", "127.0.0.167", "-p", "7472"]).spawn().unwrap()));
+    assert!(device_up("127.0.0.167"));
+    let mut c =
+        Reap(Some(cmd("rdma_client", "127.0.0.168").args(["-s", "127.0.0.167", "-p", "7472"]).spawn().unwrap()));
+    let (ok, cout) = wait_output(&mut c, "rdma_client", Duration::from_secs(60));
+    let (sok, sout) = wait_output(&mut s, "rdma_server", Duration::from_secs(30));
+    assert!(ok && cout.contains("rdma_client: end 0"), "{cout}\nserver: {sout}");
+    assert!(sok && sout.contains("rdma_server: end 0"), "{sout}");
+}
+
+#[test]
+fn cmtime_connects_and_disconnects_50() {
+    if !have("cmtime") {
+        skip!("cmtime is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    // cmtime's server serves until killed; the client measures and exits.
+    let (_, cout) = pair(
+        "cmtime",
+        "127.0.0.169",
+        &["-b", "127.0.0.169", "-p", "7473", "-c", "50"],
+        "127.0.0.170",
+        &["-s", "127.0.0.169", "-p", "7473", "-c", "50"],
+        false,
+    );
+    for step in ["resolve addr", "resolve route", "create qp", "connect", "disconnect", "destroy"] {
+        assert!(cout.lines().any(|l| l.starts_with(step)), "{step}: {cout}");
+    }
+}
+
+/// The exports of the drop-in librdmacm.so.1 are the system librdmacm's,
+/// each with its version.
+#[test]
+fn exports_match_librdmacm_44() {
+    let sys = "/usr/lib/x86_64-linux-gnu/librdmacm.so.1";
+    if !std::path::Path::new(sys).exists() || !have("objdump") {
+        skip!("librdmacm1 is not installed (Debian package librdmacm1)");
+    }
+    let list = |p: &std::path::Path| -> Vec<String> {
+        let out = Command::new("objdump").arg("-T").arg(p).output().unwrap();
+        let mut v: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains(" DF .text") || l.contains("*ABS*"))
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let n = f.len();
+                (n >= 2 && f[n - 2].starts_with("RDMACM")).then(|| format!("{} {}", f[n - 1], f[n - 2]))
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let ours = list(&dropin_dir().join("librdmacm.so.1"));
+    let theirs = list(std::path::Path::new(sys));
+    assert_eq!(ours.len(), 72, "{ours:?}");
+    assert_eq!(ours, theirs);
+}
+
+/// A connection to a port nobody listens on is rejected by the peer's CM
+/// with REJ 8 (invalid service ID), as a Linux peer does; rping reports it
+/// as the kernel's event and status.
+#[test]
+fn rping_to_a_closed_port_is_rejected_8() {
+    if !have("rping") || !have("ucmatose") {
+        skip!("rping is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    // A CM on the server's address listening on another port.
+    let _s = Reap(Some(cmd("ucmatose", "127.0.0.171").args(["-b", "127.0.0.171", "-p", "7475"]).spawn().unwrap()));
+    assert!(device_up("127.0.0.171"));
+    let t = Instant::now();
+    let mut c = Reap(Some(
+        cmd("rping", "127.0.0.172").args(["-c", "-a", "127.0.0.171", "-p", "7476", "-C", "1"]).spawn().unwrap(),
+    ));
+    let (_, out) = wait_output(&mut c, "rping", Duration::from_secs(30));
+    assert!(out.contains("cma event RDMA_CM_EVENT_REJECTED, error 8"), "{out}");
+    assert!(t.elapsed() < Duration::from_secs(10), "the REJ came at once, not after retries");
+}
+
+/// rsockets are not implemented: rstream and udpong fail at once with
+/// ENOSYS from rsocket(), no crash and no hang.
+#[test]
+fn rsocket_programs_fail_cleanly() {
+    if !have("rstream") || !have("udpong") {
+        skip!("rstream is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    for prog in ["rstream", "udpong"] {
+        let mut c = Reap(Some(cmd(prog, "127.0.0.173").args(["-s", "127.0.0.173"]).spawn().unwrap()));
+        let (ok, out) = wait_output(&mut c, prog, Duration::from_secs(20));
+        assert!(!ok && out.contains("rsocket failed: Function not implemented"), "{prog}: {out}");
+    }
+}
+
+/// librdmacm's behaviour in one process (tests/c/rdmacm.c): channel fd
+/// semantics, errnos, an RC connection to its own listener with private
+/// data both ways and a message, DISCONNECTED on both sides, a synchronous
+/// connect refused with REJ 8.
+#[test]
+fn library_behaviour_from_c() {
+    if !std::path::Path::new("/usr/include/rdma/rdma_cma.h").exists() {
+        skip!("rdma_cma.h is not installed (Debian package librdmacm-dev)");
+    }
+    let _g = serial();
+    let dir = dropin_dir();
+    let exe = dir.join("rdmacm-test");
+    let cc = Command::new("cc")
+        .args(["-O1", "-g", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(root().join("crates/uroce-ibverbs/tests/c/rdmacm.c"))
+        .arg(dir.join("librdmacm.so.1"))
+        .arg(dir.join("libibverbs.so.1"))
+        .output()
+        .expect("run cc");
+    assert!(cc.status.success(), "cc: {}", String::from_utf8_lossy(&cc.stderr));
+    let mut c = Reap(Some(cmd(exe.to_str().unwrap(), "127.0.0.174").spawn().unwrap()));
+    let (ok, out) = wait_output(&mut c, "rdmacm-test", Duration::from_secs(60));
+    assert!(ok && out.contains("all ok"), "{out}");
+}
+
+/// rping's client under valgrind through both drop-ins: no invalid access,
+/// no definitely lost block.
+#[test]
+fn valgrind_reports_no_error_in_rping_client() {
+    if !have("rping") {
+        skip!("rping is not installed (Debian package rdmacm-utils)");
+    }
+    if !have("valgrind") {
+        skip!("valgrind is not installed (Debian package valgrind)");
+    }
+    let _g = serial();
+    let mut s = Reap(Some(
+        cmd("rping", "127.0.0.175").args(["-s", "-a", "127.0.0.175", "-p", "7477", "-C", "10", "-v"]).spawn().unwrap(),
+    ));
+    assert!(device_up("127.0.0.175"));
+    let mut c = Reap(Some(
+        cmd("valgrind", "127.0.0.176")
+            .args(["--fair-sched=yes", "--leak-check=full", "--errors-for-leak-kinds=definite"])
+            .args(["--error-exitcode=9", "rping", "-c", "-a", "127.0.0.175", "-p", "7477", "-C", "10", "-v"])
+            .spawn()
+            .unwrap(),
+    ));
+    let (ok, out) = wait_output(&mut c, "rping under valgrind", Duration::from_secs(240));
+    assert!(ok, "{out}");
+    assert!(out.contains("ERROR SUMMARY: 0 errors") && out.contains("ping data: rdma-ping-9: "), "{out}");
+    let (sok, sout) = wait_output(&mut s, "rping server", Duration::from_secs(30));
+    assert!(sok, "{sout}");
+}
+
+/// perftest's rdma_cm mode (`-R`): the QPs are connected by the CM instead
+/// of perftest's TCP exchange.
+#[test]
+fn perftest_with_rdma_cm() {
+    if !have("ib_send_bw") {
+        skip!("ib_send_bw is not installed (Debian package perftest)");
+    }
+    let _g = serial();
+    for prog in ["ib_send_bw", "ib_read_bw", "ib_write_lat"] {
+        let args = ["-R", "-p", "7478", "-n", "200"];
+        let mut s = Reap(Some(cmd(prog, "127.0.0.177").args(args).spawn().unwrap()));
+        assert!(device_up("127.0.0.177"));
+        let mut c = Reap(Some(cmd(prog, "127.0.0.178").args(args).arg("127.0.0.177").spawn().unwrap()));
+        let (ok, out) = wait_output(&mut c, prog, Duration::from_secs(60));
+        let (sok, sout) = wait_output(&mut s, prog, Duration::from_secs(30));
+        assert!(ok && sok, "{prog}: {out}\nserver: {sout}");
+        assert!(out.contains("Data ex. method : rdma_cm") && out.contains(" 200 "), "{prog}: {out}");
+    }
+}
+
+/// rping between two network namespaces joined by a veth pair (two hosts).
+#[test]
+fn rping_between_two_namespaces() {
+    if !have("rping") {
+        skip!("rping is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let Some(p) = netns::Pair::new("rping_between_two_namespaces", "rcm", 18, None) else { return };
+    let lib = dropin_dir();
+    let run = |ns: &str, ip: &str, args: &[&str]| {
+        let mut c = p.exec(ns, "rping", args);
+        c.env("LD_LIBRARY_PATH", &lib).env("UROCE_ADDR", ip);
+        Reap(Some(c.spawn().unwrap()))
+    };
+    let mut s = run(&p.b, &p.ip_b, &["-s", "-a", &p.ip_b, "-C", "100", "-v"]);
+    // The server's device is up when UDP 4791 is bound in its namespace.
+    let ip: std::net::Ipv4Addr = p.ip_b.parse().unwrap();
+    let want = format!("{:08X}:12B7", u32::from_le_bytes(ip.octets()));
+    let t = Instant::now();
+    loop {
+        let out = Command::new("ip").args(["netns", "exec", &p.b, "cat", "/proc/net/udp"]).output().unwrap();
+        if String::from_utf8_lossy(&out.stdout).contains(&want) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "rping server did not open its device");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c = run(&p.a, &p.ip_a, &["-c", "-a", &p.ip_b, "-C", "100", "-v"]);
+    let (ok, out) = wait_output(&mut c, "rping client", Duration::from_secs(60));
+    let (sok, sout) = wait_output(&mut s, "rping server", Duration::from_secs(30));
+    assert!(ok && sok, "client: {out}\nserver: {sout}");
+    assert_eq!(out.matches("ping data: rdma-ping-").count(), 100, "{out}");
+}
+
+/// With 5 % of the received packets dropped on both sides, rping still
+/// connects, verifies its data and tears down (lost MADs are recovered by
+/// the CM's retransmission, lost data packets by RC's).
+#[test]
+fn rping_with_loss_on_both_sides() {
+    if !have("rping") {
+        skip!("rping is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    for seed in 1..=3 {
+        let mut sc = cmd("rping", "127.0.0.179");
+        sc.env("UROCE_FAULTS", format!("loss=0.05,seed={seed}"));
+        let mut s = Reap(Some(sc.args(["-s", "-a", "127.0.0.179", "-p", "7479", "-C", "20", "-v"]).spawn().unwrap()));
+        assert!(device_up("127.0.0.179"));
+        let mut cc = cmd("rping", "127.0.0.180");
+        cc.env("UROCE_FAULTS", format!("loss=0.05,seed={}", seed + 100));
+        let mut c = Reap(Some(cc.args(["-c", "-a", "127.0.0.179", "-p", "7479", "-C", "20", "-v"]).spawn().unwrap()));
+        let (ok, out) = wait_output(&mut c, "rping client", Duration::from_secs(60));
+        let (sok, sout) = wait_output(&mut s, "rping server", Duration::from_secs(30));
+        assert!(ok && sok, "seed {seed}: client: {out}\nserver: {sout}");
+        assert_eq!(out.matches("ping data: rdma-ping-").count(), 20, "{out}");
+    }
+}
