@@ -138,9 +138,16 @@ fn next(c: &UChannel) -> Result<*mut UEvent, c_int> {
         let mut b = 0u8;
         // SAFETY: one byte into a local.
         let n = unsafe { libc::read(c.ch.fd, &mut b as *mut u8 as *mut libc::c_void, 1) };
+        if n == 0 {
+            // The application destroyed the channel while this thread was
+            // about to read it (the write end is closed only when no reader
+            // was counted): as a read blocked on a closed rdma_cm fd, wait
+            // (the process is usually exiting), then fail as `get` does.
+            std::thread::sleep(std::time::Duration::from_secs(10));
+            return Err(libc::EBADF);
+        }
         if n != 1 {
-            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-            return Err(if n == 0 { libc::ENODEV } else { e });
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
         }
         let Some(p) = c.queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else { continue };
         let ev = p as *mut UEvent;

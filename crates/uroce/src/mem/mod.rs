@@ -24,7 +24,7 @@ pub mod odp;
 pub mod peer;
 mod pin;
 mod rangeset;
-mod safe;
+pub(crate) mod safe;
 mod span;
 
 pub use indirect::{IndirectKey, InterleavedEntry, Layout, LayoutKind, MAX_DEPTH};

@@ -62,6 +62,25 @@ pub(crate) unsafe fn store(p: *mut u64, value: u64) -> Option<()> {
     imp::store(p, value)
 }
 
+/// Why [`guarded`] did not return `f`'s result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unguarded {
+    /// A read of the guarded range faulted: `f` was cut short there.
+    Fault,
+    /// No guard could be set up (no free slot, or no fault handler on this
+    /// architecture): `f` did not run.
+    Unavailable,
+}
+
+/// Runs `f` with faults on `start..start+len` in this thread recovered: `f`
+/// may read that memory directly (a CRC over the application's buffer)
+/// even if the application unmaps or protects it meanwhile. At such a
+/// fault `f`'s frames are abandoned, as a `longjmp` would: `f` must own
+/// nothing that needs dropping, hold no lock and not panic.
+pub(crate) fn guarded<R>(start: usize, len: usize, f: impl FnOnce() -> R) -> Result<R, Unguarded> {
+    imp::guarded(start, len, f)
+}
+
 /// Whether every page of `addr..addr+len` can be read now (one byte read
 /// per page, fault-tolerant).
 pub(crate) fn readable(addr: usize, len: usize) -> bool {
@@ -114,7 +133,7 @@ pub(crate) fn install() {
 mod imp {
     use std::cell::UnsafeCell;
     use std::mem::MaybeUninit;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 
     // System V ABI: arguments in rdi, rsi, rdx, rcx; result in rax; DF = 0.
     // Each `*_f0_v1` .. `*_f1_v1` range holds the instructions that may touch
@@ -254,6 +273,49 @@ mod imp {
         "    xor eax, eax",
         "    ret",
         ".size uroce_mem_pw_v1, . - uroce_mem_pw_v1",
+        // u32 guarded(f: rdi, arg: rsi, frame: rdx): calls f(arg) and
+        // returns 0, after storing its stack pointer at `frame`. The fault
+        // handler resumes a guarded fault at `uroce_mem_guard_fix_v1` with
+        // that stack pointer: the callee-saved registers are popped back and
+        // 1 is returned, as from a longjmp.
+        ".p2align 4",
+        ".globl uroce_mem_guarded_v1",
+        ".hidden uroce_mem_guarded_v1",
+        ".type uroce_mem_guarded_v1,@function",
+        "uroce_mem_guarded_v1:",
+        "    push rbp",
+        "    push rbx",
+        "    push r12",
+        "    push r13",
+        "    push r14",
+        "    push r15",
+        "    sub rsp, 8",
+        "    mov qword ptr [rdx], rsp",
+        "    mov rax, rdi",
+        "    mov rdi, rsi",
+        "    call rax",
+        "    add rsp, 8",
+        "    pop r15",
+        "    pop r14",
+        "    pop r13",
+        "    pop r12",
+        "    pop rbx",
+        "    pop rbp",
+        "    xor eax, eax",
+        "    ret",
+        ".globl uroce_mem_guard_fix_v1",
+        ".hidden uroce_mem_guard_fix_v1",
+        "uroce_mem_guard_fix_v1:",
+        "    add rsp, 8",
+        "    pop r15",
+        "    pop r14",
+        "    pop r13",
+        "    pop r12",
+        "    pop rbx",
+        "    pop rbp",
+        "    mov eax, 1",
+        "    ret",
+        ".size uroce_mem_guarded_v1, . - uroce_mem_guarded_v1",
         // The atomics' shared fixup.
         ".globl uroce_mem_fail_v1",
         ".hidden uroce_mem_fail_v1",
@@ -269,6 +331,8 @@ mod imp {
         fn uroce_mem_cas_v1(p: *mut u64, compare: u64, swap: u64, out: *mut u64) -> u32;
         fn uroce_mem_store_v1(p: *mut u64, value: u64) -> u32;
         fn uroce_mem_pw_v1(p: *mut u8) -> u32;
+        fn uroce_mem_guarded_v1(f: extern "C" fn(*mut u8), arg: *mut u8, frame: *mut usize) -> u32;
+        fn uroce_mem_guard_fix_v1();
         // Labels, declared as functions only to take their addresses.
         fn uroce_mem_q_f0_v1();
         fn uroce_mem_q_f1_v1();
@@ -315,6 +379,83 @@ mod imp {
     pub(super) unsafe fn probe_write(p: *mut u8) -> bool {
         // SAFETY: the caller's contract; the byte keeps its value.
         unsafe { uroce_mem_pw_v1(p) == 0 }
+    }
+
+    /// A guard armed by [`guarded`]: faults of thread `tid` on
+    /// `start..end` resume at the guard's saved stack pointer `frame`.
+    struct Guard {
+        tid: AtomicI32,
+        start: AtomicUsize,
+        end: AtomicUsize,
+        frame: AtomicUsize,
+    }
+
+    /// Threads that may be inside [`guarded`] at once; a thread that finds
+    /// none free is told `Unavailable` (the caller takes a slower path).
+    const GUARDS: usize = 64;
+    #[allow(clippy::declare_interior_mutable_const)]
+    const FREE: Guard = Guard {
+        tid: AtomicI32::new(0),
+        start: AtomicUsize::new(0),
+        end: AtomicUsize::new(0),
+        frame: AtomicUsize::new(0),
+    };
+    static ARMED: [Guard; GUARDS] = [FREE; GUARDS];
+
+    fn gettid() -> i32 {
+        // SAFETY: gettid has no arguments and cannot fail.
+        unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+    }
+
+    pub(super) fn guarded<R>(start: usize, len: usize, f: impl FnOnce() -> R) -> Result<R, super::Unguarded> {
+        std::thread_local! {
+            static TID: i32 = gettid();
+        }
+        let tid = TID.with(|t| *t);
+        let Some(g) =
+            ARMED.iter().find(|g| g.tid.compare_exchange(0, tid, Ordering::Acquire, Ordering::Relaxed).is_ok())
+        else {
+            return Err(super::Unguarded::Unavailable);
+        };
+        g.start.store(start, Ordering::Relaxed);
+        g.end.store(start.saturating_add(len), Ordering::Relaxed);
+        g.frame.store(0, Ordering::Relaxed);
+        let mut f = Some(f);
+        let mut out = None;
+        let mut call = || out = Some((f.take().expect("called once"))());
+        extern "C" fn trampoline<C: FnMut()>(arg: *mut u8) {
+            // SAFETY: `arg` is the `&mut C` passed below, alive for the call.
+            unsafe { (*arg.cast::<C>())() }
+        }
+        fn trampoline_of<C: FnMut()>(_: &C) -> extern "C" fn(*mut u8) {
+            trampoline::<C>
+        }
+        let tramp = trampoline_of(&call);
+        // SAFETY: the routine calls `tramp(&mut call)` on this stack and
+        // returns; at a fault on the guarded range the handler resumes it at
+        // its fixup with the stack pointer it saved in `g.frame`, abandoning
+        // the frames of `call` (the caller's contract: nothing in them needs
+        // dropping).
+        let faulted = unsafe { uroce_mem_guarded_v1(tramp, &mut call as *mut _ as *mut u8, g.frame.as_ptr()) } != 0;
+        g.frame.store(0, Ordering::Relaxed);
+        g.end.store(0, Ordering::Relaxed);
+        g.tid.store(0, Ordering::Release);
+        match out {
+            Some(r) if !faulted => Ok(r),
+            _ => Err(super::Unguarded::Fault),
+        }
+    }
+
+    /// The saved stack pointer of this thread's guard over `addr`, if any.
+    /// Async-signal-safe: a system call and atomic loads.
+    fn guard_frame(addr: usize) -> Option<usize> {
+        let tid = gettid();
+        ARMED.iter().find_map(|g| {
+            let mine = g.tid.load(Ordering::Acquire) == tid;
+            let hit = (g.start.load(Ordering::Relaxed)..g.end.load(Ordering::Relaxed)).contains(&addr);
+            let frame = g.frame.load(Ordering::Relaxed);
+            (mine && hit && frame != 0).then_some(frame)
+        })
     }
 
     /// The fixup for a fault at `rip`, if `rip` is one of ours.
@@ -378,6 +519,12 @@ mod imp {
                 let rip = &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize];
                 if let Some(fix) = fixup(*rip as usize) {
                     *rip = fix as i64;
+                    return;
+                }
+                if let Some(frame) = guard_frame((*info).si_addr() as usize) {
+                    (*uc).uc_mcontext.gregs[libc::REG_RSP as usize] = frame as i64;
+                    (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] =
+                        uroce_mem_guard_fix_v1 as *const () as usize as i64;
                     return;
                 }
             }
@@ -452,6 +599,10 @@ mod imp {
         vm_copy(dst, src as *mut u8, n)
     }
 
+    pub(super) fn guarded<R>(_: usize, _: usize, _: impl FnOnce() -> R) -> Result<R, super::Unguarded> {
+        Err(super::Unguarded::Unavailable)
+    }
+
     /// Whether the word can be read now (writing it to find out would race
     /// with other writers; a read-only page still faults in the atomic).
     fn probe(p: *mut u64) -> bool {
@@ -518,6 +669,59 @@ mod tests {
         fn drop(&mut self) {
             // SAFETY: our mapping.
             unsafe { libc::munmap(self.0 as *mut libc::c_void, 2 * PAGE) };
+        }
+    }
+
+    #[test]
+    fn a_guarded_read_of_memory_that_is_gone_returns_instead_of_crashing() {
+        install();
+        {
+            // Unmapped and truncated memory fault the same way (SIGSEGV or
+            // SIGBUS at an address in the range): a PROT_NONE page here.
+            let m = TwoPages::new(libc::PROT_NONE);
+            // Across the boundary: the second page faults.
+            // SAFETY: read inside `guarded`, which recovers the fault.
+            let r = guarded(m.0, 2 * PAGE, || {
+                crc32fast::hash(unsafe { std::slice::from_raw_parts(m.0 as *const u8, 2 * PAGE) })
+            });
+            assert_eq!(r, Err(Unguarded::Fault));
+            // The first page alone: read normally, the guard disarmed after.
+            // SAFETY: our readable page.
+            let r =
+                guarded(m.0, PAGE, || crc32fast::hash(unsafe { std::slice::from_raw_parts(m.0 as *const u8, PAGE) }));
+            assert_eq!(r, Ok(crc32fast::hash(&[0x5a; PAGE])));
+        }
+        // A fault outside the guarded range is not recovered by it.
+        let m = TwoPages::new(libc::PROT_NONE);
+        // SAFETY: only the readable page is read.
+        let r = guarded(m.0 + PAGE, PAGE, || unsafe { std::ptr::read_volatile(m.0 as *const u8) });
+        assert_eq!(r, Ok(0x5a));
+    }
+
+    #[test]
+    fn guarded_reads_in_many_threads_recover_their_own_faults() {
+        install();
+        let m = TwoPages::new(libc::PROT_NONE);
+        let base = m.0;
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    (0..200)
+                        .map(|i| {
+                            let len = if i % 2 == 0 { PAGE } else { 2 * PAGE };
+                            // SAFETY: read inside `guarded`.
+                            guarded(base, len, || {
+                                crc32fast::hash(unsafe { std::slice::from_raw_parts(base as *const u8, len) })
+                            })
+                            .is_ok()
+                        })
+                        .filter(|ok| *ok)
+                        .count()
+                })
+            })
+            .collect();
+        for t in threads {
+            assert_eq!(t.join().unwrap(), 100);
         }
     }
 

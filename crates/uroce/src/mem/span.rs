@@ -196,6 +196,15 @@ impl HostBytes {
         // holds the region.
         unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.piece.len) }
     }
+    /// Runs `f` on the bytes read in place, with a fault on them (the
+    /// application unmapped or protected them since they were checked)
+    /// recovered: see [`super::safe::guarded`] for what `f` may do.
+    pub(crate) fn with_slice<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Result<R, super::safe::Unguarded> {
+        // SAFETY: as `as_slice`; a read of memory gone meanwhile is
+        // recovered by the guard.
+        super::safe::guarded(self.addr, self.piece.len, || f(unsafe { self.as_slice() }))
+    }
+
     /// Reads the bytes through a bounce buffer, in chunks given to `f`,
     /// tolerating memory that the application unmapped or protected since
     /// the span was resolved: false then.

@@ -27,6 +27,7 @@ pub use engine::{Engine, EngineConfig, QpSummary};
 pub use stats::Stats;
 
 use crate::ib::AsyncEventType;
+use crate::mem::safe::Unguarded;
 use crate::mem::{AccessError, HostBytes, Memory, Span};
 use crate::wire::{self, Headers, IpInfo};
 use std::collections::VecDeque;
@@ -287,11 +288,16 @@ impl Ctx<'_> {
         let n = headers.emit(&mut data).expect("opcode table and headers agree");
         debug_assert_eq!(n, hdr_len);
         let ip = IpInfo { src: self.cfg.addr, dst, sport: self.cfg.port, dport: self.cfg.port, ipv4_id: 0 };
-        // The ICRC reads the payload through a fault-tolerant copy: the
-        // application may unmap it at any moment (any content is acceptable,
-        // see `HostBytes::as_slice`).
+        // The ICRC reads the payload in place, under a guard that recovers
+        // a fault if the application unmapped it meanwhile (any content is
+        // acceptable, see `HostBytes::as_slice`); without a guard, through a
+        // fault-tolerant copy.
         let built = wire::finish_packet_around_with(&mut data, hdr_len, payload.len(), &ip, |h| {
-            payload.read_chunks(|c| h.update(c))
+            match payload.with_slice(|p| h.update(p)) {
+                Ok(()) => true,
+                Err(Unguarded::Fault) => false,
+                Err(Unguarded::Unavailable) => payload.read_chunks(|c| h.update(c)),
+            }
         });
         let Some(len) = built.expect("buffer sized by packet_len") else {
             self.spare.push(data);
