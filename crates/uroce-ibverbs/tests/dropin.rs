@@ -9,72 +9,17 @@
 #[macro_use]
 mod skip;
 
-use std::path::PathBuf;
+mod support;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// The tests here start servers and clients on fixed addresses; one at a
-/// time keeps them from competing for two CPUs.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn dropin_dir() -> PathBuf {
-    let dir =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), |t| root().join(t)).join("dropin");
-    if !dir.join("libibverbs.so.1").exists() {
-        let st = Command::new(root().join("scripts/build-dropin.sh")).status().expect("run build-dropin.sh");
-        assert!(st.success(), "build-dropin.sh failed");
-    }
-    dir
-}
+use support::*;
 
 /// Waits (at most 60 s) for a child to exit successfully; its output.
 fn finish(child: std::process::Child, what: &str) -> String {
-    let (ok, text) = wait_output(child, what);
+    let (ok, text) = wait_output(child, what, Duration::from_secs(60));
     assert!(ok, "{what}: {text}");
     text
-}
-
-/// Waits (at most 60 s) for a child to exit; whether it succeeded, and its
-/// output.
-fn wait_output(mut child: std::process::Child, what: &str) -> (bool, String) {
-    let t = Instant::now();
-    let st = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            panic!("{what} did not finish");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (st.success(), text)
-}
-
-/// `prog` run through the drop-in library, its device at `addr`, its output
-/// captured.
-fn dropin_command(prog: impl AsRef<std::ffi::OsStr>, addr: &str) -> Command {
-    let mut c = Command::new(prog);
-    c.env("LD_LIBRARY_PATH", dropin_dir()).env("UROCE_ADDR", addr).stdout(Stdio::piped()).stderr(Stdio::piped());
-    c
-}
-
-fn have(prog: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {prog}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 #[test]
@@ -220,7 +165,7 @@ fn perftest(prog: &str, extra: &[&str], tcp: u16) -> String {
     let mut cargs = args.clone();
     cargs.push("127.0.0.1".into());
     if !listening(tcp) {
-        let (_, out) = wait_output(server.into_inner_killed(), "server");
+        let (_, out) = wait_output(server.into_inner_killed(), "server", Duration::from_secs(60));
         panic!("{prog} {extra:?}: the server never listened on TCP port {tcp}:\n{out}");
     }
     // Listening, it may still refuse for a moment; a refused client exits
@@ -229,7 +174,7 @@ fn perftest(prog: &str, extra: &[&str], tcp: u16) -> String {
     let mut client_out = None;
     for _ in 0..10 {
         let client = dropin_command(prog, "127.0.0.74").args(&cargs).spawn().unwrap();
-        let (ok, text) = wait_output(client, &format!("{prog} {extra:?} client"));
+        let (ok, text) = wait_output(client, &format!("{prog} {extra:?} client"), Duration::from_secs(60));
         if ok {
             client_out = Some(text);
             break;
@@ -240,56 +185,6 @@ fn perftest(prog: &str, extra: &[&str], tcp: u16) -> String {
     let client_out = client_out.unwrap_or_else(|| panic!("{prog} {extra:?}: the client never connected"));
     finish(server.0.take().unwrap(), &format!("{prog} {extra:?} server"));
     client_out
-}
-
-/// A child process killed if the test fails before it is waited for (a
-/// perftest server left behind would hold its device address and TCP port
-/// and fail later tests).
-struct Reap(Option<std::process::Child>);
-
-impl Reap {
-    fn into_inner(mut self) -> std::process::Child {
-        self.0.take().unwrap()
-    }
-
-    /// The child, killed (its output can still be read).
-    fn into_inner_killed(self) -> std::process::Child {
-        let mut c = self.into_inner();
-        let _ = c.kill();
-        c
-    }
-}
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Waits (at most 10 s) until a socket listens on TCP `port`, read from
-/// /proc/net/tcp{,6}: perftest's server accepts a single connection, so it
-/// is not probed by connecting.
-fn listening(port: u16) -> bool {
-    let suffix = format!(":{port:04X}");
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(10) {
-        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-            let text = std::fs::read_to_string(table).unwrap_or_default();
-            // sl local_address rem_address st ...; st 0A is LISTEN.
-            let listens = text.lines().skip(1).any(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                f.len() > 3 && f[1].ends_with(&suffix) && f[3] == "0A"
-            });
-            if listens {
-                return true;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
 }
 
 #[test]
@@ -343,7 +238,7 @@ fn perftest_client_of_a_killed_server_fails_instead_of_hanging() {
     std::thread::sleep(Duration::from_millis(1500));
     server.0.as_mut().unwrap().kill().unwrap();
     let t = Instant::now();
-    let (ok, out) = wait_output(client.into_inner(), "ib_write_bw client of a killed server");
+    let (ok, out) = wait_output(client.into_inner(), "ib_write_bw client of a killed server", Duration::from_secs(60));
     assert!(!ok, "the client cannot succeed: {out}");
     assert!(t.elapsed() < Duration::from_secs(20), "took {:?}: {out}", t.elapsed());
     // perftest prints the failed completion's status: 12 is IBV_WC_RETRY_EXC_ERR.

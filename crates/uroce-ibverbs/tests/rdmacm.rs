@@ -14,81 +14,11 @@ mod skip;
 #[allow(clippy::duplicate_mod)]
 #[path = "../../uroce/tests/netns/mod.rs"]
 mod netns;
+mod support;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// One server/client pair at a time: two CPUs.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn dropin_dir() -> PathBuf {
-    let dir =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), |t| root().join(t)).join("dropin");
-    if !dir.join("librdmacm.so.1").exists() {
-        let st = Command::new(root().join("scripts/build-dropin.sh")).status().expect("run build-dropin.sh");
-        assert!(st.success(), "build-dropin.sh failed");
-    }
-    dir
-}
-
-fn have(prog: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {prog}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// `prog` through both drop-ins, its device at `addr`, output captured.
-fn cmd(prog: &str, addr: &str) -> Command {
-    let mut c = Command::new(prog);
-    c.env("LD_LIBRARY_PATH", dropin_dir()).env("UROCE_ADDR", addr).stdout(Stdio::piped()).stderr(Stdio::piped());
-    c
-}
-
-/// A child killed if the test ends before it is waited for.
-struct Reap(Option<Child>);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Waits (at most `limit`) for a child to exit; whether it succeeded and
-/// its output. Killed at the limit.
-fn wait_output(r: &mut Reap, what: &str, limit: Duration) -> (bool, String) {
-    let mut child = r.0.take().expect("a child");
-    let t = Instant::now();
-    let st = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break Some(st);
-        }
-        if t.elapsed() > limit {
-            let _ = child.kill();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    match st {
-        Some(st) => (st.success(), text),
-        None => (false, format!("{what} did not finish in {limit:?}: {text}")),
-    }
-}
+use support::*;
 
 /// Waits (at most 10 s) until a uroce device has bound UDP 4791 on `addr`
 /// (the server's rdma_bind_addr opened it; rdma_listen follows at once),
@@ -110,6 +40,23 @@ fn device_up(addr: &str) -> bool {
 
 /// Runs `server` then `client` (both through the drop-ins); their outputs.
 /// `server_exits`: wait for the server's success too (else it is killed).
+/// Runs a client until it finds the server listening: a server's device is
+/// up (`device_up`) a moment before its `rdma_listen`, and a REQ in between
+/// is rejected with reason 8 (no listener), as by a kernel; such a client
+/// is started again, at most 20 times.
+fn client_once_listening(prog: &str, caddr: &str, args: &[&str]) -> (bool, String) {
+    let no_listener = |out: &str| out.contains("REJECTED") && (out.contains("error: 8") || out.contains("error 8"));
+    for _ in 0..20 {
+        let mut c = Reap(Some(dropin_command(prog, caddr).args(args).spawn().unwrap()));
+        let (ok, out) = c.wait("client", Duration::from_secs(60));
+        if ok || !no_listener(&out) {
+            return (ok, out);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    (false, format!("{prog}: the server never listened"))
+}
+
 fn pair(
     prog: &str,
     saddr: &str,
@@ -118,16 +65,15 @@ fn pair(
     client: &[&str],
     server_exits: bool,
 ) -> (String, String) {
-    let mut s = Reap(Some(cmd(prog, saddr).args(server).spawn().unwrap()));
+    let mut s = Reap(Some(dropin_command(prog, saddr).args(server).spawn().unwrap()));
     assert!(device_up(saddr), "{prog} server did not open its device on {saddr}");
-    let mut c = Reap(Some(cmd(prog, caddr).args(client).spawn().unwrap()));
-    let (ok, cout) = wait_output(&mut c, "client", Duration::from_secs(60));
+    let (ok, cout) = client_once_listening(prog, caddr, client);
     if !server_exits {
-        let (_, sout) = wait_output(&mut s, "server", Duration::from_millis(1));
+        let (_, sout) = s.wait("server", Duration::from_millis(1));
         assert!(ok, "{prog} client failed: {cout}\nserver: {sout}");
         return (sout, cout);
     }
-    let (sok, sout) = wait_output(&mut s, "server", Duration::from_secs(30));
+    let (sok, sout) = s.wait("server", Duration::from_secs(30));
     assert!(ok && sok, "{prog}: client ok {ok}, server ok {sok}\nclient: {cout}\nserver: {sout}");
     (sout, cout)
 }
@@ -191,13 +137,15 @@ fn rdma_server_and_rdma_client_synchronous() {
         skip!("rdma_server is not installed (Debian package rdmacm-utils)");
     }
     let _g = serial();
-    let mut s =
-        Reap(Some(cmd("rdma_server", "127.0.0.167").args(["-s", "127.0.0.167", "-p", "7472"]).spawn().unwrap()));
+    let mut s = Reap(Some(
+        dropin_command("rdma_server", "127.0.0.167").args(["-s", "127.0.0.167", "-p", "7472"]).spawn().unwrap(),
+    ));
     assert!(device_up("127.0.0.167"));
-    let mut c =
-        Reap(Some(cmd("rdma_client", "127.0.0.168").args(["-s", "127.0.0.167", "-p", "7472"]).spawn().unwrap()));
-    let (ok, cout) = wait_output(&mut c, "rdma_client", Duration::from_secs(60));
-    let (sok, sout) = wait_output(&mut s, "rdma_server", Duration::from_secs(30));
+    let mut c = Reap(Some(
+        dropin_command("rdma_client", "127.0.0.168").args(["-s", "127.0.0.167", "-p", "7472"]).spawn().unwrap(),
+    ));
+    let (ok, cout) = c.wait("rdma_client", Duration::from_secs(60));
+    let (sok, sout) = s.wait("rdma_server", Duration::from_secs(30));
     assert!(ok && cout.contains("rdma_client: end 0"), "{cout}\nserver: {sout}");
     assert!(sok && sout.contains("rdma_server: end 0"), "{sout}");
 }
@@ -260,13 +208,18 @@ fn rping_to_a_closed_port_is_rejected_8() {
     }
     let _g = serial();
     // A CM on the server's address listening on another port.
-    let _s = Reap(Some(cmd("ucmatose", "127.0.0.171").args(["-b", "127.0.0.171", "-p", "7475"]).spawn().unwrap()));
+    let _s = Reap(Some(
+        dropin_command("ucmatose", "127.0.0.171").args(["-b", "127.0.0.171", "-p", "7475"]).spawn().unwrap(),
+    ));
     assert!(device_up("127.0.0.171"));
     let t = Instant::now();
     let mut c = Reap(Some(
-        cmd("rping", "127.0.0.172").args(["-c", "-a", "127.0.0.171", "-p", "7476", "-C", "1"]).spawn().unwrap(),
+        dropin_command("rping", "127.0.0.172")
+            .args(["-c", "-a", "127.0.0.171", "-p", "7476", "-C", "1"])
+            .spawn()
+            .unwrap(),
     ));
-    let (_, out) = wait_output(&mut c, "rping", Duration::from_secs(30));
+    let (_, out) = c.wait("rping", Duration::from_secs(30));
     assert!(out.contains("cma event RDMA_CM_EVENT_REJECTED, error 8"), "{out}");
     assert!(t.elapsed() < Duration::from_secs(10), "the REJ came at once, not after retries");
 }
@@ -280,8 +233,8 @@ fn rsocket_programs_fail_cleanly() {
     }
     let _g = serial();
     for prog in ["rstream", "udpong"] {
-        let mut c = Reap(Some(cmd(prog, "127.0.0.173").args(["-s", "127.0.0.173"]).spawn().unwrap()));
-        let (ok, out) = wait_output(&mut c, prog, Duration::from_secs(20));
+        let mut c = Reap(Some(dropin_command(prog, "127.0.0.173").args(["-s", "127.0.0.173"]).spawn().unwrap()));
+        let (ok, out) = c.wait(prog, Duration::from_secs(20));
         assert!(!ok && out.contains("rsocket failed: Function not implemented"), "{prog}: {out}");
     }
 }
@@ -307,8 +260,8 @@ fn library_behaviour_from_c() {
         .output()
         .expect("run cc");
     assert!(cc.status.success(), "cc: {}", String::from_utf8_lossy(&cc.stderr));
-    let mut c = Reap(Some(cmd(exe.to_str().unwrap(), "127.0.0.174").spawn().unwrap()));
-    let (ok, out) = wait_output(&mut c, "rdmacm-test", Duration::from_secs(60));
+    let mut c = Reap(Some(dropin_command(exe.to_str().unwrap(), "127.0.0.174").spawn().unwrap()));
+    let (ok, out) = c.wait("rdmacm-test", Duration::from_secs(60));
     assert!(ok && out.contains("all ok"), "{out}");
 }
 
@@ -324,20 +277,24 @@ fn valgrind_reports_no_error_in_rping_client() {
     }
     let _g = serial();
     let mut s = Reap(Some(
-        cmd("rping", "127.0.0.175").args(["-s", "-a", "127.0.0.175", "-p", "7477", "-C", "10", "-v"]).spawn().unwrap(),
+        dropin_command("rping", "127.0.0.175")
+            .args(["-s", "-a", "127.0.0.175", "-p", "7477", "-C", "10", "-v"])
+            .spawn()
+            .unwrap(),
     ));
     assert!(device_up("127.0.0.175"));
     let mut c = Reap(Some(
-        cmd("valgrind", "127.0.0.176")
+        dropin_command("valgrind", "127.0.0.176")
             .args(["--fair-sched=yes", "--leak-check=full", "--errors-for-leak-kinds=definite"])
+            .arg(format!("--suppressions={}", root().join("crates/uroce-ibverbs/tests/valgrind/rping.supp").display()))
             .args(["--error-exitcode=9", "rping", "-c", "-a", "127.0.0.175", "-p", "7477", "-C", "10", "-v"])
             .spawn()
             .unwrap(),
     ));
-    let (ok, out) = wait_output(&mut c, "rping under valgrind", Duration::from_secs(240));
+    let (ok, out) = c.wait("rping under valgrind", Duration::from_secs(240));
     assert!(ok, "{out}");
     assert!(out.contains("ERROR SUMMARY: 0 errors") && out.contains("ping data: rdma-ping-9: "), "{out}");
-    let (sok, sout) = wait_output(&mut s, "rping server", Duration::from_secs(30));
+    let (sok, sout) = s.wait("rping server", Duration::from_secs(30));
     assert!(sok, "{sout}");
 }
 
@@ -351,11 +308,11 @@ fn perftest_with_rdma_cm() {
     let _g = serial();
     for prog in ["ib_send_bw", "ib_read_bw", "ib_write_lat"] {
         let args = ["-R", "-p", "7478", "-n", "200"];
-        let mut s = Reap(Some(cmd(prog, "127.0.0.177").args(args).spawn().unwrap()));
+        let mut s = Reap(Some(dropin_command(prog, "127.0.0.177").args(args).spawn().unwrap()));
         assert!(device_up("127.0.0.177"));
-        let mut c = Reap(Some(cmd(prog, "127.0.0.178").args(args).arg("127.0.0.177").spawn().unwrap()));
-        let (ok, out) = wait_output(&mut c, prog, Duration::from_secs(60));
-        let (sok, sout) = wait_output(&mut s, prog, Duration::from_secs(30));
+        let cargs: Vec<&str> = args.iter().copied().chain(["127.0.0.177"]).collect();
+        let (ok, out) = client_once_listening(prog, "127.0.0.178", &cargs);
+        let (sok, sout) = s.wait(prog, Duration::from_secs(30));
         assert!(ok && sok, "{prog}: {out}\nserver: {sout}");
         assert!(out.contains("Data ex. method : rdma_cm") && out.contains(" 200 "), "{prog}: {out}");
     }
@@ -390,8 +347,8 @@ fn rping_between_two_namespaces() {
     }
     std::thread::sleep(Duration::from_millis(300));
     let mut c = run(&p.a, &p.ip_a, &["-c", "-a", &p.ip_b, "-C", "100", "-v"]);
-    let (ok, out) = wait_output(&mut c, "rping client", Duration::from_secs(60));
-    let (sok, sout) = wait_output(&mut s, "rping server", Duration::from_secs(30));
+    let (ok, out) = c.wait("rping client", Duration::from_secs(60));
+    let (sok, sout) = s.wait("rping server", Duration::from_secs(30));
     assert!(ok && sok, "client: {out}\nserver: {sout}");
     assert_eq!(out.matches("ping data: rdma-ping-").count(), 100, "{out}");
 }
@@ -406,15 +363,15 @@ fn rping_with_loss_on_both_sides() {
     }
     let _g = serial();
     for seed in 1..=3 {
-        let mut sc = cmd("rping", "127.0.0.179");
+        let mut sc = dropin_command("rping", "127.0.0.179");
         sc.env("UROCE_FAULTS", format!("loss=0.05,seed={seed}"));
         let mut s = Reap(Some(sc.args(["-s", "-a", "127.0.0.179", "-p", "7479", "-C", "20", "-v"]).spawn().unwrap()));
         assert!(device_up("127.0.0.179"));
-        let mut cc = cmd("rping", "127.0.0.180");
+        let mut cc = dropin_command("rping", "127.0.0.180");
         cc.env("UROCE_FAULTS", format!("loss=0.05,seed={}", seed + 100));
         let mut c = Reap(Some(cc.args(["-c", "-a", "127.0.0.179", "-p", "7479", "-C", "20", "-v"]).spawn().unwrap()));
-        let (ok, out) = wait_output(&mut c, "rping client", Duration::from_secs(60));
-        let (sok, sout) = wait_output(&mut s, "rping server", Duration::from_secs(30));
+        let (ok, out) = c.wait("rping client", Duration::from_secs(60));
+        let (sok, sout) = s.wait("rping server", Duration::from_secs(30));
         assert!(ok && sok, "seed {seed}: client: {out}\nserver: {sout}");
         assert_eq!(out.matches("ping data: rdma-ping-").count(), 20, "{out}");
     }

@@ -13,37 +13,14 @@
 #[path = "../../uroce/tests/skip/mod.rs"]
 #[macro_use]
 mod skip;
+mod support;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// The tests here start UCX servers and clients; one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn dropin_dir() -> PathBuf {
-    let dir =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), |t| root().join(t)).join("dropin");
-    if !dir.join("libibverbs.so.1").exists() {
-        let st = Command::new(root().join("scripts/build-dropin.sh")).status().expect("run build-dropin.sh");
-        assert!(st.success(), "build-dropin.sh failed");
-    }
-    dir
-}
+use support::{dropin_dir, have, listening, root, serial, Reap};
 
 /// Why UCX cannot run here, if it cannot: the tests skip with it.
 fn missing() -> Option<&'static str> {
-    let have = |p: &str| {
-        Command::new("sh").args(["-c", &format!("command -v {p}")]).output().is_ok_and(|o| o.status.success())
-    };
     if !have("ucx_info") || !have("ucx_perftest") {
         return Some("ucx_info/ucx_perftest is not installed (Debian package ucx-utils)");
     }
@@ -69,17 +46,6 @@ fn ucx_command(prog: &str, addr: &str) -> Command {
 }
 
 /// A child killed if the test ends before it is waited for.
-struct Reap(Option<Child>);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 /// Waits at most `limit` for the child; (exited successfully, how it
 /// ended, its output). A child still running then is killed.
 fn wait(mut reap: Reap, limit: Duration) -> (bool, String, String) {
@@ -99,26 +65,6 @@ fn wait(mut reap: Reap, limit: Duration) -> (bool, String, String) {
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     let how = status.map_or_else(|| format!("still running after {limit:?}: killed"), |s| s.to_string());
     (status.is_some_and(|s| s.success()), how, text)
-}
-
-/// Waits (at most 10 s) until a socket listens on TCP `port`.
-fn listening(port: u16) -> bool {
-    let suffix = format!(":{port:04X}");
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(10) {
-        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-            let text = std::fs::read_to_string(table).unwrap_or_default();
-            // sl local_address rem_address st ...; st 0A is LISTEN.
-            if text.lines().skip(1).any(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                f.len() > 3 && f[1].ends_with(&suffix) && f[3] == "0A"
-            }) {
-                return true;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    false
 }
 
 #[test]

@@ -1,0 +1,131 @@
+//! What the tests that run real programs through the drop-in libraries
+//! share: the libraries' folder (built when missing), commands that load
+//! them, children that are killed if a test fails before waiting for them,
+//! bounded waits, and one-at-a-time servers.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Tests that start servers and clients run one at a time: two CPUs.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// target/dropin, with libibverbs.so.1, librdmacm.so.1 and libmlx5.so.1
+/// (scripts/build-dropin.sh builds them when one is missing).
+pub fn dropin_dir() -> PathBuf {
+    let dir =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), |t| root().join(t)).join("dropin");
+    if ["libibverbs.so.1", "librdmacm.so.1", "libmlx5.so.1"].iter().any(|l| !dir.join(l).exists()) {
+        let st = Command::new(root().join("scripts/build-dropin.sh")).status().expect("run build-dropin.sh");
+        assert!(st.success(), "build-dropin.sh failed");
+    }
+    dir
+}
+
+/// Whether `prog` is on the PATH.
+pub fn have(prog: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {prog}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// `prog` run through the drop-in libraries, its device at `addr`, its
+/// output captured.
+pub fn dropin_command(prog: impl AsRef<std::ffi::OsStr>, addr: &str) -> Command {
+    let mut c = Command::new(prog);
+    c.env("LD_LIBRARY_PATH", dropin_dir()).env("UROCE_ADDR", addr).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+/// Waits at most `limit` for a child to exit; whether it succeeded, and its
+/// output (a child still running then is killed, and the output says so).
+pub fn wait_output(mut child: Child, what: &str, limit: Duration) -> (bool, String) {
+    let t = Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    match st {
+        Some(st) => (st.success(), text),
+        None => (false, format!("{what} did not finish in {limit:?}: {text}")),
+    }
+}
+
+/// A child process killed if the test fails before it is waited for (a
+/// server left behind would hold its device address and TCP port and fail
+/// later tests).
+pub struct Reap(pub Option<Child>);
+
+impl Reap {
+    pub fn new(child: Child) -> Reap {
+        Reap(Some(child))
+    }
+
+    /// Waits for the child as [`wait_output`] does.
+    pub fn wait(&mut self, what: &str, limit: Duration) -> (bool, String) {
+        wait_output(self.0.take().expect("a child not yet waited for"), what, limit)
+    }
+
+    /// The child, not reaped any more.
+    pub fn into_inner(mut self) -> Child {
+        self.0.take().expect("a child not yet waited for")
+    }
+
+    /// The child, killed (its output can still be read).
+    pub fn into_inner_killed(self) -> Child {
+        let mut c = self.into_inner();
+        let _ = c.kill();
+        c
+    }
+}
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Waits (at most 10 s) until a socket listens on TCP `port`, read from
+/// /proc/net/tcp{,6}: servers that accept a single connection (perftest,
+/// UCX's) are not probed by connecting.
+pub fn listening(port: u16) -> bool {
+    let suffix = format!(":{port:04X}");
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            let text = std::fs::read_to_string(table).unwrap_or_default();
+            // sl local_address rem_address st ...; st 0A is LISTEN.
+            let listens = text.lines().skip(1).any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && f[1].ends_with(&suffix) && f[3] == "0A"
+            });
+            if listens {
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
