@@ -10,11 +10,34 @@ use std::time::{Duration, Instant};
 
 const UROCE: &str = env!("CARGO_BIN_EXE_uroce");
 
-fn tmpdir(tag: &str) -> PathBuf {
+/// A fresh directory, removed when the test ends (its captures are tens of
+/// megabytes).
+struct TmpDir(PathBuf);
+
+impl std::ops::Deref for TmpDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for TmpDir {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tmpdir(tag: &str) -> TmpDir {
     let d = std::env::temp_dir().join(format!("uroce-ops-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    TmpDir(d)
 }
 
 fn uroce(rt: &Path, args: &[&str]) -> Output {
