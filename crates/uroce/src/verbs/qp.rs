@@ -234,18 +234,7 @@ impl QueuePair {
                 None => return Err((0, Error::inval("post_send: no such QP"))),
             };
             let mut refused = None;
-            let mut i = 0;
-            let wrs = std::iter::from_fn(|| match next(i, &lim)? {
-                Ok(w) => {
-                    i += 1;
-                    Some(w)
-                }
-                Err(err) => {
-                    refused = Some((i, err));
-                    None
-                }
-            });
-            e.post_send_list(now, qpn, wrs)?;
+            e.post_send_list(now, qpn, until_refused(&lim, &mut next, &mut refused))?;
             refused.map_or(Ok(()), Err)
         })
     }
@@ -270,18 +259,7 @@ impl QueuePair {
                 None => return Err((0, Error::inval("post_recv: no such QP"))),
             };
             let mut refused = None;
-            let mut i = 0;
-            let wrs = std::iter::from_fn(|| match next(i, &lim)? {
-                Ok(w) => {
-                    i += 1;
-                    Some(w)
-                }
-                Err(err) => {
-                    refused = Some((i, err));
-                    None
-                }
-            });
-            e.post_recv_list(now, qpn, wrs)?;
+            e.post_recv_list(now, qpn, until_refused(&lim, &mut next, &mut refused))?;
             refused.map_or(Ok(()), Err)
         })
     }
@@ -367,4 +345,24 @@ impl crate::ib::Mtu {
             other
         }
     }
+}
+
+/// The work requests `next` gives for a queue of limits `lim`, up to the
+/// first it refuses, whose index and error are left in `refused`.
+fn until_refused<'a, W>(
+    lim: &'a QueueLimits,
+    next: &'a mut impl FnMut(usize, &QueueLimits) -> Option<Result<W>>,
+    refused: &'a mut Option<(usize, Error)>,
+) -> impl Iterator<Item = W> + 'a {
+    let mut i = 0;
+    std::iter::from_fn(move || match next(i, lim)? {
+        Ok(w) => {
+            i += 1;
+            Some(w)
+        }
+        Err(err) => {
+            *refused = Some((i, err));
+            None
+        }
+    })
 }
