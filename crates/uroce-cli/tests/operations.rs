@@ -146,6 +146,14 @@ fn stat_and_capture_watch_another_process() {
         assert!(pairs.contains_key(name), "{name}: {line}");
     }
     assert!(pairs["tx_packets"] > 0, "{line}");
+    // `rdma resource show mr` layout for every region of the demo (it
+    // registers a buffer on each device).
+    let rdma = String::from_utf8(uroce(&rt, &["stat", "--rdma", "--qps"]).stdout).unwrap();
+    let mr = rdma.lines().find(|l| l.starts_with("dev demo-a mrn ") && l.contains(" rkey ")).expect(&rdma);
+    let f: Vec<&str> = mr.split_whitespace().collect();
+    assert_eq!((f[4], f[6], f[8], f[10], f[12], f[14]), ("rkey", "lkey", "mrlen", "pdn", "pid", "comm"), "{mr}");
+    assert_eq!(f[13], pid.to_string(), "{mr}");
+    assert!(f[9].parse::<u64>().unwrap() > 0, "{mr}");
 
     // Capture in the running process, then stop; the file decodes clean.
     let pcap = rt.join("live.pcap");

@@ -211,7 +211,7 @@ fn table(procs: &[Value], qps: bool) -> String {
                         g("rx_inline_bytes")
                     ));
                 }
-                for m in d["mrs"].as_array().into_iter().flatten() {
+                for m in d["mrs"].as_array().into_iter().flatten().filter(|m| m["odp"].is_object()) {
                     let f = |k: &str| m["odp"][k].as_u64().unwrap_or(0);
                     o.push_str(&format!(
                         "{:>8}   mr {:#010x} ODP faults {} ({} events) invalidations {} ({} events) prefetch {}\n",
@@ -305,15 +305,20 @@ const MLX5_NAMES: [(&str, &str); 6] = [
     ("duplicate_request", "rx_duplicates"),
     ("rnr_nak_retry_err", "rnr_naks_received"),
     ("local_ack_timeout_err", "timeouts"),
-    ("packet_seq_err", "naks_received"),
+    ("packet_seq_err", "seq_naks_received"),
 ];
 
 /// `rdma statistic show` / `rdma statistic mr show` layout: one line per
 /// device port (`link DEV/1 `, then `name value ` pairs), and with `mrs`
-/// one per ODP region (`dev DEV mrn N `, then mlx5's ODP counter pairs).
+/// one per ODP region (`dev DEV mrn N `, then mlx5's ODP counter pairs),
+/// then every region as `rdma resource show mr` prints it (`dev DEV mrn N
+/// rkey 0x.. lkey 0x.. mrlen N pdn N pid N comm NAME`).
 fn rdma_format(procs: &[Value], mrs: bool) -> String {
     let mut o = String::new();
     for p in procs {
+        let pid = p["pid"].as_u64().unwrap_or(0);
+        // iproute2 prints the task's comm: the program's file name.
+        let comm = p["program"].as_str().and_then(|s| s.rsplit('/').next()).unwrap_or("?").to_string();
         for d in p["devices"].as_array().into_iter().flatten() {
             let dev = d["name"].as_str().unwrap_or("?");
             let st = &d["stats"];
@@ -328,13 +333,23 @@ fn rdma_format(procs: &[Value], mrs: bool) -> String {
             }
             o.push('\n');
             if mrs {
-                for m in d["mrs"].as_array().into_iter().flatten() {
+                let regions: Vec<&Value> = d["mrs"].as_array().into_iter().flatten().collect();
+                for m in regions.iter().filter(|m| m["odp"].is_object()) {
                     // mlx5's mrn is the mkey index: the key without its 8-bit tag.
                     o.push_str(&format!("dev {dev} mrn {} ", m["key"].as_u64().unwrap_or(0) >> 8));
                     for (k, v) in m["odp"].as_object().into_iter().flatten() {
                         o.push_str(&format!("{k} {} ", counter(v)));
                     }
                     o.push('\n');
+                }
+                for m in &regions {
+                    let key = m["key"].as_u64().unwrap_or(0);
+                    o.push_str(&format!(
+                        "dev {dev} mrn {} rkey {key:#x} lkey {key:#x} mrlen {} pdn {} pid {pid} comm {comm}\n",
+                        key >> 8,
+                        m["length"].as_u64().unwrap_or(0),
+                        m["pd"].as_u64().unwrap_or(0),
+                    ));
                 }
             }
         }
@@ -408,18 +423,24 @@ mod tests {
 
     #[test]
     fn rdma_layout_of_devices_and_odp_regions() {
-        let procs = vec![json!({ "pid": 7, "devices": [{
+        let procs = vec![json!({ "pid": 7, "program": "/usr/bin/ib_write_bw", "devices": [{
             "name": "uroce0",
             "stats": { "tx_packets": 5, "rx_out_of_sequence": 2, "timeouts": 1 },
-            "mrs": [{ "key": 0x1234, "odp": { "page_faults": 3, "page_invalidations": 1 } }],
+            "mrs": [
+                { "key": 0x1234, "pd": 2, "length": 8192, "odp": { "page_faults": 3, "page_invalidations": 1 } },
+                { "key": 0x2a07, "pd": 2, "length": 4096, "odp": null },
+            ],
         }]})];
         let out = rdma_format(&procs, true);
         let lines: Vec<&str> = out.lines().collect();
-        assert_eq!(lines.len(), 2, "{out}");
+        assert_eq!(lines.len(), 4, "{out}");
         assert!(lines[0].starts_with("link uroce0/1 out_of_buffer 0 out_of_sequence 2 "), "{out}");
         assert!(lines[0].contains(" local_ack_timeout_err 1 ") && lines[0].ends_with("tx_packets 5 "), "{out}");
         assert!(!lines[0].contains("rx_out_of_sequence"), "named once, as mlx5 names it: {out}");
         assert_eq!(lines[1], "dev uroce0 mrn 18 page_faults 3 page_invalidations 1 ");
+        // Every region as `rdma resource show mr` lists it.
+        assert_eq!(lines[2], "dev uroce0 mrn 18 rkey 0x1234 lkey 0x1234 mrlen 8192 pdn 2 pid 7 comm ib_write_bw");
+        assert_eq!(lines[3], "dev uroce0 mrn 42 rkey 0x2a07 lkey 0x2a07 mrlen 4096 pdn 2 pid 7 comm ib_write_bw");
         assert_eq!(rdma_format(&procs, false).lines().count(), 1);
     }
 }

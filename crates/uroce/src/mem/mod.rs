@@ -80,6 +80,16 @@ impl Want {
 /// `length` of an implicit ODP registration (`SIZE_MAX`).
 pub const IMPLICIT_ODP_LEN: u64 = u64::MAX;
 
+/// What `uroce stat` shows of a registered region.
+#[derive(Debug, Clone)]
+pub struct RegionSummary {
+    pub key: u32,
+    pub pd: u32,
+    pub length: u64,
+    /// ODP counters, for on-demand paged regions.
+    pub odp: Option<OdpStats>,
+}
+
 /// The memory of one device: its keys, pinned pages and ODP counters.
 #[derive(Debug, Default)]
 pub struct Memory {
@@ -732,6 +742,16 @@ impl Memory {
     }
 
     /// The ODP regions' keys and counters.
+    /// Every registered region (`rdma resource show mr`): key, PD, length
+    /// and, for ODP regions, their counters.
+    pub fn region_summaries(&self) -> Vec<RegionSummary> {
+        let regions: Vec<Arc<MemoryRegion>> = self.keys.read().unwrap().regions().cloned().collect();
+        regions
+            .iter()
+            .map(|r| RegionSummary { key: r.key, pd: r.pd, length: r.length, odp: r.odp().map(|o| o.stats()) })
+            .collect()
+    }
+
     pub fn odp_regions(&self) -> Vec<(u32, OdpStats)> {
         let regions: Vec<Arc<MemoryRegion>> = self.keys.read().unwrap().regions().cloned().collect();
         regions.iter().filter_map(|r| Some((r.key, r.odp()?.stats()))).collect()

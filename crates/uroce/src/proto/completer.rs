@@ -236,6 +236,7 @@ impl Qp {
         let missing = matches!(self.ack_through(ctx, psn::add(p, super::psn::PSN_MASK)), Acked::MissingResponse);
         match code {
             NakCode::PsnSequence => {
+                ctx.stats.seq_naks_received += 1;
                 if !missing && psn::lt(self.req.comp_psn, p) {
                     self.req.comp_psn = p;
                 }

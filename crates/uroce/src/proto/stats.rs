@@ -72,6 +72,8 @@ counters! {
         rnr_naks_received,
         naks_sent,
         naks_received,
+        /// Of those, PSN sequence error NAKs (mlx5's `packet_seq_err`).
+        seq_naks_received,
         qp_errors,
         /// Receives completed inline (scatter-to-CQE: the message travelled
         /// in the completion and was copied at poll time).
@@ -91,7 +93,7 @@ mod tests {
         let qp = Stats { rx_packets: 4, rx_bytes: 400, tx_packets: 2, naks_sent: 1, ..Default::default() };
         dev.add_qp_share(&qp);
         assert_eq!((dev.rx_packets, dev.rx_bytes, dev.tx_packets, dev.naks_sent), (10, 1000, 5, 1));
-        assert_eq!(Stats::LEN, 25);
+        assert_eq!(Stats::LEN, 26);
         // Inline receives are the QP's: the device's is the sum.
         let inl = Stats { rx_inline_recvs: 2, rx_inline_bytes: 40, ..Default::default() };
         dev.add_qp_share(&inl);

@@ -138,8 +138,12 @@ fn detail_json() -> Value {
                     })
                 })
                 .collect();
-            let mrs: Vec<Value> =
-                d.mem.odp_regions().iter().map(|(key, s)| json!({ "key": key, "odp": odp_json(s) })).collect();
+            let mrs: Vec<Value> = d
+                .mem
+                .region_summaries()
+                .iter()
+                .map(|r| json!({ "key": r.key, "pd": r.pd, "length": r.length, "odp": r.odp.as_ref().map(odp_json) }))
+                .collect();
             json!({ "name": d.name, "qps": qps, "mrs": mrs })
         })
         .collect();
