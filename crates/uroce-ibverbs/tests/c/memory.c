@@ -16,27 +16,13 @@
 #include "uroce.h"
 
 #include "check.h"
+#include "wait.h"
 #include "connect.h"
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static struct ibv_cq *cq;
 static struct ibv_qp *qp[2];
-
-static struct ibv_wc wait_wc(void)
-{
-	struct ibv_wc wc;
-	for (int i = 0; i < 5000000; i++) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		CHECK(n >= 0, "poll_cq");
-		if (n == 1)
-			return wc;
-		if (i > 1000)
-			usleep(10);
-	}
-	CHECK(0, "no completion");
-	return wc;
-}
 
 /* One RDMA op from qp[0]; returns the completion status. */
 static int rdma(enum ibv_wr_opcode op, void *local, uint32_t len, uint32_t lkey, uint64_t raddr, uint32_t rkey)
@@ -47,7 +33,7 @@ static int rdma(enum ibv_wr_opcode op, void *local, uint32_t len, uint32_t lkey,
 	wr.wr.rdma.remote_addr = raddr;
 	wr.wr.rdma.rkey = rkey;
 	CHECK(ibv_post_send(qp[0], &wr, &bad) == 0, "post_send");
-	return wait_wc().status;
+	return wait_wc(cq).status;
 }
 
 static void fresh_qps(void)
@@ -161,16 +147,16 @@ static void test_mkeys(void)
 	struct ibv_send_wr inv = { .wr_id = 7, .opcode = IBV_WR_LOCAL_INV, .send_flags = IBV_SEND_SIGNALED }, *bad;
 	inv.invalidate_rkey = mk->lkey;
 	CHECK(ibv_post_send(qp[1], &inv, &bad) == 0, "post LOCAL_INV");
-	struct ibv_wc wc = wait_wc();
+	struct ibv_wc wc = wait_wc(cq);
 	CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_LOCAL_INV, "LOCAL_INV wc %d", wc.status);
 	CHECK(uroce_post_umr_list(qp[1], 8, IBV_SEND_SIGNALED, mk, IBV_ACCESS_REMOTE_READ, 1, &l[1]) == 0, "post umr");
-	wc = wait_wc();
+	wc = wait_wc(cq);
 	CHECK(wc.wr_id == 8 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_DRIVER1, "UMR wc %d op %d",
 	      wc.status, wc.opcode);
 	CHECK(rdma(IBV_WR_RDMA_READ, dst, 6, md->lkey, 0, mk->rkey) == IBV_WC_SUCCESS, "read after UMR");
 	CHECK(memcmp(dst, a, 6) == 0, "UMR data");
 	CHECK(uroce_post_umr_list(qp[1], 9, IBV_SEND_SIGNALED, mk, IBV_ACCESS_REMOTE_READ, 1, &l[0]) == 0, "post");
-	wc = wait_wc();
+	wc = wait_wc(cq);
 	CHECK(wc.status == IBV_WC_MW_BIND_ERR, "UMR over a valid key: %d", wc.status);
 	CHECK(uroce_destroy_mkey(mk) == 0, "destroy_mkey");
 	fresh_qps();

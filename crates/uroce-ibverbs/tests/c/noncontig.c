@@ -15,27 +15,13 @@
 #include "uroce.h"
 
 #include "check.h"
+#include "wait.h"
 #include "connect.h"
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static struct ibv_cq *cq;
 static struct ibv_qp *qp[2];
-
-static struct ibv_wc wait_wc(void)
-{
-	struct ibv_wc wc;
-	for (int i = 0; i < 5000000; i++) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		CHECK(n >= 0, "poll_cq");
-		if (n == 1)
-			return wc;
-		if (i > 1000)
-			usleep(10);
-	}
-	CHECK(0, "no completion");
-	return wc;
-}
 
 static void fresh_qps(void)
 {
@@ -72,7 +58,7 @@ static int rdma(enum ibv_wr_opcode op, uint64_t laddr, uint32_t len, uint32_t lk
 	}
 	int rc = ibv_post_send(qp[0], &wr, &bad);
 	CHECK(rc == 0, "post_send op %d len %u: %s", op, len, strerror(rc));
-	int st = wait_wc().status;
+	int st = wait_wc(cq).status;
 	if (st != IBV_WC_SUCCESS)
 		fresh_qps();
 	return st;
@@ -89,7 +75,7 @@ static void send_recv(uint64_t laddr, uint32_t len, uint32_t lkey, uint64_t radd
 				  .send_flags = IBV_SEND_SIGNALED }, *sbad;
 	CHECK(ibv_post_send(qp[0], &sw, &sbad) == 0, "post_send");
 	for (int i = 0; i < 2; i++) {
-		struct ibv_wc wc = wait_wc();
+		struct ibv_wc wc = wait_wc(cq);
 		CHECK(wc.status == IBV_WC_SUCCESS, "send/recv wr %lu: %s", (unsigned long)wc.wr_id,
 		      ibv_wc_status_str(wc.status));
 		if (wc.wr_id == 2)

@@ -19,6 +19,7 @@
 #include "uroce.h"
 
 #include "check.h"
+#include "wait.h"
 #include "connect.h"
 
 #define CLIENT "ssd-c"
@@ -31,21 +32,6 @@ static struct ibv_pd *pd;
 static struct ibv_cq *cq;
 static struct ibv_qp *qp[2];
 
-static struct ibv_wc wait_wc(void)
-{
-	struct ibv_wc wc;
-	for (int i = 0; i < 5000000; i++) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		CHECK(n >= 0, "poll_cq");
-		if (n == 1)
-			return wc;
-		if (i > 1000)
-			usleep(10);
-	}
-	CHECK(0, "no completion");
-	return wc;
-}
-
 static int rdma(enum ibv_wr_opcode op, void *local, uint32_t len, uint32_t lkey, uint64_t raddr, uint32_t rkey)
 {
 	struct ibv_sge sge = { .addr = (uintptr_t)local, .length = len, .lkey = lkey };
@@ -54,7 +40,7 @@ static int rdma(enum ibv_wr_opcode op, void *local, uint32_t len, uint32_t lkey,
 	wr.wr.rdma.remote_addr = raddr;
 	wr.wr.rdma.rkey = rkey;
 	CHECK(ibv_post_send(qp[0], &wr, &bad) == 0, "post_send");
-	return wait_wc().status;
+	return wait_wc(cq).status;
 }
 
 /* One counter of the client, as `cat /sys/kernel/mm/memory_peers/...`. */

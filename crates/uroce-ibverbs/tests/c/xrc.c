@@ -20,6 +20,7 @@
 #include <infiniband/verbs.h>
 
 #include "check.h"
+#include "wait.h"
 #include "connect.h"
 
 /* IB_UVERBS_DEVICE_ATOMIC_WRITE: newer than Debian 12's kernel headers. */
@@ -28,21 +29,6 @@
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static union ibv_gid gid;
-
-static struct ibv_wc wait_wc(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	for (long i = 0; i < 5000000; i++) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		CHECK(n >= 0, "poll_cq %d", n);
-		if (n == 1)
-			return wc;
-		if (i > 1000)
-			usleep(10);
-	}
-	CHECK(0, "no completion");
-	return wc;
-}
 
 static struct ibv_srq *xrc_srq(struct ibv_xrcd *xrcd, struct ibv_cq *cq)
 {
