@@ -145,11 +145,11 @@ fn ibv_ud_pingpong_two_processes() {
 fn event_pingpongs_destroy_their_channel_every_time() {
     let _serial = serial();
     let t = Instant::now();
-    for (k, prog) in ["ibv_rc_pingpong", "ibv_ud_pingpong", "ibv_srq_pingpong"].into_iter().enumerate() {
-        if !have(prog) {
-            println!("SKIP {prog} -e: package ibverbs-utils is not installed");
-            continue;
-        }
+    let progs = ["ibv_rc_pingpong", "ibv_ud_pingpong", "ibv_srq_pingpong"];
+    if !progs.iter().all(|p| have(p)) {
+        skip!("ibv_*_pingpong is not installed (Debian package ibverbs-utils)");
+    }
+    for (k, prog) in progs.into_iter().enumerate() {
         for i in 0..50u16 {
             pingpong_with(prog, 64, 4, 19100 + 50 * k as u16 + i, &["-e"]);
         }

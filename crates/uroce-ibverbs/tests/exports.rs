@@ -9,6 +9,10 @@
 //! libmlx5.so.1). Skipped
 //! with a reason when objdump or the Debian library is missing.
 
+#[path = "../../uroce/tests/skip/mod.rs"]
+#[macro_use]
+mod skip;
+
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
@@ -75,8 +79,7 @@ fn exports(lib: &std::path::Path) -> Option<BTreeSet<String>> {
 fn export_list_matches_rdma_core_44() {
     let real = PathBuf::from("/usr/lib/x86_64-linux-gnu/libibverbs.so.1");
     if !real.exists() {
-        println!("SKIP export comparison: {} missing (Debian package libibverbs1)", real.display());
-        return;
+        skip!("{} is not installed (Debian package libibverbs1)", real.display());
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), |t| root.join(t));
@@ -86,8 +89,7 @@ fn export_list_matches_rdma_core_44() {
         assert!(st.success(), "build-dropin.sh failed");
     }
     let (Some(real), Some(ours)) = (exports(&real), exports(&ours)) else {
-        println!("SKIP export comparison: objdump (binutils) is not installed");
-        return;
+        skip!("objdump is not installed (Debian package binutils)");
     };
     assert!(real.len() > 150, "objdump -T of rdma-core's library gave {} symbols", real.len());
     let left_out: BTreeSet<String> = LEFT_OUT.iter().map(|(s, _)| s.to_string()).collect();

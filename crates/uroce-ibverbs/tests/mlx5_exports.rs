@@ -4,6 +4,10 @@
 //! state, SONAME libmlx5.so.1 and NEEDED libibverbs.so.1. Skipped with a
 //! reason when objdump or the Debian library is missing.
 
+#[path = "../../uroce/tests/skip/mod.rs"]
+#[macro_use]
+mod skip;
+
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
@@ -36,12 +40,10 @@ fn libmlx5_exports_match_rdma_core_44() {
         assert!(st.success(), "build-dropin.sh failed");
     }
     if !std::path::Path::new(DEBIAN).exists() {
-        println!("SKIP {DEBIAN} is not installed (Debian package ibverbs-providers)");
-        return;
+        skip!("{DEBIAN} is not installed (Debian package ibverbs-providers)");
     }
     let (Some(real), Some(mine)) = (exports(std::path::Path::new(DEBIAN)), exports(&ours)) else {
-        println!("SKIP objdump is not installed (Debian package binutils)");
-        return;
+        skip!("objdump is not installed (Debian package binutils)");
     };
     assert!(real.len() > 100, "objdump -T of rdma-core's libmlx5 gave {} symbols", real.len());
     let missing: Vec<_> = real.difference(&mine).collect();

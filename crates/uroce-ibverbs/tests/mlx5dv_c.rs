@@ -6,13 +6,18 @@
 //! WRITE, and clean failures of the rest. Skipped with a reason when verbs.h
 //! or mlx5dv.h is not installed; under valgrind's leak checker when installed.
 
+#[path = "../../uroce/tests/skip/mod.rs"]
+#[macro_use]
+mod skip;
+
+// c_client loads the skip module for itself too.
+#[allow(clippy::duplicate_mod)]
 mod c_client;
 
 #[test]
 fn mlx5dv_through_the_drop_in_libmlx5() {
     if !std::path::Path::new("/usr/include/infiniband/mlx5dv.h").exists() {
-        println!("SKIP mlx5dv.h is not installed (Debian package libibverbs-dev)");
-        return;
+        skip!("mlx5dv.h is not installed (Debian package libibverbs-dev)");
     }
     c_client::run_with_libs("mlx5dv", "127.0.0.152", true, &["libmlx5.so.1"]);
 }

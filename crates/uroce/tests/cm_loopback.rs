@@ -4,6 +4,9 @@
 //! REQ with REJ 8; uroce's own CM packets, captured, carry what an rxe
 //! peer's carry.
 
+#[macro_use]
+mod skip;
+
 mod common;
 
 use common::*;
@@ -129,7 +132,7 @@ fn own_cm_packets_look_like_rxe() {
 /// nothing malformed.
 fn tshark_sees_clean_cm_mads(path: &std::path::Path, names: &[&str]) {
     if std::process::Command::new("tshark").arg("-v").output().is_err() {
-        println!("SKIP tshark check of uroce's CM packets: tshark is not installed");
+        skip::part("tshark check of uroce's CM packets: tshark is not installed (Debian package tshark)");
         return;
     }
     let first = PcapReader::new(std::fs::File::open(path).unwrap()).unwrap().next().unwrap().unwrap();

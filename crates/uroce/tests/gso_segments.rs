@@ -14,6 +14,11 @@
 //! without GRO costs some by itself on a small machine: 0.4–0.6 measured
 //! on the 2-core VM) and 50 MB/s, with no ICRC drop.
 
+#[macro_use]
+mod skip;
+
+// netns loads the skip module for itself too (its SKIP lines).
+#[allow(clippy::duplicate_mod)]
 mod netns;
 
 use netns::{sh, wait_ok, Pair};
@@ -70,8 +75,7 @@ fn ethtool(p: &Pair, ns: &str, dev: &str, feature: &str, on: bool) {
 fn gso_segments_arriving_alone_keep_the_bandwidth() {
     let test = "gso_segments_arriving_alone_keep_the_bandwidth";
     if !sh(&["ethtool", "--version"]) {
-        println!("SKIP {test}: ethtool is not installed");
-        return;
+        skip!("ethtool is not installed (Debian package ethtool)");
     }
     let Some(p) = Pair::new(test, "g", 57, None) else { return };
     let tcp = 18700 + (std::process::id() % 50) as u16 * 6;
