@@ -105,7 +105,7 @@ pub struct StatsSection {
     #[serde(default = "default_interval")]
     pub interval_ms: u64,
     /// Publish for other users too: directories 0755 and files 0644 instead
-    /// of 0700/0600 (see [`crate::runtime`]).
+    /// of 0700/0600 (see `runtime::dir`).
     #[serde(default)]
     pub world_readable: bool,
 }

@@ -1,16 +1,18 @@
 //! uroce: a user-space RoCEv2 RDMA device.
 //!
-//! Layers, from the bytes up:
-//! - [`wire`]: RoCEv2 headers, the opcode table, the ICRC, pcap files.
-//! - [`mem`]: protection domains, the key table, and the one interface that
-//!   copies bytes in and out of registered memory.
-//! - [`proto`]: the sans-IO transport (requester, responder, completer):
-//!   packets and a `now` in, packets and timer deadlines out.
-//! - [`io`]: UDP sockets, the progress thread and timers; the only module that
-//!   touches the OS network.
-//! - [`verbs`]: the safe, RAII Rust API built on all of the above.
+//! Rust applications use [`verbs`] (the safe, RAII verbs API), [`cm`]
+//! (connections through the RDMA connection manager), [`peer`] (peer-memory
+//! clients), [`ib`] (the verbs vocabulary: enums, flags, errno), [`wire`]
+//! (RoCEv2 headers, the opcode table, the ICRC, pcap files) and [`config`].
 //!
-//! [`ib`] holds the verbs vocabulary (enums, flags, errno) shared by all.
+//! Inside, from the bytes up: `wire`; `mem` (protection domains, the key
+//! table, and the one interface that copies bytes in and out of registered
+//! memory); `proto` (the sans-IO transport: requester, responder, completer;
+//! packets and a `now` in, packets and timer deadlines out); `io` (UDP
+//! sockets, the progress thread and timers; the only module that touches the
+//! OS network); `verbs` on top. Those internal modules are public only with
+//! the `unstable` feature, which uroce's own drop-in libraries, command,
+//! tests and fuzz targets use; nothing behind it is a stable API.
 
 /// A scatter/gather list ([`verbs::SgList`]) from its entries, as `vec!`
 /// makes a `Vec`: `sgl![mr.sge(0, 64)]`, `sgl![sge; 3]`.
@@ -25,15 +27,41 @@ macro_rules! sgl {
     }};
 }
 
+// The public API: what a Rust application uses.
 pub mod cm;
 pub mod config;
 pub mod ib;
-pub mod io;
-pub mod mem;
-pub mod proto;
-pub mod runtime;
 pub mod verbs;
 pub mod wire;
+/// Peer-memory clients (PeerDirect): the interface a client implements and
+/// the registry of loaded clients.
+pub use mem::peer;
+
+/// Declares internal modules: public with the `unstable` feature (uroce's
+/// own drop-in libraries, command, tests and fuzz targets), private to the
+/// crate without it, so that `cargo doc` shows a Rust user the API above.
+macro_rules! internal {
+    ($($(#[$m:meta])* $name:ident;)*) => {$(
+        $(#[$m])*
+        #[cfg(feature = "unstable")]
+        pub mod $name;
+        $(#[$m])*
+        #[cfg(not(feature = "unstable"))]
+        #[allow(dead_code, unused_imports)]
+        mod $name;
+    )*};
+}
+
+internal! {
+    /// UDP sockets, the progress thread, capture and fault injection.
+    io;
+    /// Protection domains, keys, regions, windows, ODP and peer memory.
+    mem;
+    /// The sans-IO transport: requester, responder, completer, engine.
+    proto;
+    /// The verified per-user runtime directory.
+    runtime;
+}
 
 /// The README's Rust example, compiled by `cargo test --doc`.
 #[cfg(doctest)]

@@ -71,7 +71,7 @@ pub struct OdpCounters {
     page_prefetch: AtomicU64,
 }
 
-/// A snapshot of [`OdpCounters`].
+/// A snapshot of the region's ODP counters.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct OdpStats {
     /// Pages mapped by page-fault events.

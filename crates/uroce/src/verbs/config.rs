@@ -49,7 +49,7 @@ pub struct DeviceConfig {
     pub scatter_to_cqe: bool,
     /// CQE size: 64 (messages ≤ 32 bytes travel inline) or 128 (≤ 64).
     pub cqe_size: u32,
-    /// Fault injection (see [`crate::io::faults`]).
+    /// Fault injection (see `io::faults`).
     pub faults: Option<String>,
 }
 

@@ -181,7 +181,7 @@ impl MemoryRegion {
 
     /// Seed 003's non-contiguous re-registration (`ibv_rereg_mr_sg`,
     /// `ibv_rereg_mr_interleaved`): the region becomes a zero-based indirect
-    /// key over `layout`, under a new key; see [`crate::mem::Memory::rereg_layout`].
+    /// key over `layout`, under a new key; see `mem::Memory::rereg_layout`.
     pub fn rereg_layout(&mut self, layout: crate::mem::Layout) -> Result<()> {
         let access = layout.access;
         let mr = self.pd.ctx.dev.mem.rereg_layout(self.key, layout)?;

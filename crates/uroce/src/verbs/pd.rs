@@ -53,7 +53,7 @@ impl ProtectionDomain {
     }
 
     /// Explicit on-demand paging over `addr..addr+len`: nothing is pinned
-    /// and the pages need not be mapped (see [`crate::mem::odp`]).
+    /// and the pages need not be mapped (see `mem::odp`).
     pub fn register_odp(&self, addr: u64, len: u64, access: Access) -> Result<MemoryRegion> {
         if addr == 0 {
             return Err(Error::inval("reg_mr: NULL address (use register_implicit_odp)"));
@@ -68,7 +68,7 @@ impl ProtectionDomain {
     }
 
     /// `ibv_advise_mr`: prefetches ODP pages named by `sges` (see
-    /// [`crate::mem::Memory::advise`] for the errors). `flush` makes it
+    /// `mem::Memory::advise` for the errors). `flush` makes it
     /// synchronous and reports faults.
     pub fn advise_mr(&self, advice: crate::mem::Advice, flush: bool, sges: &[crate::ib::Sge]) -> Result<()> {
         self.inner.ctx.dev.mem.advise(self.inner.handle, advice, flush, sges)

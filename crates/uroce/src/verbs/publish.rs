@@ -1,6 +1,6 @@
 //! Live statistics for other processes. While a process has devices open,
 //! a thread looks at their counters every `[stats] interval_ms` and keeps
-//! `<runtime dir>/<pid>/stats.json` (see [`crate::runtime`]) current, where
+//! `<runtime dir>/<pid>/stats.json` (see `runtime::dir`) current, where
 //! `uroce stat` finds and aggregates them. The same thread serves requests
 //! that `uroce` leaves in that directory:
 //!
@@ -16,7 +16,7 @@
 //! (which is proportional to the number of QPs) is built only when a reader
 //! asks for it (`uroce stat --qps`). A request file is obeyed only if it is
 //! a regular file owned by this process's uid (the directory itself was
-//! checked, see [`crate::runtime`]); a capture file is always a new file
+//! checked, see `runtime::dir`); a capture file is always a new file
 //! (`capture file exists` otherwise).
 //!
 //! Device start also loads the configured peer-memory clients.

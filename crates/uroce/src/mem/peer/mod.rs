@@ -23,7 +23,7 @@
 //! Each client has the 8 counters of OFED's
 //! `/sys/kernel/mm/memory_peers/<name>/`, published as files
 //! `<runtime dir>/<pid>/memory_peers/<name>/<counter>` (see
-//! [`crate::runtime`]), folded into the user's host-wide totals when the
+//! `runtime::dir`), folded into the user's host-wide totals when the
 //! process exits ([`totals`]) and shown by `uroce peers`. They change
 //! together, under one lock, at these moments, so that at every moment
 //! `num_alloc_mrs - num_dealloc_mrs` is the number of regions on the peer

@@ -12,7 +12,7 @@
 //! process is folded once. The host total of a client is then the folded
 //! total plus every live process's counters ([`host`]). Everything is
 //! reached through the verified runtime directory's descriptor
-//! ([`SafeDir`]); folding is done only in a runtime directory this user
+//! (`SafeDir`); folding is done only in a runtime directory this user
 //! owns.
 
 use super::{PeerStats, COUNTERS};
