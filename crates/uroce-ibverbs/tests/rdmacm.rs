@@ -299,14 +299,17 @@ fn valgrind_reports_no_error_in_rping_client() {
 }
 
 /// perftest's rdma_cm mode (`-R`): the QPs are connected by the CM instead
-/// of perftest's TCP exchange.
+/// of perftest's TCP exchange. ib_atomic_lat's server returns from `main`
+/// still connected: its process exit must send the DREQs (as the kernel
+/// does when it closes the rdma_cm file), or the client's rdma_disconnect
+/// waits for a DREP from a device that is gone.
 #[test]
 fn perftest_with_rdma_cm() {
     if !have("ib_send_bw") {
         skip!("ib_send_bw is not installed (Debian package perftest)");
     }
     let _g = serial();
-    for prog in ["ib_send_bw", "ib_read_bw", "ib_write_lat"] {
+    for prog in ["ib_send_bw", "ib_read_bw", "ib_write_lat", "ib_read_lat", "ib_atomic_lat", "ib_atomic_bw"] {
         let args = ["-R", "-p", "7478", "-n", "200"];
         let mut s = Reap(Some(dropin_command(prog, "127.0.0.177").args(args).spawn().unwrap()));
         assert!(device_up("127.0.0.177"));
