@@ -253,7 +253,11 @@ fn route(dev: usize, ep: &CmEndpoint, mut e: CmEvent) {
     }
     let Some(&idp) = g.by_conn.get(&(dev, e.id)) else { return };
     let u = idp as *mut UId;
-    let info = ep.with_cm(|cm, _| cm.conn_info(e.id).cloned());
+    let mut info = ep.with_cm(|cm, _| cm.conn_info(e.id).cloned());
+    // rdma_set_ack_timeout's value replaces the path's at RTS.
+    if let (Some(i), Some(t)) = (info.as_mut(), g.ids.get(&idp).and_then(|s| s.ack_timeout)) {
+        i.ack_timeout = t;
+    }
     // SAFETY: a live id (in by_conn).
     let qp = unsafe { (*u).id.qp };
     match e.kind {

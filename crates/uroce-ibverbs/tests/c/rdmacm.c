@@ -2,7 +2,8 @@
  * device (tests/rdmacm.rs): the channel fd polls and reads as the kernel's
  * (EAGAIN when non-blocking), bad arguments get librdmacm's errno, an RC
  * connection to this process's own listener carries private data both ways
- * and a message, rdma_init_qp_attr gives RTS attributes, both sides see
+ * and a message, rdma_init_qp_attr gives the attributes of the state asked
+ * for, rdma_set_ack_timeout sets the QP's timeout, both sides see
  * DISCONNECTED; a synchronous connect to a closed port fails ECONNREFUSED;
  * unsupported calls fail EOPNOTSUPP / ENOSYS. Prints "all ok". */
 #include <arpa/inet.h>
@@ -93,6 +94,11 @@ int main(int argc, char **argv)
 	cp.private_data_len = 6;
 	cp.responder_resources = cp.initiator_depth = 1;
 	cp.retry_count = cp.rnr_retry_count = 7;
+	/* rdma_set_ack_timeout: the QP's timeout at RTS (and in init_qp_attr). */
+	uint8_t ack = 21;
+	CHECK(rdma_set_option(cli, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack, 4) == -1 && errno == EINVAL,
+	      "ack timeout of 4 bytes");
+	CHECK(rdma_set_option(cli, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack, 1) == 0, "ack timeout: %m");
 	CHECK(rdma_connect(cli, &cp) == 0, "connect: %m");
 
 	e = next(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
@@ -124,8 +130,27 @@ int main(int argc, char **argv)
 		rdma_ack_cm_event(e);
 	}
 	CHECK(cli->qp->state == IBV_QPS_RTS, "active QP RTS");
+	struct ibv_qp_init_attr ia;
+	CHECK(ibv_query_qp(cli->qp, &attr, IBV_QP_TIMEOUT, &ia) == 0 && attr.timeout == 21, "QP timeout %u",
+	      attr.timeout);
+	/* rdma_init_qp_attr gives the attributes of the state asked for in
+	 * attr.qp_state (an external QP is moved that way), EINVAL for others. */
+	memset(&attr, 0, sizeof attr);
+	attr.qp_state = IBV_QPS_RTS;
 	CHECK(rdma_init_qp_attr(cli, &attr, &mask) == 0 && attr.qp_state == IBV_QPS_RTS &&
-		      (mask & IBV_QP_SQ_PSN) && attr.retry_cnt == 7, "init_qp_attr");
+		      (mask & IBV_QP_SQ_PSN) && attr.retry_cnt == 7 && attr.timeout == 21, "init_qp_attr RTS");
+	memset(&attr, 0, sizeof attr);
+	attr.qp_state = IBV_QPS_RTR;
+	CHECK(rdma_init_qp_attr(cli, &attr, &mask) == 0 && attr.qp_state == IBV_QPS_RTR && (mask & IBV_QP_DEST_QPN) &&
+		      attr.dest_qp_num == srv->qp->qp_num && !(mask & IBV_QP_SQ_PSN),
+	      "init_qp_attr RTR");
+	memset(&attr, 0, sizeof attr);
+	attr.qp_state = IBV_QPS_INIT;
+	CHECK(rdma_init_qp_attr(cli, &attr, &mask) == 0 && attr.qp_state == IBV_QPS_INIT &&
+		      (mask & IBV_QP_ACCESS_FLAGS) && (attr.qp_access_flags & IBV_ACCESS_REMOTE_READ),
+	      "init_qp_attr INIT");
+	attr.qp_state = IBV_QPS_SQD;
+	CHECK(rdma_init_qp_attr(cli, &attr, &mask) == -1 && errno == EINVAL, "init_qp_attr SQD");
 
 	/* A message over the connected QPs. */
 	char msg[32] = "over rdma_cm";
