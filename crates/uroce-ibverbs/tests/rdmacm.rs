@@ -4,7 +4,9 @@
 //! device: rping (data verified by rping's -v), ucmatose (4 RC
 //! connections), udaddy (UD by SIDR), rdma_server/rdma_client (synchronous
 //! ids, rdma_create_ep), cmtime, perftest -R, rping between two network
-//! namespaces; and the exports with librdmacm 44's symbol versions. Programs that are not installed are skipped.
+//! namespaces (IPv4 and IPv6), clients of a server that is gone (REJ,
+//! UNREACHABLE, a flushed QP); and the exports with librdmacm 44's symbol
+//! versions. Programs that are not installed are skipped.
 
 #[path = "../../uroce/tests/skip/mod.rs"]
 #[macro_use]
