@@ -109,9 +109,10 @@ pub fn device_for(g: &mut Global, ip: Option<IpAddr>) -> Result<usize, i32> {
                 let idx = g.devs.len();
                 g.devs.push(dev);
                 static AT_EXIT: std::sync::Once = std::sync::Once::new();
-                // SAFETY: registers a plain extern "C" function with no arguments.
-                AT_EXIT.call_once(|| unsafe {
-                    libc::atexit(destroy_all_at_exit);
+                AT_EXIT.call_once(|| {
+                    EXIT_OWNER.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
+                    // SAFETY: registers a plain extern "C" function with no arguments.
+                    unsafe { libc::atexit(destroy_all_at_exit) };
                 });
                 let _ = std::thread::Builder::new().name("uroce-rdmacm".into()).spawn(move || dispatch(idx, ep));
                 if matches {
@@ -134,7 +135,12 @@ pub fn device_for(g: &mut Global, ip: Option<IpAddr>) -> Result<usize, i32> {
 /// gets DISCONNECTED or REJECTED at once instead of retrying into a void.
 /// The CM lock is tried for at most ~200 ms (a thread may hold it while
 /// the process exits); the agents' own locks are only ever held briefly.
+/// A forked child that exits says nothing: the connections are its
+/// parent's (the kernel's file stays open while the parent holds it).
 extern "C" fn destroy_all_at_exit() {
+    if EXIT_OWNER.load(std::sync::atomic::Ordering::Relaxed) != std::process::id() {
+        return;
+    }
     let mut eps: Vec<Arc<CmEndpoint>> = Vec::new();
     for _ in 0..100 {
         match super::STATE.try_lock() {
@@ -153,6 +159,9 @@ extern "C" fn destroy_all_at_exit() {
         ep.with_cm(|cm, now| cm.destroy_all(now));
     }
 }
+
+/// The process that registered [`destroy_all_at_exit`].
+static EXIT_OWNER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 fn dispatch(dev: usize, ep: Arc<CmEndpoint>) {
     loop {

@@ -14,6 +14,7 @@
 #include <rdma/rsocket.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "check.h"
 
@@ -166,6 +167,18 @@ int main(int argc, char **argv)
 			usleep(1000);
 	}
 	CHECK(n == 1 && wc.status == IBV_WC_SUCCESS && !strcmp(buf, "over rdma_cm"), "message");
+
+	/* A forked child that exits (exit(), atexit handlers run) leaves the
+	 * connections alone: they are its parent's (the kernel's rdma_cm file
+	 * stays open). No DREQ, so no event within 300 ms. */
+	pid_t child = fork();
+	CHECK(child >= 0, "fork: %m");
+	if (child == 0)
+		exit(0);
+	int st = 0;
+	CHECK(waitpid(child, &st, 0) == child && WIFEXITED(st), "child exit");
+	struct pollfd quiet = { .fd = ch->fd, .events = POLLIN };
+	CHECK(poll(&quiet, 1, 300) == 0, "an event after a forked child exited");
 
 	/* Disconnect: both sides DISCONNECTED. */
 	CHECK(rdma_disconnect(cli) == 0, "disconnect: %m");
