@@ -1124,11 +1124,19 @@ pub unsafe extern "C" fn uroce_cm_rdma_destroy_srq(id: *mut rdma_cm_id) {
     });
 }
 
+/// The QP states `rdma_init_qp_attr` tells apart.
+#[derive(PartialEq)]
+enum To {
+    Init,
+    Rtr,
+    Rts,
+    Other,
+}
+
 /// `rdma_init_qp_attr`: the attributes that move a QP to the state the
-/// caller asks for in `attr->qp_state` (the kernel's `rdma_init_qp_attr`):
-/// INIT at any time; RTR and RTS once the id has a connection (a REQ
-/// received or a REP), else EINVAL; any other state EINVAL. The ACK
-/// timeout set by RDMA_OPTION_ID_ACK_TIMEOUT replaces the path's.
+/// caller asks for in `attr->qp_state` (the kernel's `rdma_init_qp_attr`;
+/// the cases below). The ACK timeout set by RDMA_OPTION_ID_ACK_TIMEOUT
+/// replaces the path's.
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rdma_init_qp_attr(
     id: *mut rdma_cm_id,
@@ -1146,8 +1154,21 @@ pub unsafe extern "C" fn uroce_cm_rdma_init_qp_attr(
         let want = unsafe { (*attr).qp_state };
         // SAFETY: a live id.
         let ud = ps_of(unsafe { (*u).id.ps }).is_some_and(|p| p.is_ud());
-        let rts_or_rtr = want == ibv_qp_state_IBV_QPS_RTR || want == ibv_qp_state_IBV_QPS_RTS;
-        if want != ibv_qp_state_IBV_QPS_INIT && !(rts_or_rtr && (ud || info.is_some())) {
+        // A connected RC/UC id answers as the IB CM (`ib_cm_init_qp_attr`):
+        // INIT, RTR or RTS, else EINVAL. Any other id (UD, or not connected
+        // yet) as `cma_ib_init_qp_attr`: the state asked for, with the
+        // P_Key index, port, and Q_Key (UD) or no remote access.
+        let connected = if ud { None } else { info };
+        let to = if want == ibv_qp_state_IBV_QPS_INIT {
+            To::Init
+        } else if want == ibv_qp_state_IBV_QPS_RTR {
+            To::Rtr
+        } else if want == ibv_qp_state_IBV_QPS_RTS {
+            To::Rts
+        } else {
+            To::Other
+        };
+        if connected.is_some() && to == To::Other {
             return Err(libc::EINVAL);
         }
         // SAFETY: the caller's attribute struct; all-zero is valid.
@@ -1157,48 +1178,30 @@ pub unsafe extern "C" fn uroce_cm_rdma_init_qp_attr(
         a.qp_state = want;
         a.port_num = 1;
         let m = |bits: u32| bits as c_int;
-        #[derive(PartialEq)]
-        enum To {
-            Init,
-            Rtr,
-            Rts,
-        }
-        let to = if want == ibv_qp_state_IBV_QPS_INIT {
-            To::Init
-        } else if want == ibv_qp_state_IBV_QPS_RTR {
-            To::Rtr
-        } else {
-            To::Rts
-        };
-        match (to, info) {
-            (To::Init, _) if ud => {
-                a.qkey = RDMA_UDP_QKEY;
+        match (to, connected) {
+            (_, None) => {
                 *mask = m(ibv_qp_attr_mask_IBV_QP_STATE
                     | ibv_qp_attr_mask_IBV_QP_PKEY_INDEX
-                    | ibv_qp_attr_mask_IBV_QP_PORT
-                    | ibv_qp_attr_mask_IBV_QP_QKEY);
+                    | ibv_qp_attr_mask_IBV_QP_PORT);
+                if ud {
+                    a.qkey = RDMA_UDP_QKEY;
+                    *mask |= m(ibv_qp_attr_mask_IBV_QP_QKEY);
+                } else {
+                    *mask |= m(ibv_qp_attr_mask_IBV_QP_ACCESS_FLAGS);
+                }
             }
-            (To::Init, i) => {
-                // Connected (`cm_init_qp_init_attr`): remote write, and read
-                // and atomics when the peer may issue them.
-                if let Some(i) = i {
-                    a.qp_access_flags = ibv_access_flags_IBV_ACCESS_REMOTE_WRITE;
-                    if i.responder_resources > 0 {
-                        a.qp_access_flags |=
-                            ibv_access_flags_IBV_ACCESS_REMOTE_READ | ibv_access_flags_IBV_ACCESS_REMOTE_ATOMIC;
-                    }
+            (To::Init, Some(i)) => {
+                // `cm_init_qp_init_attr`: remote write, and read and
+                // atomics when the peer may issue them.
+                a.qp_access_flags = ibv_access_flags_IBV_ACCESS_REMOTE_WRITE;
+                if i.responder_resources > 0 {
+                    a.qp_access_flags |=
+                        ibv_access_flags_IBV_ACCESS_REMOTE_READ | ibv_access_flags_IBV_ACCESS_REMOTE_ATOMIC;
                 }
                 *mask = m(ibv_qp_attr_mask_IBV_QP_STATE
                     | ibv_qp_attr_mask_IBV_QP_PKEY_INDEX
                     | ibv_qp_attr_mask_IBV_QP_PORT
                     | ibv_qp_attr_mask_IBV_QP_ACCESS_FLAGS);
-            }
-            (to, None) => {
-                // UD: RTR needs the state only, RTS an SQ PSN.
-                *mask = m(ibv_qp_attr_mask_IBV_QP_STATE);
-                if to == To::Rts {
-                    *mask |= m(ibv_qp_attr_mask_IBV_QP_SQ_PSN);
-                }
             }
             (To::Rtr, Some(i)) => {
                 a.path_mtu = i.path_mtu as u32;
@@ -1220,7 +1223,7 @@ pub unsafe extern "C" fn uroce_cm_rdma_init_qp_attr(
                     | ibv_qp_attr_mask_IBV_QP_MAX_DEST_RD_ATOMIC
                     | ibv_qp_attr_mask_IBV_QP_MIN_RNR_TIMER);
             }
-            (To::Rts, Some(i)) => {
+            (_, Some(i)) => {
                 a.sq_psn = i.remote_psn;
                 a.timeout = s.ack_timeout.unwrap_or(i.ack_timeout);
                 a.retry_cnt = i.retry_count;

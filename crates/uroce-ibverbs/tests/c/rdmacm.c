@@ -95,6 +95,14 @@ int main(int argc, char **argv)
 	cp.private_data_len = 6;
 	cp.responder_resources = cp.initiator_depth = 1;
 	cp.retry_count = cp.rnr_retry_count = 7;
+	/* Not connected yet: the state asked for with port, P_Key index and no
+	 * remote access (the kernel's cma_ib_init_qp_attr). */
+	memset(&attr, 0x5a, sizeof attr);
+	attr.qp_state = IBV_QPS_INIT;
+	CHECK(rdma_init_qp_attr(cli, &attr, &mask) == 0 && attr.qp_state == IBV_QPS_INIT && attr.port_num == 1 &&
+		      attr.qp_access_flags == 0 &&
+		      mask == (IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+	      "init_qp_attr before connect");
 	/* rdma_set_ack_timeout: the QP's timeout at RTS (and in init_qp_attr). */
 	uint8_t ack = 21;
 	CHECK(rdma_set_option(cli, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack, 4) == -1 && errno == EINVAL,
