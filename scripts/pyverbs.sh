@@ -6,6 +6,8 @@
 # What failed or errored goes to standard error.
 # Usage: scripts/pyverbs.sh [module ...]   (default: every module of the suite)
 # Env:   UROCE_PYVERBS_ADDR   the device's address (default 127.0.0.97)
+#        UROCE_PYVERBS_CM_ADDRS test_rdmacm's passive, active and parent
+#                               devices (default "127.0.0.98 127.0.0.99 127.0.0.100")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 src=/usr/share/doc/rdma-core/tests
@@ -29,9 +31,15 @@ T=0 P=0 S=0 F=0 E=0
 reasons="$work/reasons"
 : > "$reasons"
 printf '%-24s %6s %6s %6s %6s %6s\n' module tests pass skip fail error
+# test_rdmacm runs through scripts/pyverbs_cm.py: the same tests, each side
+# a process with its own device (addresses UROCE_PYVERBS_CM_ADDRS), since
+# rdma-core's harness finds the address in sysfs and puts both sides on it.
+cp scripts/pyverbs_cm.py "$work/tests/"
 for m in "${mods[@]}"; do
+    runner=(run_tests.py -v "$m")
+    [ "$m" = test_rdmacm ] && runner=(pyverbs_cm.py -v)
     out=$(cd "$work/tests" && LD_LIBRARY_PATH="$(dirname "$lib")" UROCE_ADDR="${UROCE_PYVERBS_ADDR:-127.0.0.97}" \
-        timeout 300 /usr/bin/python3 run_tests.py -v "$m" 2>&1)
+        timeout 300 /usr/bin/python3 "${runner[@]}" 2>&1)
     rc=$?
     t=$(grep -oE '^Ran [0-9]+' <<<"$out" | grep -oE '[0-9]+' || echo 0)
     s=$(grep -oE 'skipped=[0-9]+' <<<"$out" | grep -oE '[0-9]+' || echo 0)

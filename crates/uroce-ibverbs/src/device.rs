@@ -416,7 +416,9 @@ pub unsafe extern "C" fn ibv_query_gid(ctx: *mut ibv_context, port: u8, index: c
     0
 }
 
-/// The `ibv_gid_entry` of a populated entry of port 1 (all RoCE v2).
+/// The `ibv_gid_entry` of a populated entry of port 1 (all RoCE v2), with
+/// the index of the interface that owns the GID's address (rxe's netdev;
+/// 0 when no interface of this namespace has it).
 fn gid_entry(index: u32, gid: Gid) -> ibv_gid_entry {
     // SAFETY: plain old data.
     let mut e: ibv_gid_entry = unsafe { std::mem::zeroed() };
@@ -424,6 +426,7 @@ fn gid_entry(index: u32, gid: Gid) -> ibv_gid_entry {
     e.gid_index = index;
     e.port_num = 1;
     e.gid_type = ibv_gid_type_IBV_GID_TYPE_ROCE_V2 as _;
+    e.ndev_ifindex = uroce::io::netdev::interface_index(gid.to_ip()).unwrap_or(0);
     e
 }
 

@@ -4,7 +4,9 @@
 //! device: rping (data verified by rping's -v), ucmatose (4 RC
 //! connections), udaddy (UD by SIDR), rdma_server/rdma_client (synchronous
 //! ids, rdma_create_ep), cmtime, perftest -R, rping between two network
-//! namespaces; and the exports with librdmacm 44's symbol versions. Programs that are not installed are skipped.
+//! namespaces (IPv4 and IPv6), clients of a server that is gone (REJ,
+//! UNREACHABLE, a flushed QP); and the exports with librdmacm 44's symbol
+//! versions. Programs that are not installed are skipped.
 
 #[path = "../../uroce/tests/skip/mod.rs"]
 #[macro_use]
@@ -299,14 +301,17 @@ fn valgrind_reports_no_error_in_rping_client() {
 }
 
 /// perftest's rdma_cm mode (`-R`): the QPs are connected by the CM instead
-/// of perftest's TCP exchange.
+/// of perftest's TCP exchange. ib_atomic_lat's server returns from `main`
+/// still connected: its process exit must send the DREQs (as the kernel
+/// does when it closes the rdma_cm file), or the client's rdma_disconnect
+/// waits for a DREP from a device that is gone.
 #[test]
 fn perftest_with_rdma_cm() {
     if !have("ib_send_bw") {
         skip!("ib_send_bw is not installed (Debian package perftest)");
     }
     let _g = serial();
-    for prog in ["ib_send_bw", "ib_read_bw", "ib_write_lat"] {
+    for prog in ["ib_send_bw", "ib_read_bw", "ib_write_lat", "ib_read_lat", "ib_atomic_lat", "ib_atomic_bw"] {
         let args = ["-R", "-p", "7478", "-n", "200"];
         let mut s = Reap(Some(dropin_command(prog, "127.0.0.177").args(args).spawn().unwrap()));
         assert!(device_up("127.0.0.177"));
@@ -326,19 +331,45 @@ fn rping_between_two_namespaces() {
     }
     let _g = serial();
     let Some(p) = netns::Pair::new("rping_between_two_namespaces", "rcm", 18, None) else { return };
+    let (ip_a, ip_b) = (p.ip_a.clone(), p.ip_b.clone());
+    rping_across(&p, &ip_a, &ip_b);
+}
+
+/// The same over IPv6 (ULAs on the veth pair, past duplicate address
+/// detection): the rdma_cm header and the GIDs carry the IPv6 addresses.
+#[test]
+fn rping_between_two_namespaces_over_ipv6() {
+    if !have("rping") {
+        skip!("rping is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let v6 = ("fd75:636d:6669::1", "fd75:636d:6669::2");
+    let Some(p) = netns::Pair::new("rping_between_two_namespaces_over_ipv6", "rc6", 19, Some(v6)) else { return };
+    rping_across(&p, v6.0, v6.1);
+}
+
+/// rping -C 100 -v: server in namespace b at `ip_b`, client in a at `ip_a`.
+fn rping_across(p: &netns::Pair, ip_a: &str, ip_b: &str) {
     let lib = dropin_dir();
     let run = |ns: &str, ip: &str, args: &[&str]| {
         let mut c = p.exec(ns, "rping", args);
         c.env("LD_LIBRARY_PATH", &lib).env("UROCE_ADDR", ip);
         Reap(Some(c.spawn().unwrap()))
     };
-    let mut s = run(&p.b, &p.ip_b, &["-s", "-a", &p.ip_b, "-C", "100", "-v"]);
+    let mut s = run(&p.b, ip_b, &["-s", "-a", ip_b, "-C", "100", "-v"]);
     // The server's device is up when UDP 4791 is bound in its namespace.
-    let ip: std::net::Ipv4Addr = p.ip_b.parse().unwrap();
-    let want = format!("{:08X}:12B7", u32::from_le_bytes(ip.octets()));
+    let ip: std::net::IpAddr = ip_b.parse().unwrap();
+    let (table, want) = match ip {
+        std::net::IpAddr::V4(v) => ("/proc/net/udp", format!("{:08X}:12B7", u32::from_le_bytes(v.octets()))),
+        std::net::IpAddr::V6(v) => {
+            let words: String =
+                v.octets().chunks(4).map(|w| format!("{:08X}", u32::from_le_bytes([w[0], w[1], w[2], w[3]]))).collect();
+            ("/proc/net/udp6", format!("{words}:12B7"))
+        }
+    };
     let t = Instant::now();
     loop {
-        let out = Command::new("ip").args(["netns", "exec", &p.b, "cat", "/proc/net/udp"]).output().unwrap();
+        let out = Command::new("ip").args(["netns", "exec", &p.b, "cat", table]).output().unwrap();
         if String::from_utf8_lossy(&out.stdout).contains(&want) {
             break;
         }
@@ -346,11 +377,68 @@ fn rping_between_two_namespaces() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(300));
-    let mut c = run(&p.a, &p.ip_a, &["-c", "-a", &p.ip_b, "-C", "100", "-v"]);
+    let mut c = run(&p.a, ip_a, &["-c", "-a", ip_b, "-C", "100", "-v"]);
     let (ok, out) = c.wait("rping client", Duration::from_secs(60));
     let (sok, sout) = s.wait("rping server", Duration::from_secs(30));
     assert!(ok && sok, "client: {out}\nserver: {sout}");
     assert_eq!(out.matches("ping data: rdma-ping-").count(), 100, "{out}");
+    assert_eq!(sout.matches("server ping data: rdma-ping-").count(), 100, "{sout}");
+}
+
+/// A client whose server process was killed: nothing answers its REQs
+/// (the address has no uroce device any more), so after the CM's 16 tries
+/// (4.6 s apart, as the kernel's rdma_cm) rping gets UNREACHABLE with
+/// ETIMEDOUT, as a kernel reports a host that never answers: no hang.
+#[test]
+fn rping_to_a_killed_server_is_unreachable() {
+    if !have("rping") {
+        skip!("rping is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let s = Reap(Some(
+        dropin_command("rping", "127.0.0.181").args(["-s", "-a", "127.0.0.181", "-p", "7480"]).spawn().unwrap(),
+    ));
+    assert!(device_up("127.0.0.181"));
+    let mut s = s.into_inner_killed();
+    let _ = s.wait();
+    let t = Instant::now();
+    let mut c = Reap(Some(
+        dropin_command("rping", "127.0.0.182")
+            .args(["-c", "-a", "127.0.0.181", "-p", "7480", "-C", "1"])
+            .spawn()
+            .unwrap(),
+    ));
+    let (ok, out) = c.wait("rping client", Duration::from_secs(110));
+    assert!(!ok && out.contains("cma event RDMA_CM_EVENT_UNREACHABLE, error -110"), "{out}");
+    let took = t.elapsed();
+    assert!(took > Duration::from_secs(60) && took < Duration::from_secs(100), "{took:?}");
+}
+
+/// A server killed (SIGKILL: no last words) while its client streams sends:
+/// the client's QP runs out of retries and flushes (status 12,
+/// IBV_WC_RETRY_EXC_ERR), and the client ends within seconds. A server
+/// that exits (return from main, exit()) sends DREQs instead: see
+/// perftest_with_rdma_cm's ib_atomic_lat.
+#[test]
+fn perftest_client_of_a_killed_server_flushes() {
+    if !have("ib_send_bw") {
+        skip!("ib_send_bw is not installed (Debian package perftest)");
+    }
+    let _g = serial();
+    let args = ["-R", "-p", "7481", "-D", "30"];
+    let s = Reap(Some(dropin_command("ib_send_bw", "127.0.0.183").args(args).spawn().unwrap()));
+    assert!(device_up("127.0.0.183"));
+    let cargs: Vec<&str> = args.iter().copied().chain(["127.0.0.183"]).collect();
+    let mut c =
+        Reap(Some(dropin_command("stdbuf", "127.0.0.184").arg("-o0").arg("ib_send_bw").args(&cargs).spawn().unwrap()));
+    // Killed once the client measures (its traffic flows).
+    std::thread::sleep(Duration::from_secs(3));
+    let mut s = s.into_inner_killed();
+    let _ = s.wait();
+    let t = Instant::now();
+    let (ok, out) = c.wait("ib_send_bw client", Duration::from_secs(40));
+    assert!(!ok && out.contains("Completion with error") && out.contains("status 12"), "{out}");
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}: {out}", t.elapsed());
 }
 
 /// With 5 % of the received packets dropped on both sides, rping still

@@ -5,7 +5,8 @@
 //! agent's events and queues them, as `rdma_cm_event`s, on the channel of
 //! the id they belong to. For a REP on an id with a QP it first does what
 //! librdmacm does: QP to RTS, RTU, then ESTABLISHED (CONNECT_ERROR if the
-//! QP cannot move).
+//! QP cannot move). At process exit every id still held is destroyed as
+//! closing the kernel's rdma_cm file does ([`destroy_all_at_exit`]).
 
 use super::channel::{push, UEvent, MAX_PRIVATE};
 use super::id::{self, IdState, UId};
@@ -107,6 +108,12 @@ pub fn device_for(g: &mut Global, ip: Option<IpAddr>) -> Result<usize, i32> {
                 let ep = dev.ep.clone();
                 let idx = g.devs.len();
                 g.devs.push(dev);
+                static AT_EXIT: std::sync::Once = std::sync::Once::new();
+                AT_EXIT.call_once(|| {
+                    EXIT_OWNER.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
+                    // SAFETY: registers a plain extern "C" function with no arguments.
+                    unsafe { libc::atexit(destroy_all_at_exit) };
+                });
                 let _ = std::thread::Builder::new().name("uroce-rdmacm".into()).spawn(move || dispatch(idx, ep));
                 if matches {
                     res = Ok(idx);
@@ -120,6 +127,41 @@ pub fn device_for(g: &mut Global, ip: Option<IpAddr>) -> Result<usize, i32> {
     unsafe { crate::device::ibv_free_device_list(list) };
     res
 }
+
+/// Run by `exit()`: a process that ends without destroying its ids (perftest's
+/// servers return from `main` connected) still says goodbye as a kernel
+/// does when it closes the process's rdma_cm file: a DREQ for each
+/// established connection, a REJ for each pending one, so that the peer
+/// gets DISCONNECTED or REJECTED at once instead of retrying into a void.
+/// The CM lock is tried for at most ~200 ms (a thread may hold it while
+/// the process exits); the agents' own locks are only ever held briefly.
+/// A forked child that exits says nothing: the connections are its
+/// parent's (the kernel's file stays open while the parent holds it).
+extern "C" fn destroy_all_at_exit() {
+    if EXIT_OWNER.load(std::sync::atomic::Ordering::Relaxed) != std::process::id() {
+        return;
+    }
+    let mut eps: Vec<Arc<CmEndpoint>> = Vec::new();
+    for _ in 0..100 {
+        match super::STATE.try_lock() {
+            Ok(g) => eps = g.devs.iter().map(|d| d.ep.clone()).collect(),
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                eps = p.into_inner().devs.iter().map(|d| d.ep.clone()).collect()
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+        }
+        break;
+    }
+    for ep in eps {
+        ep.with_cm(|cm, now| cm.destroy_all(now));
+    }
+}
+
+/// The process that registered [`destroy_all_at_exit`].
+static EXIT_OWNER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 fn dispatch(dev: usize, ep: Arc<CmEndpoint>) {
     loop {
@@ -220,7 +262,11 @@ fn route(dev: usize, ep: &CmEndpoint, mut e: CmEvent) {
     }
     let Some(&idp) = g.by_conn.get(&(dev, e.id)) else { return };
     let u = idp as *mut UId;
-    let info = ep.with_cm(|cm, _| cm.conn_info(e.id).cloned());
+    let mut info = ep.with_cm(|cm, _| cm.conn_info(e.id).cloned());
+    // rdma_set_ack_timeout's value replaces the path's at RTS.
+    if let (Some(i), Some(t)) = (info.as_mut(), g.ids.get(&idp).and_then(|s| s.ack_timeout)) {
+        i.ack_timeout = t;
+    }
     // SAFETY: a live id (in by_conn).
     let qp = unsafe { (*u).id.qp };
     match e.kind {

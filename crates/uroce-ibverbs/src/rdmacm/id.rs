@@ -50,6 +50,9 @@ pub struct IdState {
     pub ep_attr: Option<EpAttr>,
     pub reuse: bool,
     pub tos: u8,
+    /// RDMA_OPTION_ID_ACK_TIMEOUT: the QP's local ACK timeout at RTS
+    /// instead of the path's (`rdma_set_ack_timeout`).
+    pub ack_timeout: Option<u8>,
 }
 
 fn fail(e: c_int) -> c_int {
@@ -610,6 +613,9 @@ pub unsafe extern "C" fn uroce_cm_rdma_accept(id: *mut rdma_cm_id, conn_param: *
         };
         info.responder_resources = pick(p.map(|p| p.responder_resources), info.responder_resources);
         info.initiator_depth = pick(p.map(|p| p.initiator_depth), info.initiator_depth);
+        if let Some(t) = s.ack_timeout {
+            info.ack_timeout = t;
+        }
         if !qp.is_null() {
             // SAFETY: the id's QP.
             if let Err(e) = unsafe { connect_qp(&ep, qp, &info) } {
@@ -901,9 +907,20 @@ pub unsafe extern "C" fn uroce_cm_rdma_set_option(
             // REUSEADDR (int)
             // SAFETY: as above.
             (0, 1) if optlen == 4 => s.reuse = unsafe { *(optval as *const c_int) } != 0,
-            // AFONLY (int); ACK_TIMEOUT (u8): accepted, the CM's own values are used.
+            // AFONLY (int): accepted (ids bind one family either way).
             (0, 2) if optlen == 4 => {}
-            (0, 3) if optlen == 1 => {}
+            // ACK_TIMEOUT (u8): RC/UC ids only (`rdma_set_ack_timeout`);
+            // the QP's timeout at RTS and in rdma_init_qp_attr.
+            (0, 3) if optlen == 1 => {
+                // SAFETY: a live id.
+                let qpt = unsafe { (*u).id.qp_type };
+                if qpt != ibv_qp_type_IBV_QPT_RC && qpt != ibv_qp_type_IBV_QPT_UC {
+                    return Err(libc::EINVAL);
+                }
+                // SAFETY: the caller's option of the length it gives.
+                s.ack_timeout = Some(unsafe { *(optval as *const u8) }.min(31));
+            }
+            (0, 3) => return Err(libc::EINVAL),
             // RDMA_OPTION_IB_PATH: RoCE takes no IB paths.
             (1, 1) => return Err(libc::EOPNOTSUPP),
             _ => return Err(libc::ENOSYS),
@@ -1107,6 +1124,19 @@ pub unsafe extern "C" fn uroce_cm_rdma_destroy_srq(id: *mut rdma_cm_id) {
     });
 }
 
+/// The QP states `rdma_init_qp_attr` tells apart.
+#[derive(PartialEq)]
+enum To {
+    Init,
+    Rtr,
+    Rts,
+    Other,
+}
+
+/// `rdma_init_qp_attr`: the attributes that move a QP to the state the
+/// caller asks for in `attr->qp_state` (the kernel's `rdma_init_qp_attr`;
+/// the cases below). The ACK timeout set by RDMA_OPTION_ID_ACK_TIMEOUT
+/// replaces the path's.
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rdma_init_qp_attr(
     id: *mut rdma_cm_id,
@@ -1120,63 +1150,91 @@ pub unsafe extern "C" fn uroce_cm_rdma_init_qp_attr(
         let s = &g.ids[&(u as usize)];
         let d = s.dev.ok_or(libc::EINVAL)?;
         let info = s.conn.and_then(|c| g.devs[d].ep.with_cm(|cm, _| cm.conn_info(c).cloned()));
-        // SAFETY: the caller's attribute struct; all-zero is valid; a live id.
-        unsafe {
-            let a = &mut *attr;
-            *a = std::mem::zeroed();
-            let qp = (*u).id.qp;
-            let state = if qp.is_null() { ibv_qp_state_IBV_QPS_RESET } else { (*qp).state };
-            let ud = ps_of((*u).id.ps).is_some_and(|p| p.is_ud());
-            a.port_num = 1;
-            let info = info.filter(|_| state != ibv_qp_state_IBV_QPS_RESET);
-            match info {
-                None => {
-                    a.qp_state = ibv_qp_state_IBV_QPS_INIT;
-                    *mask = (ibv_qp_attr_mask_IBV_QP_STATE
-                        | ibv_qp_attr_mask_IBV_QP_PKEY_INDEX
-                        | ibv_qp_attr_mask_IBV_QP_PORT) as c_int;
-                    if ud {
-                        a.qkey = RDMA_UDP_QKEY;
-                        *mask |= ibv_qp_attr_mask_IBV_QP_QKEY as c_int;
-                    } else {
-                        *mask |= ibv_qp_attr_mask_IBV_QP_ACCESS_FLAGS as c_int;
-                    }
+        // SAFETY: the caller's attribute struct (its qp_state is the request).
+        let want = unsafe { (*attr).qp_state };
+        // SAFETY: a live id.
+        let ud = ps_of(unsafe { (*u).id.ps }).is_some_and(|p| p.is_ud());
+        // A connected RC/UC id answers as the IB CM (`ib_cm_init_qp_attr`):
+        // INIT, RTR or RTS, else EINVAL. Any other id (UD, or not connected
+        // yet) as `cma_ib_init_qp_attr`: the state asked for, with the
+        // P_Key index, port, and Q_Key (UD) or no remote access.
+        let connected = if ud { None } else { info };
+        let to = if want == ibv_qp_state_IBV_QPS_INIT {
+            To::Init
+        } else if want == ibv_qp_state_IBV_QPS_RTR {
+            To::Rtr
+        } else if want == ibv_qp_state_IBV_QPS_RTS {
+            To::Rts
+        } else {
+            To::Other
+        };
+        if connected.is_some() && to == To::Other {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the caller's attribute struct; all-zero is valid.
+        let a = unsafe { &mut *attr };
+        // SAFETY: as above.
+        *a = unsafe { std::mem::zeroed() };
+        a.qp_state = want;
+        a.port_num = 1;
+        let m = |bits: u32| bits as c_int;
+        match (to, connected) {
+            (_, None) => {
+                *mask = m(ibv_qp_attr_mask_IBV_QP_STATE
+                    | ibv_qp_attr_mask_IBV_QP_PKEY_INDEX
+                    | ibv_qp_attr_mask_IBV_QP_PORT);
+                if ud {
+                    a.qkey = RDMA_UDP_QKEY;
+                    *mask |= m(ibv_qp_attr_mask_IBV_QP_QKEY);
+                } else {
+                    *mask |= m(ibv_qp_attr_mask_IBV_QP_ACCESS_FLAGS);
                 }
-                Some(i) if state == ibv_qp_state_IBV_QPS_INIT => {
-                    a.qp_state = ibv_qp_state_IBV_QPS_RTR;
-                    a.path_mtu = i.path_mtu as u32;
-                    a.dest_qp_num = i.remote_qpn;
-                    a.rq_psn = i.local_psn;
-                    a.max_dest_rd_atomic = i.responder_resources;
-                    a.min_rnr_timer = 0;
-                    a.ah_attr.is_global = 1;
-                    a.ah_attr.port_num = 1;
-                    a.ah_attr.grh.dgid.raw = uroce::ib::Gid::from_ip(i.remote.ip()).0;
-                    a.ah_attr.grh.hop_limit = i.hop_limit;
-                    a.ah_attr.grh.flow_label = i.flow_label;
-                    a.ah_attr.grh.traffic_class = i.traffic_class;
-                    *mask = (ibv_qp_attr_mask_IBV_QP_STATE
-                        | ibv_qp_attr_mask_IBV_QP_AV
-                        | ibv_qp_attr_mask_IBV_QP_PATH_MTU
-                        | ibv_qp_attr_mask_IBV_QP_DEST_QPN
-                        | ibv_qp_attr_mask_IBV_QP_RQ_PSN
-                        | ibv_qp_attr_mask_IBV_QP_MAX_DEST_RD_ATOMIC
-                        | ibv_qp_attr_mask_IBV_QP_MIN_RNR_TIMER) as c_int;
+            }
+            (To::Init, Some(i)) => {
+                // `cm_init_qp_init_attr`: remote write, and read and
+                // atomics when the peer may issue them.
+                a.qp_access_flags = ibv_access_flags_IBV_ACCESS_REMOTE_WRITE;
+                if i.responder_resources > 0 {
+                    a.qp_access_flags |=
+                        ibv_access_flags_IBV_ACCESS_REMOTE_READ | ibv_access_flags_IBV_ACCESS_REMOTE_ATOMIC;
                 }
-                Some(i) => {
-                    a.qp_state = ibv_qp_state_IBV_QPS_RTS;
-                    a.sq_psn = i.remote_psn;
-                    a.timeout = i.ack_timeout;
-                    a.retry_cnt = i.retry_count;
-                    a.rnr_retry = i.rnr_retry_count;
-                    a.max_rd_atomic = i.initiator_depth;
-                    *mask = (ibv_qp_attr_mask_IBV_QP_STATE
-                        | ibv_qp_attr_mask_IBV_QP_SQ_PSN
-                        | ibv_qp_attr_mask_IBV_QP_TIMEOUT
-                        | ibv_qp_attr_mask_IBV_QP_RETRY_CNT
-                        | ibv_qp_attr_mask_IBV_QP_RNR_RETRY
-                        | ibv_qp_attr_mask_IBV_QP_MAX_QP_RD_ATOMIC) as c_int;
-                }
+                *mask = m(ibv_qp_attr_mask_IBV_QP_STATE
+                    | ibv_qp_attr_mask_IBV_QP_PKEY_INDEX
+                    | ibv_qp_attr_mask_IBV_QP_PORT
+                    | ibv_qp_attr_mask_IBV_QP_ACCESS_FLAGS);
+            }
+            (To::Rtr, Some(i)) => {
+                a.path_mtu = i.path_mtu as u32;
+                a.dest_qp_num = i.remote_qpn;
+                a.rq_psn = i.local_psn;
+                a.max_dest_rd_atomic = i.responder_resources;
+                a.min_rnr_timer = 0;
+                a.ah_attr.is_global = 1;
+                a.ah_attr.port_num = 1;
+                a.ah_attr.grh.dgid.raw = uroce::ib::Gid::from_ip(i.remote.ip()).0;
+                a.ah_attr.grh.hop_limit = i.hop_limit;
+                a.ah_attr.grh.flow_label = i.flow_label;
+                a.ah_attr.grh.traffic_class = i.traffic_class;
+                *mask = m(ibv_qp_attr_mask_IBV_QP_STATE
+                    | ibv_qp_attr_mask_IBV_QP_AV
+                    | ibv_qp_attr_mask_IBV_QP_PATH_MTU
+                    | ibv_qp_attr_mask_IBV_QP_DEST_QPN
+                    | ibv_qp_attr_mask_IBV_QP_RQ_PSN
+                    | ibv_qp_attr_mask_IBV_QP_MAX_DEST_RD_ATOMIC
+                    | ibv_qp_attr_mask_IBV_QP_MIN_RNR_TIMER);
+            }
+            (_, Some(i)) => {
+                a.sq_psn = i.remote_psn;
+                a.timeout = s.ack_timeout.unwrap_or(i.ack_timeout);
+                a.retry_cnt = i.retry_count;
+                a.rnr_retry = i.rnr_retry_count;
+                a.max_rd_atomic = i.initiator_depth;
+                *mask = m(ibv_qp_attr_mask_IBV_QP_STATE
+                    | ibv_qp_attr_mask_IBV_QP_SQ_PSN
+                    | ibv_qp_attr_mask_IBV_QP_TIMEOUT
+                    | ibv_qp_attr_mask_IBV_QP_RETRY_CNT
+                    | ibv_qp_attr_mask_IBV_QP_RNR_RETRY
+                    | ibv_qp_attr_mask_IBV_QP_MAX_QP_RD_ATOMIC);
             }
         }
         Ok(())

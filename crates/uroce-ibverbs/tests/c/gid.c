@@ -3,7 +3,9 @@
  * entries. Index 0 holds the device's RoCE v2 GID. An empty entry reads as
  * the zero GID with ibv_query_gid (success) and as IB/RoCE v1 with
  * ibv_query_gid_type, is ENODATA for ibv_query_gid_ex and is skipped by
- * ibv_query_gid_table; an index beyond the table is EINVAL everywhere.
+ * ibv_query_gid_table; an index beyond the table is EINVAL everywhere. A
+ * populated entry names the interface that owns its address (ndev_ifindex:
+ * lo for the 127.0.0.x device), as rxe's entries name its netdev.
  * Exits non-zero with a message on the first failed check; prints "all ok"
  * at the end. */
 #define _GNU_SOURCE
@@ -12,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <net/if.h>
 #include <infiniband/verbs.h>
 
 /* libibverbs' IBVERBS_PRIVATE_34 export (infiniband/driver.h, not installed):
@@ -60,7 +63,7 @@ int main(void)
 	memset(&e, 0x5a, sizeof(e));
 	RC(ibv_query_gid_ex(ctx, 1, 0, &e, 0), 0);
 	CHECK(memcmp(&e.gid, &gid0, sizeof(gid0)) == 0 && e.gid_index == 0 && e.port_num == 1 &&
-		      e.gid_type == IBV_GID_TYPE_ROCE_V2 && e.ndev_ifindex == 0,
+		      e.gid_type == IBV_GID_TYPE_ROCE_V2 && e.ndev_ifindex == if_nametoindex("lo"),
 	      "gid_ex 0: index %u port %u type %u ifindex %u", e.gid_index, e.port_num, e.gid_type, e.ndev_ifindex);
 	unsigned int type = 77;
 	RC(ibv_query_gid_type(ctx, 1, 0, &type), 0);
@@ -93,7 +96,7 @@ int main(void)
 	CHECK(t, "calloc");
 	RC((int)ibv_query_gid_table(ctx, t, len, 0), 1);
 	CHECK(memcmp(&t[0].gid, &gid0, sizeof(gid0)) == 0 && t[0].gid_index == 0 && t[0].port_num == 1 &&
-		      t[0].gid_type == IBV_GID_TYPE_ROCE_V2,
+		      t[0].gid_type == IBV_GID_TYPE_ROCE_V2 && t[0].ndev_ifindex == e.ndev_ifindex,
 	      "table entry 0");
 	RC((int)ibv_query_gid_table(ctx, t, 1, 0), 1);
 	RC((int)ibv_query_gid_table(ctx, t, 0, 0), -EINVAL);

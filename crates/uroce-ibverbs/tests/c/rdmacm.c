@@ -2,7 +2,8 @@
  * device (tests/rdmacm.rs): the channel fd polls and reads as the kernel's
  * (EAGAIN when non-blocking), bad arguments get librdmacm's errno, an RC
  * connection to this process's own listener carries private data both ways
- * and a message, rdma_init_qp_attr gives RTS attributes, both sides see
+ * and a message, rdma_init_qp_attr gives the attributes of the state asked
+ * for, rdma_set_ack_timeout sets the QP's timeout, both sides see
  * DISCONNECTED; a synchronous connect to a closed port fails ECONNREFUSED;
  * unsupported calls fail EOPNOTSUPP / ENOSYS. Prints "all ok". */
 #include <arpa/inet.h>
@@ -13,6 +14,7 @@
 #include <rdma/rsocket.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "check.h"
 
@@ -93,6 +95,19 @@ int main(int argc, char **argv)
 	cp.private_data_len = 6;
 	cp.responder_resources = cp.initiator_depth = 1;
 	cp.retry_count = cp.rnr_retry_count = 7;
+	/* Not connected yet: the state asked for with port, P_Key index and no
+	 * remote access (the kernel's cma_ib_init_qp_attr). */
+	memset(&attr, 0x5a, sizeof attr);
+	attr.qp_state = IBV_QPS_INIT;
+	CHECK(rdma_init_qp_attr(cli, &attr, &mask) == 0 && attr.qp_state == IBV_QPS_INIT && attr.port_num == 1 &&
+		      attr.qp_access_flags == 0 &&
+		      mask == (IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+	      "init_qp_attr before connect");
+	/* rdma_set_ack_timeout: the QP's timeout at RTS (and in init_qp_attr). */
+	uint8_t ack = 21;
+	CHECK(rdma_set_option(cli, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack, 4) == -1 && errno == EINVAL,
+	      "ack timeout of 4 bytes");
+	CHECK(rdma_set_option(cli, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack, 1) == 0, "ack timeout: %m");
 	CHECK(rdma_connect(cli, &cp) == 0, "connect: %m");
 
 	e = next(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
@@ -124,8 +139,27 @@ int main(int argc, char **argv)
 		rdma_ack_cm_event(e);
 	}
 	CHECK(cli->qp->state == IBV_QPS_RTS, "active QP RTS");
+	struct ibv_qp_init_attr ia;
+	CHECK(ibv_query_qp(cli->qp, &attr, IBV_QP_TIMEOUT, &ia) == 0 && attr.timeout == 21, "QP timeout %u",
+	      attr.timeout);
+	/* rdma_init_qp_attr gives the attributes of the state asked for in
+	 * attr.qp_state (an external QP is moved that way), EINVAL for others. */
+	memset(&attr, 0, sizeof attr);
+	attr.qp_state = IBV_QPS_RTS;
 	CHECK(rdma_init_qp_attr(cli, &attr, &mask) == 0 && attr.qp_state == IBV_QPS_RTS &&
-		      (mask & IBV_QP_SQ_PSN) && attr.retry_cnt == 7, "init_qp_attr");
+		      (mask & IBV_QP_SQ_PSN) && attr.retry_cnt == 7 && attr.timeout == 21, "init_qp_attr RTS");
+	memset(&attr, 0, sizeof attr);
+	attr.qp_state = IBV_QPS_RTR;
+	CHECK(rdma_init_qp_attr(cli, &attr, &mask) == 0 && attr.qp_state == IBV_QPS_RTR && (mask & IBV_QP_DEST_QPN) &&
+		      attr.dest_qp_num == srv->qp->qp_num && !(mask & IBV_QP_SQ_PSN),
+	      "init_qp_attr RTR");
+	memset(&attr, 0, sizeof attr);
+	attr.qp_state = IBV_QPS_INIT;
+	CHECK(rdma_init_qp_attr(cli, &attr, &mask) == 0 && attr.qp_state == IBV_QPS_INIT &&
+		      (mask & IBV_QP_ACCESS_FLAGS) && (attr.qp_access_flags & IBV_ACCESS_REMOTE_READ),
+	      "init_qp_attr INIT");
+	attr.qp_state = IBV_QPS_SQD;
+	CHECK(rdma_init_qp_attr(cli, &attr, &mask) == -1 && errno == EINVAL, "init_qp_attr SQD");
 
 	/* A message over the connected QPs. */
 	char msg[32] = "over rdma_cm";
@@ -141,6 +175,18 @@ int main(int argc, char **argv)
 			usleep(1000);
 	}
 	CHECK(n == 1 && wc.status == IBV_WC_SUCCESS && !strcmp(buf, "over rdma_cm"), "message");
+
+	/* A forked child that exits (exit(), atexit handlers run) leaves the
+	 * connections alone: they are its parent's (the kernel's rdma_cm file
+	 * stays open). No DREQ, so no event within 300 ms. */
+	pid_t child = fork();
+	CHECK(child >= 0, "fork: %m");
+	if (child == 0)
+		exit(0);
+	int st = 0;
+	CHECK(waitpid(child, &st, 0) == child && WIFEXITED(st), "child exit");
+	struct pollfd quiet = { .fd = ch->fd, .events = POLLIN };
+	CHECK(poll(&quiet, 1, 300) == 0, "an event after a forked child exited");
 
 	/* Disconnect: both sides DISCONNECTED. */
 	CHECK(rdma_disconnect(cli) == 0, "disconnect: %m");

@@ -1,6 +1,7 @@
 //! Facts about the network interface that carries a device's address: its
 //! MTU, from which the RoCE active MTU follows as rxe derives it (the largest
-//! IB MTU not above the interface MTU minus 80 bytes of headers).
+//! IB MTU not above the interface MTU minus 80 bytes of headers), and its
+//! index (the `ndev_ifindex` of a GID entry, as rxe's GIDs name their netdev).
 
 use std::net::IpAddr;
 
@@ -9,6 +10,15 @@ pub fn interface_mtu(addr: IpAddr) -> Option<u32> {
     let name = interface_of(addr)?;
     let path = format!("/sys/class/net/{name}/mtu");
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The index of the interface that has `addr` (a loopback address: `lo`),
+/// if one does.
+pub fn interface_index(addr: IpAddr) -> Option<u32> {
+    let name = std::ffi::CString::new(interface_of(addr)?).ok()?;
+    // SAFETY: a NUL-terminated name; if_nametoindex only reads it.
+    let i = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    (i != 0).then_some(i)
 }
 
 /// The RoCE active MTU (bytes) for an interface MTU: rxe's rule.
@@ -68,5 +78,15 @@ mod tests {
         assert_eq!(roce_mtu_for(1500).bytes(), 1024);
         assert_eq!(roce_mtu_for(9000).bytes(), 4096);
         assert_eq!(roce_mtu_for(65536).bytes(), 4096);
+    }
+
+    #[test]
+    fn loopback_index_is_lo() {
+        // SAFETY: a NUL-terminated literal.
+        let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+        assert!(lo != 0);
+        assert_eq!(interface_index("127.0.0.84".parse().unwrap()), Some(lo));
+        assert_eq!(interface_index("::1".parse().unwrap()), Some(lo));
+        assert_eq!(interface_index("192.0.2.77".parse().unwrap()), None);
     }
 }
