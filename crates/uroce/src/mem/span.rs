@@ -228,12 +228,6 @@ impl HostBytes {
         }
         true
     }
-
-    /// The checked piece again, to be copied by the path that reports
-    /// faults.
-    pub(crate) fn into_span(self) -> Span {
-        Span::one(self.piece)
-    }
 }
 
 /// A checked, in-bounds piece of registered memory (see the module docs).
