@@ -899,5 +899,4 @@ mod tests {
         mem.deregister(mr2.key).unwrap();
         assert_eq!(mem.pinned_bytes(), 0);
     }
-
 }

@@ -298,6 +298,29 @@ impl Span {
         self.len == 0
     }
 
+    /// The address in this process of the span's byte `offset`, for memory
+    /// of this process (pinned or on-demand paged; none for peer memory or
+    /// past the end). For diagnostics and simulations that map an access
+    /// back to the buffer it touches.
+    pub fn host_address(&self, offset: usize) -> Option<usize> {
+        let mut at = 0;
+        for p in &self.pieces {
+            if offset < at + p.len {
+                let off = offset - at;
+                let off = match p.cells {
+                    Some((cell, stride)) => off / cell * stride + off % cell,
+                    None => off,
+                };
+                return match p.place.offset(off) {
+                    Place::Host(a) | Place::Odp(a) => Some(a),
+                    Place::Peer(_) => None,
+                };
+            }
+            at += p.len;
+        }
+        None
+    }
+
     /// Number of contiguous pieces (regions, or runs within them).
     pub fn pieces(&self) -> usize {
         self.pieces.len()

@@ -3,12 +3,12 @@
 //! retries (go-back-N on PSN-sequence NAKs, missing responses and timeouts;
 //! RNR waits) and fatal errors (remote NAKs, exhausted retry counters).
 
+use super::memory::{for_each_sge_piece, Want};
 use super::qp::Qp;
 use super::requester::ack_timeout;
 use super::wr::WrOpcode;
 use super::{psn, Ctx};
 use crate::ib::{QpState, Wc, WcStatus};
-use super::memory::{for_each_sge_piece, Want};
 use crate::wire::{rnr_timer_usec, AethKind, NakCode, OpFlags, Packet};
 use std::time::Duration;
 

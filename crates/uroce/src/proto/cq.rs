@@ -10,8 +10,8 @@
 //! buffers' key translation and copy. A buffer that is no longer valid at
 //! poll time completes with LOC_PROT_ERR.
 
-use crate::ib::{Errno, Error, Result, Sge, Wc, WcStatus};
 use super::memory::{for_each_sge_piece, MemoryAccess, Want};
+use crate::ib::{Errno, Error, Result, Sge, Wc, WcStatus};
 use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

@@ -6,9 +6,9 @@
 use super::qp::{Qp, QpInit};
 use super::srq::SharedRecvQueue;
 use super::wr::{QpAttr, RecvWr, SendWr};
+use super::MemoryAccess;
 use super::{AfterSend, Ctx, Event, Stats, Transmit};
 use crate::ib::{Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result};
-use super::MemoryAccess;
 use crate::wire::{self, icrc, IpInfo, OpFlags, Packet, Transport};
 use rustc_hash::{FxHashMap, FxHashSet};
 use smallvec::SmallVec;

@@ -43,15 +43,8 @@ pub trait MemoryAccess: Send + Sync + Debug {
 
     /// Checks a remote access (an rkey from the wire: a region or a window)
     /// for QP `qpn` of protection domain `pd`.
-    fn resolve_remote(
-        &self,
-        key: u32,
-        pd: u32,
-        qpn: u32,
-        iova: u64,
-        len: u64,
-        want: Want,
-    ) -> Result<Span, AccessError>;
+    fn resolve_remote(&self, key: u32, pd: u32, qpn: u32, iova: u64, len: u64, want: Want)
+        -> Result<Span, AccessError>;
 
     /// Copies `data` to `offset` within `span`.
     fn write(&self, span: &Span, offset: usize, data: &[u8]) -> Result<(), AccessError>;
@@ -267,12 +260,13 @@ mod tests {
         let reg = |buf: &mut [u8]| {
             let addr = buf.as_mut_ptr() as usize;
             // SAFETY: the buffers outlive the regions in this test.
-            unsafe { mem.register_host(1, addr, buf.len() as u64, addr as u64, Access::LOCAL_WRITE, None) }
-                .unwrap()
-                .key
+            unsafe { mem.register_host(1, addr, buf.len() as u64, addr as u64, Access::LOCAL_WRITE, None) }.unwrap().key
         };
         let (ka, kb) = (reg(&mut a), reg(&mut b));
-        let sges = [Sge { addr: a.as_ptr() as u64, length: 10, lkey: ka }, Sge { addr: b.as_ptr() as u64, length: 10, lkey: kb }];
+        let sges = [
+            Sge { addr: a.as_ptr() as u64, length: 10, lkey: ka },
+            Sge { addr: b.as_ptr() as u64, length: 10, lkey: kb },
+        ];
         let data: Vec<u8> = (0..15).collect();
         let m: &dyn MemoryAccess = &mem;
         for_each_sge_piece(m, 1, &sges, 3, 15, Want::LocalWrite, |span, off, n| {

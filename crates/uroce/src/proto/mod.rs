@@ -280,7 +280,12 @@ impl Ctx<'_> {
     /// The packet with its payload left in place; a fault when the payload
     /// could not be read for the ICRC (the application unmapped or
     /// protected it since it was checked: a copy would fail the same way).
-    fn build_in_place(&mut self, dst: IpAddr, headers: &Headers, payload: PayloadHold) -> Result<Transmit, AccessError> {
+    fn build_in_place(
+        &mut self,
+        dst: IpAddr,
+        headers: &Headers,
+        payload: PayloadHold,
+    ) -> Result<Transmit, AccessError> {
         let hdr_len = headers.header_len();
         let mut data = self.spare.pop().unwrap_or_default();
         data.clear();

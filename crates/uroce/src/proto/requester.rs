@@ -5,11 +5,11 @@
 //! ([`AfterSendState`]). An XRC_SEND QP is an RC requester whose requests
 //! name the target's SRQ (XRCETH).
 
+use super::memory::{for_each_sge_piece, Want};
 use super::qp::Qp;
 use super::wr::{QpAttr, WrOpcode};
 use super::{psn, Ctx, Transmit};
 use crate::ib::{QpState, QpType, SendFlags, Wc, WcStatus};
-use super::memory::{for_each_sge_piece, Want};
 use crate::wire::{AtomicEth, Bth, Deth, Headers, Opcode, Reth};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

@@ -10,11 +10,11 @@
 //! guards the memory RDMA requests touch.
 
 use super::cq::{InlineRecv, MAX_INLINE_RECV};
+use super::memory::{for_each_sge_piece, Atomic, Want};
 use super::qp::Qp;
 use super::srq::{RecvWqe, SharedRecvQueue};
 use super::{psn, Ctx, Transmit};
 use crate::ib::{AsyncEventType, QpState, QpType, Wc, WcFlags, WcOpcode, WcStatus};
-use super::memory::{for_each_sge_piece, Atomic, Want};
 use crate::mem::sge_total;
 use crate::wire::{Aeth, AethKind, Bth, Headers, IpInfo, NakCode, OpFlags as F, Opcode, Packet};
 use std::collections::VecDeque;
@@ -339,9 +339,10 @@ impl Qp {
             None
         } else {
             let mem = ctx.mem;
-            let r = for_each_sge_piece(mem, pd, &recv.wqe.sges, off, data.len() as u64, Want::LocalWrite, |s, at, n| {
-                mem.write(s, 0, &data[at as usize..at as usize + n])
-            });
+            let r =
+                for_each_sge_piece(mem, pd, &recv.wqe.sges, off, data.len() as u64, Want::LocalWrite, |s, at, n| {
+                    mem.write(s, 0, &data[at as usize..at as usize + n])
+                });
             r.err().map(|_| (WcStatus::LocProtErr, NakCode::RemoteOperational))
         };
         if let Some((st, code)) = status {
@@ -517,7 +518,9 @@ impl Qp {
             return Err(Refuse::Nak(NakCode::InvalidRequest));
         }
         // The bytes land as they came (rxe stores the payload's u64).
-        ctx.mem.atomic(&span, Atomic::Store(u64::from_ne_bytes(value))).map_err(|_| Refuse::Nak(NakCode::RemoteAccess))?;
+        ctx.mem
+            .atomic(&span, Atomic::Store(u64::from_ne_bytes(value)))
+            .map_err(|_| Refuse::Nak(NakCode::RemoteAccess))?;
         let p = pkt.headers.bth.psn;
         self.add_resource(RdResource { first_psn: p, last_psn: p, kind: RdKind::AtomicWrite });
         self.resp.msn = psn::add(self.resp.msn, 1);
@@ -627,14 +630,8 @@ impl Qp {
         // One pass over the buffer from `from`: the header bytes, then the
         // payload.
         let mem = ctx.mem;
-        let r = for_each_sge_piece(
-            mem,
-            pd,
-            &wqe.sges,
-            from as u64,
-            total - from as u64,
-            Want::LocalWrite,
-            |s, at, n| {
+        let r =
+            for_each_sge_piece(mem, pd, &wqe.sges, from as u64, total - from as u64, Want::LocalWrite, |s, at, n| {
                 let at = at as usize;
                 let k = head.len().saturating_sub(at).min(n);
                 if k > 0 {
@@ -645,8 +642,7 @@ impl Qp {
                     mem.write(s, k, &payload[p..p + n - k])?;
                 }
                 Ok(())
-            },
-        );
+            });
         if r.is_err() {
             wc.status = WcStatus::LocProtErr;
             self.deliver_recv(ctx, wc, false);
