@@ -1645,47 +1645,49 @@ impl World {
 }
 
 impl Pair {
-    /// The work requests (and sides) whose memory the injected failures hit.
-    fn hit_by(&self, injected: &[Vec<Injected>]) -> Vec<(usize, Side)> {
+    /// Per injected failure on this pair's memory, the work requests (and
+    /// sides) it may have hit: those whose buffers cover its address (a
+    /// SEND and a WRITE may take the same source bytes).
+    fn hit_by(&self, injected: &[Vec<Injected>]) -> Vec<Vec<(usize, Side)>> {
         let within = |buf: &Buf, addr: usize| {
             let a = buf.addr() as usize;
             (a..a + buf.len()).contains(&addr).then(|| addr - a)
         };
         let wrs = &self.plan.wrs;
         let r = self.plan.region;
-        let mut hit = Vec::new();
-        let mut add = |pred: &dyn Fn(&Op) -> bool, side: Side| {
-            hit.extend((0..wrs.len()).filter(|&i| pred(&wrs[i].op)).map(|i| (i, side)));
+        let which = |pred: &dyn Fn(&Op) -> bool, side: Side| -> Vec<(usize, Side)> {
+            (0..wrs.len()).filter(|&i| pred(&wrs[i].op)).map(|i| (i, side)).collect()
         };
+        let covers = |off: usize, len: usize, o: usize| (off..off + len).contains(&o);
+        let mut hits = Vec::new();
         for i in &injected[self.conn.req] {
             if let Some(o) = within(&self.src, i.addr) {
-                add(
-                    &|op| matches!(*op, Op::Send { off, len, .. } | Op::Write { off, len } if (off..off + len).contains(&o)),
+                hits.push(which(
+                    &|op| matches!(*op, Op::Send { off, len, .. } | Op::Write { off, len } if covers(off, len, o)),
                     Side::Local,
-                );
+                ));
             } else if let Some(o) = within(&self.rdst, i.addr) {
-                add(&|op| matches!(*op, Op::Read { dst, len, .. } if (dst..dst + len).contains(&o)), Side::Local);
+                hits.push(which(&|op| matches!(*op, Op::Read { dst, len, .. } if covers(dst, len, o)), Side::Local));
             } else if let Some(o) = within(&self.results, i.addr) {
-                add(&|op| matches!(*op, Op::FetchAdd { slot, .. } if slot == o / 8), Side::Local);
+                hits.push(which(&|op| matches!(*op, Op::FetchAdd { slot, .. } if slot == o / 8), Side::Local));
             }
         }
         for i in &injected[self.conn.resp] {
             if let Some(o) = within(&self.target, i.addr) {
-                match o {
+                hits.push(match o {
                     o if o < r => {
-                        add(&|op| matches!(*op, Op::Write { off, len } if (off..off + len).contains(&o)), Side::Remote)
+                        which(&|op| matches!(*op, Op::Write { off, len } if covers(off, len, o)), Side::Remote)
                     }
-                    o if o < 2 * r => add(
-                        &|op| matches!(*op, Op::Read { off, len, .. } if (off..off + len).contains(&(o - r))),
-                        Side::Remote,
-                    ),
-                    _ => add(&|op| matches!(op, Op::FetchAdd { .. }), Side::Remote),
-                }
+                    o if o < 2 * r => {
+                        which(&|op| matches!(*op, Op::Read { off, len, .. } if covers(off, len, o - r)), Side::Remote)
+                    }
+                    _ => which(&|op| matches!(op, Op::FetchAdd { .. }), Side::Remote),
+                });
             } else if let Some(o) = within(&self.rbuf, i.addr) {
-                add(&|op| matches!(*op, Op::Send { off, len, .. } if (off..off + len).contains(&o)), Side::Receive);
+                hits.push(which(&|op| matches!(*op, Op::Send { off, len, .. } if covers(off, len, o)), Side::Receive));
             }
         }
-        hit
+        hits
     }
 
     fn check_memory_faults(
@@ -1699,7 +1701,8 @@ impl Pair {
         }
         let wrs = &self.plan.wrs;
         let n = wrs.len();
-        let hit = self.hit_by(injected);
+        let hits = self.hit_by(injected);
+        let hit: Vec<(usize, Side)> = hits.iter().flatten().copied().collect();
         let resp_in_err = self.responder_in_err(nodes);
         // Completions: the signaled ones before the first failure succeed,
         // every one from it on completes (the rest flushed), in order.
@@ -1731,6 +1734,13 @@ impl Pair {
                 ));
             }
             tally.mem_failed += 1;
+        }
+        // No request the memory failed succeeded, unless the failure hit a
+        // replay of it (a READ answered again after its response was lost
+        // or late: the responder then goes to ERR).
+        let excused = |&(w, side): &(usize, Side)| w >= f || (side == Side::Remote && resp_in_err);
+        if let Some(h) = hits.iter().find(|h| !h.iter().any(excused)) {
+            return Err(format!("requests {h:?} (request, side) succeeded although the memory failed one of them"));
         }
         // Receives: a prefix of successes in order, with their lengths; a
         // failed receive only where the memory failed the receive buffer.
