@@ -50,6 +50,26 @@
 //! RETRY_EXC_ERR when the fabric lost that NAK), nothing after it runs, and
 //! the window's memory does not change from the invalidation on.
 //!
+//! Seeds with memory trouble (`memory_trouble_behind_the_boundary`): each
+//! engine reaches its memory through `simnet/memory.rs`, which wraps the
+//! real memory behind the engine's `MemoryAccess` boundary and injects, from
+//! a stream of its own, page faults (a copy or atomic fails as if the page
+//! were unmapped, a write after landing a prefix), peer invalidations (a
+//! key revoked between its check and the copy: that copy fails, later
+//! checks refuse the key) and slow copies (the simulated clock advances by
+//! what the copy took). The scenario is that of the clean-fabric seed
+//! without window invalidations and page drops (which the trouble
+//! replaces). Invariants: completions exactly once, in order (a local error
+//! completes its request before the flushes of older ones in flight); the
+//! failed request is one the memory failed, with that side's status as a
+//! device gives it (the requester's buffers LOC_PROT_ERR, the responder's
+//! memory named by an rkey REM_ACCESS_ERR, the responder's receive buffer
+//! REM_OP_ERR with a LOC_PROT_ERR receive; RETRY_EXC_ERR only once a
+//! replayed READ failed and the responder went to ERR); no request the
+//! memory failed succeeds; nothing fails without trouble injected; what ran
+//! before the failure ran once with its data (FETCH_ADD results a chain);
+//! no byte changed that no request may write, guard bytes included; no hang.
+//!
 //! `UROCE_SIM_SEEDS=N` runs seeds 1..=N (default 300), `UROCE_SIM_SEED=S`
 //! one seed, `UROCE_SIM_VERBOSE=1` prints each seed's scenario and counters.
 //! A failing seed prints itself and the command that reruns it.

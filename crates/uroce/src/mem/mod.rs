@@ -13,6 +13,9 @@
 //! protects later fails the access instead of crashing), on-demand paging ([`odp`]), a peer-memory client ([`peer`]), or
 //! the pieces of an indirect key (`indirect`). Nothing reaches registered
 //! memory any other way, so every operation works on every kind of key.
+//!
+//! The transport does not call this module directly: it sees memory through
+//! `proto::MemoryAccess`, which `Memory` implements (`proto/memory.rs`).
 
 mod indirect;
 mod keys;

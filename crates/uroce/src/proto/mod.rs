@@ -11,6 +11,13 @@
 //! request packets and retransmits (go-back-N), [`completer`] consumes
 //! ACKs, NAKs and responses and completes send WQEs, [`responder`] executes
 //! incoming requests and produces ACKs and responses.
+//!
+//! Memory is reached only through [`MemoryAccess`] ([`memory`]): key checks,
+//! copies, atomics, window binds and invalidations, UMRs. The device gives
+//! the engine its `mem::Memory`; a simulation may give it a wrapper that
+//! injects faults. A payload sent in place leaves in a [`Transmit`] as a
+//! [`PayloadHold`] (raw bytes and the token that keeps them registered), so
+//! the I/O layer below sees no memory type.
 
 pub mod completer;
 pub mod cq;
