@@ -359,12 +359,31 @@ impl Span {
     /// If the copy would leave the span (a bug in the caller, never a
     /// consequence of packet contents, which `Memory::resolve` checked).
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), AccessError> {
+        if let Some(p) = self.contiguous(offset, data.len()) {
+            return p.write_at(p.place.offset(offset), data);
+        }
         self.each(offset, data.len(), |p, off, at, n| p.write(off, &data[at..at + n]))
     }
 
     /// Copies from `offset` within the span into `out`.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), AccessError> {
+        if let Some(p) = self.contiguous(offset, out.len()) {
+            return p.read_at(p.place.offset(offset), out);
+        }
         self.each(offset, out.len(), |p, off, at, n| p.read(off, &mut out[at..at + n]))
+    }
+
+    /// The common case, one contiguous piece: it, once `offset..offset+len`
+    /// is checked to lie inside it (as `each` checks).
+    #[inline]
+    fn contiguous(&self, offset: usize, len: usize) -> Option<&Piece> {
+        match self.pieces.as_slice() {
+            [p] if p.cells.is_none() => {
+                assert!(offset.checked_add(len).is_some_and(|e| e <= self.len), "span overrun");
+                Some(p)
+            }
+            _ => None,
+        }
     }
 
     /// Atomic compare-and-swap of the 8 bytes at the span's start (host
