@@ -108,7 +108,7 @@ impl Transmit {
     pub(crate) fn parts(&self) -> [&[u8]; 3] {
         match &self.in_place {
             // SAFETY: the bytes are only handed to the kernel (or copied)
-            // and any content is acceptable (see `HostBytes::as_slice`).
+            // and any content is acceptable (see `PayloadHold::as_slice`).
             Some(p) => [&self.data[..p.at()], unsafe { p.bytes.as_slice() }, &self.data[p.at()..]],
             None => [&self.data, &[], &[]],
         }

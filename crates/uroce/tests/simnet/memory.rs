@@ -133,9 +133,9 @@ impl SimMemory {
         Ok(span)
     }
 
-    /// Before a copy of `len` bytes at `span`'s byte `offset`: whether it
-    /// fails (logged), else how long it takes.
-    fn before_copy(&self, span: &Span, offset: usize, len: usize) -> Option<Trouble> {
+    /// Before a copy at `span`'s byte `offset`: whether it fails (logged),
+    /// else how long it takes.
+    fn before_copy(&self, span: &Span, offset: usize) -> Option<Trouble> {
         let addr = span.host_address(offset)?;
         let mut st = self.state.lock().unwrap();
         if st.revoked_spans.iter().any(|&(a, n)| addr >= a && addr < a + n) {
@@ -182,7 +182,7 @@ impl MemoryAccess for SimMemory {
     }
 
     fn write(&self, span: &Span, offset: usize, data: &[u8]) -> Result<(), AccessError> {
-        match self.before_copy(span, offset, data.len()) {
+        match self.before_copy(span, offset) {
             None => span.write(offset, data),
             Some(Trouble::Fault) => {
                 let n = self.prefix(data.len());
@@ -194,14 +194,14 @@ impl MemoryAccess for SimMemory {
     }
 
     fn read(&self, span: &Span, offset: usize, out: &mut [u8]) -> Result<(), AccessError> {
-        match self.before_copy(span, offset, out.len()) {
+        match self.before_copy(span, offset) {
             None => span.read(offset, out),
             Some(_) => Err(AccessError::Fault),
         }
     }
 
     fn atomic(&self, span: &Span, op: Atomic) -> Result<u64, AccessError> {
-        match self.before_copy(span, 0, 8) {
+        match self.before_copy(span, 0) {
             None => MemoryAccess::atomic(&*self.inner, span, op),
             Some(_) => Err(AccessError::Fault),
         }
