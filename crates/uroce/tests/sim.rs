@@ -1070,6 +1070,12 @@ struct Tally {
     mem_revoked: u64,
     slow_copies: u64,
     mem_failed: u64,
+    /// Of those, failed with LOC_PROT_ERR, REM_ACCESS_ERR, REM_OP_ERR, and
+    /// RETRY_EXC_ERR.
+    mem_loc_prot: u64,
+    mem_rem_access: u64,
+    mem_rem_op: u64,
+    mem_retry_exc: u64,
 }
 
 impl Tally {
@@ -1096,6 +1102,10 @@ impl Tally {
         self.mem_revoked += o.mem_revoked;
         self.slow_copies += o.slow_copies;
         self.mem_failed += o.mem_failed;
+        self.mem_loc_prot += o.mem_loc_prot;
+        self.mem_rem_access += o.mem_rem_access;
+        self.mem_rem_op += o.mem_rem_op;
+        self.mem_retry_exc += o.mem_retry_exc;
     }
 }
 
@@ -1754,6 +1764,12 @@ impl Pair {
                 ));
             }
             tally.mem_failed += 1;
+            match status {
+                WcStatus::LocProtErr => tally.mem_loc_prot += 1,
+                WcStatus::RemAccessErr => tally.mem_rem_access += 1,
+                WcStatus::RemOpErr => tally.mem_rem_op += 1,
+                _ => tally.mem_retry_exc += 1,
+            }
         }
         // No request the memory failed succeeded, unless the failure hit a
         // replay of it (a READ answered again after its response was lost
@@ -1990,10 +2006,8 @@ fn seeded_fabric_rc_invariants() {
 #[test]
 fn memory_trouble_behind_the_boundary() {
     let _one = one_at_a_time();
-    let seeds = match std::env::var("UROCE_SIM_SEED") {
-        Ok(_) => seeds_from_env(),
-        Err(_) => (1..=MEMORY_SEEDS).collect(),
-    };
+    let chosen = std::env::var("UROCE_SIM_SEED").is_ok() || std::env::var("UROCE_SIM_SEEDS").is_ok();
+    let seeds = if chosen { seeds_from_env() } else { (1..=MEMORY_SEEDS).collect() };
     let mut failed = Vec::new();
     let mut total = Tally::default();
     for &seed in &seeds {
@@ -2013,6 +2027,7 @@ fn memory_trouble_behind_the_boundary() {
     if seeds.len() >= 100 {
         let t = total;
         assert!(t.mem_faults > 0 && t.mem_revoked > 0 && t.slow_copies > 0 && t.mem_failed > 0, "{t:?}");
+        assert!(t.mem_loc_prot > 0 && t.mem_rem_access > 0 && t.mem_rem_op > 0 && t.timeouts > 0, "{t:?}");
     }
 }
 
