@@ -69,6 +69,10 @@ pub struct InPlace {
     seq: u32,
 }
 
+// The size the comment on `InPlace` promises (a larger `Transmit` is moved
+// by a `memcpy` call).
+const _: () = assert!(std::mem::size_of::<Transmit>() <= 128);
+
 impl InPlace {
     pub(crate) fn new(at: usize, bytes: PayloadHold) -> InPlace {
         debug_assert!(at < 256);
