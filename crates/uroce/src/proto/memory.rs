@@ -100,7 +100,7 @@ impl PayloadHold {
     /// `addr..addr + len` must stay mapped memory of this process, in a
     /// registration that cannot end, while `token` lives (the application
     /// may still unmap it, against the verbs contract: readers of
-    /// [`PayloadHold::as_slice`] tolerate what the kernel then does).
+    /// `PayloadHold::as_slice` tolerate what the kernel then does).
     pub unsafe fn new(addr: usize, len: usize, token: Box<dyn PayloadSource>) -> PayloadHold {
         PayloadHold { addr, len, token }
     }
