@@ -50,6 +50,26 @@
 //! RETRY_EXC_ERR when the fabric lost that NAK), nothing after it runs, and
 //! the window's memory does not change from the invalidation on.
 //!
+//! Seeds with memory trouble (`memory_trouble_behind_the_boundary`): each
+//! engine reaches its memory through `simnet/memory.rs`, which wraps the
+//! real memory behind the engine's `MemoryAccess` boundary and injects, from
+//! a stream of its own, page faults (a copy or atomic fails as if the page
+//! were unmapped, a write after landing a prefix), peer invalidations (a
+//! key revoked between its check and the copy: that copy fails, later
+//! checks refuse the key) and slow copies (the simulated clock advances by
+//! what the copy took). The scenario is that of the clean-fabric seed
+//! without window invalidations and page drops (which the trouble
+//! replaces). Invariants: completions exactly once, in order (a local error
+//! completes its request before the flushes of older ones in flight); the
+//! failed request is one the memory failed, with that side's status as a
+//! device gives it (the requester's buffers LOC_PROT_ERR, the responder's
+//! memory named by an rkey REM_ACCESS_ERR, the responder's receive buffer
+//! REM_OP_ERR with a LOC_PROT_ERR receive; RETRY_EXC_ERR only once a
+//! replayed READ failed and the responder went to ERR); no request the
+//! memory failed succeeds; nothing fails without trouble injected; what ran
+//! before the failure ran once with its data (FETCH_ADD results a chain);
+//! no byte changed that no request may write, guard bytes included; no hang.
+//!
 //! `UROCE_SIM_SEEDS=N` runs seeds 1..=N (default 300), `UROCE_SIM_SEED=S`
 //! one seed, `UROCE_SIM_VERBOSE=1` prints each seed's scenario and counters.
 //! A failing seed prints itself and the command that reruns it.
@@ -60,6 +80,7 @@ mod skip;
 
 use simnet::buf::Buf;
 use simnet::conn::{Conn, ConnParams};
+use simnet::memory::{Injected, MemFaults, Trouble};
 use simnet::node::{Node, PD, PORT};
 use simnet::{Fabric, FabricStats, Faults, Rng};
 use std::net::SocketAddr;
@@ -83,6 +104,8 @@ const OWNER_WR_ID: u64 = u64::MAX;
 /// clean fabric.
 const SEEDS: u64 = 300;
 const CLEAN_SEEDS: u64 = 40;
+/// Seeds with memory trouble (`memory_trouble_behind_the_boundary`).
+const MEMORY_SEEDS: u64 = 150;
 const REMOTE: Access = Access::REMOTE_READ.union(Access::REMOTE_WRITE).union(Access::REMOTE_ATOMIC);
 
 // ---------------------------------------------------------------------------
@@ -99,6 +122,9 @@ struct Plan {
     /// The single pair of the first version of this simulation.
     classic: bool,
     pairs: Vec<PairPlan>,
+    /// Memory trouble injected behind each engine's memory boundary
+    /// (`simnet/memory.rs`); none on the seeds of the other tests.
+    memory: Option<MemFaults>,
 }
 
 /// How a pair's requester reaches the responder's memory.
@@ -259,7 +285,36 @@ impl Plan {
                 })
                 .collect()
         };
-        Plan { seed, mtu, faults, batch, classic, pairs }
+        Plan { seed, mtu, faults, batch, classic, pairs, memory: None }
+    }
+
+    /// Seed `seed` with memory trouble: the scenario of `Plan::new(seed,
+    /// true)` (a clean fabric: every failure is one the memory explains),
+    /// without what the memory trouble replaces (window invalidations, page
+    /// drops) and with each pair's FETCH_ADDs on its own counter; what goes
+    /// wrong in memory is drawn from a stream of its own.
+    fn with_memory_faults(seed: u64) -> Plan {
+        let mut plan = Plan::new(seed, true);
+        for p in &mut plan.pairs {
+            p.invalidation = None;
+            p.drops.clear();
+            p.shared_counter = false;
+            for w in &mut p.wrs {
+                if let Op::Send { invalidate, .. } = &mut w.op {
+                    *invalidate = false;
+                }
+            }
+        }
+        let mut mem = Rng::new(seed ^ 0x4D45_4D46_4155_4C54);
+        let rate = |mem: &mut Rng, max: u64| mem.below(max + 1) as f64 / 1000.0;
+        plan.memory = Some(MemFaults {
+            fault: rate(&mut mem, 20),
+            revoke: rate(&mut mem, 10),
+            slow: rate(&mut mem, 300),
+            max_slow: Duration::from_micros(1 + mem.below(2000)),
+            budget: mem.below(4) as u32,
+        });
+        plan
     }
 }
 
@@ -842,9 +897,12 @@ impl Pair {
         self.send_wcs.iter().find(|w| w.status != WcStatus::Success)
     }
 
-    /// The index of the first work request that failed (`wrs.len()` if none).
+    /// The index of the first work request that did not succeed: failed or
+    /// flushed (`wrs.len()` if none). A local error completes its work
+    /// request before the flushes of older ones still in flight.
     fn first_error(&self) -> usize {
-        self.first_failure().map_or(self.plan.wrs.len(), |w| w.wr_id as usize)
+        let failed = self.send_wcs.iter().filter(|w| w.status != WcStatus::Success);
+        failed.map(|w| w.wr_id as usize).min().unwrap_or(self.plan.wrs.len())
     }
 
     /// Every work request has its completion: the signaled ones before the
@@ -857,10 +915,12 @@ impl Pair {
     }
 
     /// Every receive has its completion, except those a responder left
-    /// alive by a failed requester keeps (no SEND will come for them).
+    /// alive by a failed requester keeps (no SEND will come for them), or
+    /// an XRC SRQ keeps.
     fn receives_done(&self, nodes: &[Node; 2]) -> bool {
         let all = self.recv_wcs.len() == self.sends.len();
-        let kept = self.first_error() < self.plan.wrs.len() && !self.responder_in_err(nodes);
+        // (An XRC SRQ keeps its receives when an XRC_RECV QP fails.)
+        let kept = self.first_error() < self.plan.wrs.len() && (!self.responder_in_err(nodes) || self.conn.is_xrc());
         self.recvs_posted == self.sends.len() && (all || kept)
     }
 
@@ -871,10 +931,12 @@ impl Pair {
     fn debug_state(&self, nodes: &[Node; 2]) -> String {
         let qp = |n: usize, qpn| nodes[n].engine.qp(qpn).map(|q| q.debug_state()).unwrap_or_default();
         format!(
-            "{}: {} send / {} receive completions\n    requester {}\n    responder {}",
+            "{}: {} send / {} receive completions (done: {} / {})\n    requester {}\n    responder {}",
             self.plan.describe(),
             self.send_wcs.len(),
             self.recv_wcs.len(),
+            self.sends_done(),
+            self.receives_done(nodes),
             qp(self.conn.req, self.conn.req_qpn),
             qp(self.conn.resp, self.conn.resp_qpn)
         )
@@ -907,8 +969,11 @@ impl Counter {
 impl World {
     fn new(plan: &Plan, now: Instant) -> World {
         let [a, b] = [Buf::new(8, |_| 0), Buf::new(8, |_| 0)];
-        let mut nodes =
-            [Node::new("10.0.0.1".parse().unwrap(), plan.mtu), Node::new("10.0.0.2".parse().unwrap(), plan.mtu)];
+        let node = |ip: &str, stream: u64| {
+            let faults = plan.memory.map(|f| (f, plan.seed ^ stream));
+            Node::with_faults(ip.parse().unwrap(), plan.mtu, faults)
+        };
+        let mut nodes = [node("10.0.0.1", 0xA11CE), node("10.0.0.2", 0xB0B)];
         let counters = [Counter::new(a, &nodes[0]), Counter::new(b, &nodes[1])];
         let pairs = (plan.pairs.iter().enumerate())
             .map(|(i, p)| Pair::new(p.clone(), i, &mut nodes, &counters, plan.mtu, now))
@@ -999,6 +1064,18 @@ struct Tally {
     odp_page_invalidations: u64,
     timeouts: u64,
     retransmits: u64,
+    /// Memory trouble: copies failed as page faults, accesses through a
+    /// revoked key, copies slowed down, and pairs whose requests failed.
+    mem_faults: u64,
+    mem_revoked: u64,
+    slow_copies: u64,
+    mem_failed: u64,
+    /// Of those, failed with LOC_PROT_ERR, REM_ACCESS_ERR, REM_OP_ERR, and
+    /// RETRY_EXC_ERR.
+    mem_loc_prot: u64,
+    mem_rem_access: u64,
+    mem_rem_op: u64,
+    mem_retry_exc: u64,
 }
 
 impl Tally {
@@ -1021,6 +1098,14 @@ impl Tally {
         self.odp_page_invalidations += o.odp_page_invalidations;
         self.timeouts += o.timeouts;
         self.retransmits += o.retransmits;
+        self.mem_faults += o.mem_faults;
+        self.mem_revoked += o.mem_revoked;
+        self.slow_copies += o.slow_copies;
+        self.mem_failed += o.mem_failed;
+        self.mem_loc_prot += o.mem_loc_prot;
+        self.mem_rem_access += o.mem_rem_access;
+        self.mem_rem_op += o.mem_rem_op;
+        self.mem_retry_exc += o.mem_retry_exc;
     }
 }
 
@@ -1063,18 +1148,24 @@ fn run(plan: &Plan) -> Result<Outcome, String> {
         // On to the next event: a delivery, a timer, a work request due.
         let posts = world.pairs.iter().filter_map(|p| p.next_post(now, t0));
         let timers = world.nodes.iter().filter_map(|n| n.engine.poll_timeout());
-        now = match fabric.next_time().into_iter().chain(timers).chain(posts).min() {
+        let next = match fabric.next_time().into_iter().chain(timers).chain(posts).min() {
             Some(t) if t > now => t,
             Some(_) => now,
             None => now + Duration::from_micros(100),
         };
+        // Slow copies took simulated time: nothing happens before it passed.
+        let lag: Duration = world.nodes.iter().filter_map(|n| n.sim_mem.as_ref()).map(|m| m.take_lag()).sum();
+        now = next.max(now + lag);
         for (dst, src, data) in fabric.deliver(now) {
             let n = world.nodes.iter_mut().find(|n| n.ip == dst).expect("a node at every address");
             let local = n.ip;
             n.engine.handle_datagram(now, SocketAddr::new(src, PORT), local, &data);
         }
     }
-    let tally = world.check(plan)?;
+    let tally = match plan.memory {
+        None => world.check(plan)?,
+        Some(_) => world.check_memory_faults()?,
+    };
     for n in &world.nodes {
         check_counters(&n.engine)?;
     }
@@ -1516,6 +1607,291 @@ impl Pair {
     }
 }
 
+// ---------------------------------------------------------------------------
+// The invariants under memory trouble
+
+/// Which end's access an injected failure hit, and so the status the
+/// requester's work request gets (as rxe and the kernel give it, and as
+/// `tests/memory_changes.rs` expects of real memory changes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// The requester's own buffers: LOC_PROT_ERR.
+    Local,
+    /// The responder's memory named by an rkey: a REMOTE_ACCESS NAK,
+    /// REM_ACCESS_ERR.
+    Remote,
+    /// The responder's receive buffer: the receive fails with LOC_PROT_ERR
+    /// and a REMOTE_OPERATIONAL NAK gives REM_OP_ERR.
+    Receive,
+}
+
+impl Side {
+    fn status(self) -> WcStatus {
+        match self {
+            Side::Local => WcStatus::LocProtErr,
+            Side::Remote => WcStatus::RemAccessErr,
+            Side::Receive => WcStatus::RemOpErr,
+        }
+    }
+}
+
+impl World {
+    /// The invariants of a seed with memory trouble: per pair, completions
+    /// exactly once and in order; the first failure is a work request whose
+    /// access the memory failed, with that side's status (or, once the
+    /// responder went to ERR answering a replayed READ, RETRY_EXC_ERR);
+    /// none without a failure injected; everything before the first
+    /// failure ran exactly once, with its data; no byte outside what the
+    /// work requests may write changed (guard bytes included).
+    fn check_memory_faults(&self) -> Result<Tally, String> {
+        let mut tally = Tally { seeds: 1, pairs: self.pairs.len() as u64, ..Tally::default() };
+        let injected: Vec<Vec<Injected>> =
+            self.nodes.iter().map(|n| n.sim_mem.as_ref().map(|m| m.injected()).unwrap_or_default()).collect();
+        for n in &self.nodes {
+            let m = n.sim_mem.as_ref().expect("memory trouble on both nodes");
+            tally.slow_copies += m.slow_copies();
+        }
+        for i in injected.iter().flatten() {
+            match i.trouble {
+                Trouble::Fault => tally.mem_faults += 1,
+                Trouble::Revoked => tally.mem_revoked += 1,
+            }
+        }
+        for p in &self.pairs {
+            p.check_memory_faults(&self.nodes, &injected, &mut tally)
+                .map_err(|e| format!("pair {} ({}): {e}", p.index, p.plan.describe()))?;
+        }
+        for c in &self.counters {
+            if !c.buf.guards_intact() {
+                return Err("guard bytes around a shared counter changed".into());
+            }
+        }
+        for n in &self.nodes {
+            tally.timeouts += n.engine.stats().timeouts;
+            tally.retransmits += n.engine.stats().retransmits;
+        }
+        Ok(tally)
+    }
+}
+
+impl Pair {
+    /// Per injected failure on this pair's memory, the work requests (and
+    /// sides) it may have hit: those whose buffers cover its address (a
+    /// SEND and a WRITE may take the same source bytes).
+    fn hit_by(&self, injected: &[Vec<Injected>]) -> Vec<Vec<(usize, Side)>> {
+        let within = |buf: &Buf, addr: usize| {
+            let a = buf.addr() as usize;
+            (a..a + buf.len()).contains(&addr).then(|| addr - a)
+        };
+        let wrs = &self.plan.wrs;
+        let r = self.plan.region;
+        let which = |pred: &dyn Fn(&Op) -> bool, side: Side| -> Vec<(usize, Side)> {
+            (0..wrs.len()).filter(|&i| pred(&wrs[i].op)).map(|i| (i, side)).collect()
+        };
+        let covers = |off: usize, len: usize, o: usize| (off..off + len).contains(&o);
+        let mut hits = Vec::new();
+        for i in &injected[self.conn.req] {
+            if let Some(o) = within(&self.src, i.addr) {
+                hits.push(which(
+                    &|op| matches!(*op, Op::Send { off, len, .. } | Op::Write { off, len } if covers(off, len, o)),
+                    Side::Local,
+                ));
+            } else if let Some(o) = within(&self.rdst, i.addr) {
+                hits.push(which(&|op| matches!(*op, Op::Read { dst, len, .. } if covers(dst, len, o)), Side::Local));
+            } else if let Some(o) = within(&self.results, i.addr) {
+                hits.push(which(&|op| matches!(*op, Op::FetchAdd { slot, .. } if slot == o / 8), Side::Local));
+            }
+        }
+        for i in &injected[self.conn.resp] {
+            if let Some(o) = within(&self.target, i.addr) {
+                hits.push(match o {
+                    o if o < r => {
+                        which(&|op| matches!(*op, Op::Write { off, len } if covers(off, len, o)), Side::Remote)
+                    }
+                    o if o < 2 * r => {
+                        which(&|op| matches!(*op, Op::Read { off, len, .. } if covers(off, len, o - r)), Side::Remote)
+                    }
+                    _ => which(&|op| matches!(op, Op::FetchAdd { .. }), Side::Remote),
+                });
+            } else if let Some(o) = within(&self.rbuf, i.addr) {
+                hits.push(which(&|op| matches!(*op, Op::Send { off, len, .. } if covers(off, len, o)), Side::Receive));
+            }
+        }
+        hits
+    }
+
+    fn check_memory_faults(
+        &self,
+        nodes: &[Node; 2],
+        injected: &[Vec<Injected>],
+        tally: &mut Tally,
+    ) -> Result<(), String> {
+        if let Some(wc) = self.owner_wcs.first() {
+            return Err(format!("the window owner's work request failed: {wc:?}"));
+        }
+        let wrs = &self.plan.wrs;
+        let n = wrs.len();
+        let hits = self.hit_by(injected);
+        let hit: Vec<(usize, Side)> = hits.iter().flatten().copied().collect();
+        let resp_in_err = self.responder_in_err(nodes);
+        // Completions: the signaled ones before the first failure succeed,
+        // every one from it on completes (the rest flushed), in order.
+        // (A local error completes its request `e` before the flushes of
+        // the older ones still in flight, from `f` on.)
+        let f = self.first_error();
+        let mut want: Vec<(u64, WcStatus)> =
+            (0..f).filter(|&i| wrs[i].signaled).map(|i| (i as u64, WcStatus::Success)).collect();
+        let e = self.first_failure().map(|w| (w.wr_id as usize, w.status));
+        if let Some((e, status)) = e {
+            want.push((e as u64, status));
+            want.extend((f..n).filter(|&i| i != e).map(|i| (i as u64, WcStatus::WrFlushErr)));
+        }
+        let got: Vec<(u64, WcStatus)> = self.send_wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+        if got != want {
+            return Err(format!("send completions {got:?}, expected {want:?}"));
+        }
+        if let Some((e, status)) = e {
+            if status != WcStatus::LocProtErr && e != f {
+                return Err(format!("request {e} failed with {status:?} before request {f} completed"));
+            }
+            let explained = hit.iter().any(|&(i, side)| i == e && side.status() == status)
+                || (status == WcStatus::RetryExcErr && resp_in_err && !hit.is_empty());
+            if !explained {
+                return Err(format!(
+                    "request {e} ({:?}) failed with {status:?}; the memory failed {hit:?} (request, side); responder \
+                     in ERR: {resp_in_err}",
+                    wrs[e].op
+                ));
+            }
+            tally.mem_failed += 1;
+            match status {
+                WcStatus::LocProtErr => tally.mem_loc_prot += 1,
+                WcStatus::RemAccessErr => tally.mem_rem_access += 1,
+                WcStatus::RemOpErr => tally.mem_rem_op += 1,
+                _ => tally.mem_retry_exc += 1,
+            }
+        }
+        // No request the memory failed succeeded, unless the failure hit a
+        // replay of it (a READ answered again after its response was lost
+        // or late: the responder then goes to ERR).
+        let excused = |&(w, side): &(usize, Side)| w >= f || (side == Side::Remote && resp_in_err);
+        if let Some(h) = hits.iter().find(|h| !h.iter().any(excused)) {
+            return Err(format!("requests {h:?} (request, side) succeeded although the memory failed one of them"));
+        }
+        // Receives: a prefix of successes in order, with their lengths; a
+        // failed receive only where the memory failed the receive buffer.
+        let k = self.recv_wcs.iter().take_while(|w| w.status == WcStatus::Success).count();
+        for (i, wc) in self.recv_wcs.iter().enumerate() {
+            let s = &self.sends[i];
+            let ok = wc.wr_id == self.recv_wr_id(i)
+                && match wc.status {
+                    WcStatus::Success => i < k && wc.byte_len as usize == s.len,
+                    WcStatus::LocProtErr => hit.iter().any(|&(w, side)| w == s.wr && side == Side::Receive),
+                    WcStatus::WrFlushErr => resp_in_err,
+                    _ => false,
+                };
+            if !ok {
+                return Err(format!("receive completion {i} wrong: {wc:?} for {s:?}, memory failed {hit:?}"));
+            }
+        }
+        let before = self.sends.iter().filter(|s| s.wr < f).count();
+        if k < before {
+            return Err(format!("{k} SENDs received, but {before} completed before the first failure"));
+        }
+        // Memory: exact for what ran before the first failure; elsewhere
+        // only bytes a later (or the failed) request may have written.
+        compare(
+            "the source",
+            &self.src.contents(),
+            &(0..self.plan.region).map(|i| src_byte(self.index, i)).collect::<Vec<_>>(),
+        )?;
+        let r = self.plan.region;
+        let mut exact = vec![None; self.plan.target_len()];
+        let mut maybe = vec![false; self.plan.target_len()];
+        let mut rd_exact = vec![None; r];
+        let mut rd_maybe = vec![false; r];
+        for (i, w) in wrs.iter().enumerate() {
+            match w.op {
+                Op::Write { off, len } => (off..off + len).for_each(|j| match i < f {
+                    true => exact[j] = Some(src_byte(self.index, j)),
+                    false => maybe[j] = true,
+                }),
+                Op::Read { off, len, dst } => (0..len).for_each(|j| match i < f {
+                    true => rd_exact[dst + j] = Some(read_area_byte(off + j)),
+                    false => rd_maybe[dst + j] = true,
+                }),
+                _ => {}
+            }
+        }
+        let target = self.target.contents();
+        for (j, &b) in target[..2 * r].iter().enumerate() {
+            let init = target_byte(r, j);
+            let ok = match exact[j] {
+                Some(x) => b == x,
+                None => b == init || (maybe[j] && b == src_byte(self.index, j)),
+            };
+            if !ok {
+                return Err(format!("the target: byte {j} is {b:#04x} (initially {init:#04x})"));
+            }
+        }
+        let rdst = self.rdst.contents();
+        for (j, &b) in rdst.iter().enumerate() {
+            let ok = match rd_exact[j] {
+                Some(x) => b == x,
+                None => b == 0 || rd_maybe[j],
+            };
+            if !ok {
+                return Err(format!("the READ destination: byte {j} is {b:#04x}"));
+            }
+        }
+        // FETCH_ADDs: each one before the failure got the sum of the adds
+        // before it; the counter holds the adds of a prefix of the stream
+        // that includes every one before the failure.
+        let results = self.results.contents();
+        let (mut sum, mut sums) = (0u64, Vec::new());
+        for (i, w) in wrs.iter().enumerate() {
+            if let Op::FetchAdd { add, slot } = w.op {
+                if i < f {
+                    let got = u64::from_ne_bytes(results[8 * slot..8 * slot + 8].try_into().unwrap());
+                    if got != sum {
+                        return Err(format!("FETCH_ADD {i} returned {got}, the adds before it sum to {sum}"));
+                    }
+                } else {
+                    sums.push(sum);
+                }
+                sum += add;
+            }
+        }
+        sums.push(sum);
+        let c = self.plan.own_counter();
+        let counter = u64::from_ne_bytes(target[c..c + 8].try_into().unwrap());
+        if !sums.contains(&counter) {
+            return Err(format!("the counter is {counter}: not the adds of a prefix of the requests ({sums:?})"));
+        }
+        let rbuf = self.rbuf.contents();
+        let mut rb = vec![false; r];
+        for (i, s) in self.sends.iter().enumerate() {
+            if i < k {
+                compare(
+                    "a received SEND",
+                    &rbuf[s.off..s.off + s.len],
+                    &(s.off..s.off + s.len).map(|j| src_byte(self.index, j)).collect::<Vec<_>>(),
+                )?;
+            }
+            rb[s.off..s.off + s.len].fill(true);
+        }
+        if let Some(j) = (0..r).find(|&j| rbuf[j] != 0 && !(rb[j] && rbuf[j] == src_byte(self.index, j))) {
+            return Err(format!("the receive buffer: byte {j} is {:#04x}, written by no SEND", rbuf[j]));
+        }
+        for buf in [&self.src, &self.rdst, &self.results, &self.target, &self.rbuf] {
+            if !buf.guards_intact() {
+                return Err("guard bytes around a buffer changed".into());
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Bytes of a message cut short that landed in `got`: its longest prefix of
 /// whole packets (of `mtu` bytes) equal to `source`. Packets land in order.
 fn packets_landed(got: &[u8], source: impl Fn(usize) -> u8, mtu: usize) -> usize {
@@ -1619,6 +1995,39 @@ fn seeded_fabric_rc_invariants() {
         if odp_invalidations_observable() {
             assert!(t.odp_page_invalidations > 0, "{t:?}");
         }
+    }
+}
+
+/// Memory trouble behind the engines' memory boundary (`simnet/memory.rs`):
+/// page faults, keys revoked between their check and their copy, slow
+/// copies. Every failure is the one the memory explains, with the status a
+/// device gives it; nothing written outside what the requests may write;
+/// nothing hangs. `UROCE_SIM_SEED` / `UROCE_SIM_SEEDS` select seeds here too.
+#[test]
+fn memory_trouble_behind_the_boundary() {
+    let _one = one_at_a_time();
+    let chosen = std::env::var("UROCE_SIM_SEED").is_ok() || std::env::var("UROCE_SIM_SEEDS").is_ok();
+    let seeds = if chosen { seeds_from_env() } else { (1..=MEMORY_SEEDS).collect() };
+    let mut failed = Vec::new();
+    let mut total = Tally::default();
+    for &seed in &seeds {
+        match run(&Plan::with_memory_faults(seed)) {
+            Ok(o) => total.add(&o.tally),
+            Err(e) => {
+                eprintln!(
+                    "seed {seed} FAILED: {e}\n  (rerun: UROCE_SIM_SEED={seed} cargo test -p uroce --test sim \
+                     memory_trouble)"
+                );
+                failed.push(seed);
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{} of {} seeds failed: {:?}", failed.len(), seeds.len(), failed);
+    println!("{} seeds with memory trouble: {total:?}", seeds.len());
+    if seeds.len() >= 100 {
+        let t = total;
+        assert!(t.mem_faults > 0 && t.mem_revoked > 0 && t.slow_copies > 0 && t.mem_failed > 0, "{t:?}");
+        assert!(t.mem_loc_prot > 0 && t.mem_rem_access > 0 && t.mem_rem_op > 0 && t.timeouts > 0, "{t:?}");
     }
 }
 

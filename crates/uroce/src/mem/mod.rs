@@ -13,6 +13,9 @@
 //! protects later fails the access instead of crashing), on-demand paging ([`odp`]), a peer-memory client ([`peer`]), or
 //! the pieces of an indirect key (`indirect`). Nothing reaches registered
 //! memory any other way, so every operation works on every kind of key.
+//!
+//! The transport does not call this module directly: it sees memory through
+//! `proto::MemoryAccess`, which `Memory` implements (`proto/memory.rs`).
 
 mod indirect;
 mod keys;
@@ -806,43 +809,6 @@ pub fn check_access_flags(access: Access) -> Result<()> {
     Ok(())
 }
 
-/// Scatter/gather over a list of local SGEs: the `i`-th byte of the message
-/// lives in the SGE that covers it. `f` gets each piece as (span, offset
-/// within the message, length).
-pub fn for_each_sge_piece(
-    mem: &Memory,
-    pd: u32,
-    sges: &[crate::ib::Sge],
-    msg_offset: u64,
-    len: u64,
-    want: Want,
-    mut f: impl FnMut(&Span, u64, usize) -> std::result::Result<(), AccessError>,
-) -> std::result::Result<(), AccessError> {
-    let mut skip = msg_offset;
-    let mut left = len;
-    let mut done = 0u64;
-    for sge in sges {
-        if left == 0 {
-            break;
-        }
-        let sl = sge.length as u64;
-        if skip >= sl {
-            skip -= sl;
-            continue;
-        }
-        let take = (sl - skip).min(left);
-        let span = mem.resolve(sge.lkey, pd, sge.addr + skip, take, want)?;
-        f(&span, done, take as usize)?;
-        done += take;
-        left -= take;
-        skip = 0;
-    }
-    if left != 0 {
-        return Err(AccessError::Range);
-    }
-    Ok(())
-}
-
 /// Total length of an SGE list (u64, no overflow).
 pub fn sge_total(sges: &[crate::ib::Sge]) -> u64 {
     sges.iter().map(|s| s.length as u64).sum()
@@ -935,28 +901,5 @@ mod tests {
         assert!(mem.resolve(mr2.key, 7, pb as u64 + 8000, 192, Want::RemoteWrite).is_ok());
         mem.deregister(mr2.key).unwrap();
         assert_eq!(mem.pinned_bytes(), 0);
-    }
-
-    #[test]
-    fn sge_pieces_cover_the_message() {
-        let mem = Memory::default();
-        let mut a = vec![0u8; 10];
-        let mut b = vec![0u8; 10];
-        let ka = reg(&mem, &mut a, Access::LOCAL_WRITE).key;
-        let kb = reg(&mem, &mut b, Access::LOCAL_WRITE).key;
-        let sges = [
-            crate::ib::Sge { addr: a.as_ptr() as u64, length: 10, lkey: ka },
-            crate::ib::Sge { addr: b.as_ptr() as u64, length: 10, lkey: kb },
-        ];
-        let data: Vec<u8> = (0..15).collect();
-        for_each_sge_piece(&mem, 1, &sges, 3, 15, Want::LocalWrite, |span, off, n| {
-            span.write(0, &data[off as usize..off as usize + n])
-        })
-        .unwrap();
-        assert_eq!(&a[3..], &data[..7]);
-        assert_eq!(&b[..8], &data[7..]);
-        assert_eq!(b[8], 0);
-        let e = for_each_sge_piece(&mem, 1, &sges, 10, 11, Want::LocalWrite, |_, _, _| Ok(()));
-        assert_eq!(e, Err(AccessError::Range));
     }
 }

@@ -228,12 +228,6 @@ impl HostBytes {
         }
         true
     }
-
-    /// The checked piece again, to be copied by the path that reports
-    /// faults.
-    pub(crate) fn into_span(self) -> Span {
-        Span::one(self.piece)
-    }
 }
 
 /// A checked, in-bounds piece of registered memory (see the module docs).
@@ -304,6 +298,29 @@ impl Span {
         self.len == 0
     }
 
+    /// The address in this process of the span's byte `offset`, for memory
+    /// of this process (pinned or on-demand paged; none for peer memory or
+    /// past the end). For diagnostics and simulations that map an access
+    /// back to the buffer it touches.
+    pub fn host_address(&self, offset: usize) -> Option<usize> {
+        let mut at = 0;
+        for p in &self.pieces {
+            if offset < at + p.len {
+                let off = offset - at;
+                let off = match p.cells {
+                    Some((cell, stride)) => off / cell * stride + off % cell,
+                    None => off,
+                };
+                return match p.place.offset(off) {
+                    Place::Host(a) | Place::Odp(a) => Some(a),
+                    Place::Peer(_) => None,
+                };
+            }
+            at += p.len;
+        }
+        None
+    }
+
     /// Number of contiguous pieces (regions, or runs within them).
     pub fn pieces(&self) -> usize {
         self.pieces.len()
@@ -342,12 +359,31 @@ impl Span {
     /// If the copy would leave the span (a bug in the caller, never a
     /// consequence of packet contents, which `Memory::resolve` checked).
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), AccessError> {
+        if let Some(p) = self.contiguous(offset, data.len()) {
+            return p.write_at(p.place.offset(offset), data);
+        }
         self.each(offset, data.len(), |p, off, at, n| p.write(off, &data[at..at + n]))
     }
 
     /// Copies from `offset` within the span into `out`.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), AccessError> {
+        if let Some(p) = self.contiguous(offset, out.len()) {
+            return p.read_at(p.place.offset(offset), out);
+        }
         self.each(offset, out.len(), |p, off, at, n| p.read(off, &mut out[at..at + n]))
+    }
+
+    /// The common case, one contiguous piece: it, once `offset..offset+len`
+    /// is checked to lie inside it (as `each` checks).
+    #[inline]
+    fn contiguous(&self, offset: usize, len: usize) -> Option<&Piece> {
+        match self.pieces.as_slice() {
+            [p] if p.cells.is_none() => {
+                assert!(offset.checked_add(len).is_some_and(|e| e <= self.len), "span overrun");
+                Some(p)
+            }
+            _ => None,
+        }
     }
 
     /// Atomic compare-and-swap of the 8 bytes at the span's start (host

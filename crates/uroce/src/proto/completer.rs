@@ -3,12 +3,12 @@
 //! retries (go-back-N on PSN-sequence NAKs, missing responses and timeouts;
 //! RNR waits) and fatal errors (remote NAKs, exhausted retry counters).
 
+use super::memory::{for_each_sge_piece, Want};
 use super::qp::Qp;
 use super::requester::ack_timeout;
 use super::wr::WrOpcode;
 use super::{psn, Ctx};
 use crate::ib::{QpState, Wc, WcStatus};
-use crate::mem::{for_each_sge_piece, Want};
 use crate::wire::{rnr_timer_usec, AethKind, NakCode, OpFlags, Packet};
 use std::time::Duration;
 
@@ -147,8 +147,9 @@ impl Qp {
             return;
         }
         let data = pkt.payload;
-        let r = for_each_sge_piece(ctx.mem, self.pd, &head.wr.sg_list, off, expect, Want::LocalWrite, |s, at, n| {
-            s.write(0, &data[at as usize..at as usize + n])
+        let mem = ctx.mem;
+        let r = for_each_sge_piece(mem, self.pd, &head.wr.sg_list, off, expect, Want::LocalWrite, |s, at, n| {
+            mem.write(s, 0, &data[at as usize..at as usize + n])
         });
         if r.is_err() {
             self.complete_head_error(ctx, WcStatus::LocProtErr);
@@ -190,8 +191,9 @@ impl Qp {
             return;
         }
         let bytes = orig.to_ne_bytes();
-        let r = for_each_sge_piece(ctx.mem, self.pd, &head.wr.sg_list, 0, 8, Want::LocalWrite, |s, at, n| {
-            s.write(0, &bytes[at as usize..at as usize + n])
+        let mem = ctx.mem;
+        let r = for_each_sge_piece(mem, self.pd, &head.wr.sg_list, 0, 8, Want::LocalWrite, |s, at, n| {
+            mem.write(s, 0, &bytes[at as usize..at as usize + n])
         });
         if r.is_err() {
             self.complete_head_error(ctx, WcStatus::LocProtErr);

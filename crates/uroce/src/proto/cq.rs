@@ -10,8 +10,8 @@
 //! buffers' key translation and copy. A buffer that is no longer valid at
 //! poll time completes with LOC_PROT_ERR.
 
+use super::memory::{for_each_sge_piece, MemoryAccess, Want};
 use crate::ib::{Errno, Error, Result, Sge, Wc, WcStatus};
-use crate::mem::{for_each_sge_piece, Memory, Want};
 use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -66,7 +66,7 @@ pub struct CompletionQueue {
     inner: Mutex<Inner>,
     /// Inline-receive size (0: off) and the memory to scatter into at poll.
     inline_limit: usize,
-    mem: Option<Arc<Memory>>,
+    mem: Option<Arc<dyn MemoryAccess>>,
 }
 
 impl CompletionQueue {
@@ -76,7 +76,12 @@ impl CompletionQueue {
 
     /// A queue whose completions may carry up to `inline_limit` bytes of
     /// received data (32 or 64), scattered through `mem` at poll time.
-    pub fn with_inline(handle: u32, capacity: usize, mem: Option<Arc<Memory>>, inline_limit: usize) -> CompletionQueue {
+    pub fn with_inline(
+        handle: u32,
+        capacity: usize,
+        mem: Option<Arc<dyn MemoryAccess>>,
+        inline_limit: usize,
+    ) -> CompletionQueue {
         let inline_limit = if mem.is_some() { inline_limit.min(MAX_INLINE_RECV) } else { 0 };
         CompletionQueue {
             inline_limit,
@@ -151,8 +156,9 @@ impl CompletionQueue {
         let mut wc = e.wc;
         if let (Some(i), Some(mem)) = (e.inline, &self.mem) {
             let data = &i.data[..i.len as usize];
+            let mem = &**mem;
             let r = for_each_sge_piece(mem, i.pd, &i.sges, 0, data.len() as u64, Want::LocalWrite, |s, at, n| {
-                s.write(0, &data[at as usize..at as usize + n])
+                mem.write(s, 0, &data[at as usize..at as usize + n])
             });
             if r.is_err() {
                 wc.status = WcStatus::LocProtErr;

@@ -6,9 +6,9 @@
 use super::qp::{Qp, QpInit};
 use super::srq::SharedRecvQueue;
 use super::wr::{QpAttr, RecvWr, SendWr};
+use super::MemoryAccess;
 use super::{AfterSend, Ctx, Event, Stats, Transmit};
 use crate::ib::{Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result};
-use crate::mem::Memory;
 use crate::wire::{self, icrc, IpInfo, OpFlags, Packet, Transport};
 use rustc_hash::{FxHashMap, FxHashSet};
 use smallvec::SmallVec;
@@ -86,7 +86,8 @@ pub struct QpSummary {
 
 pub struct Engine {
     cfg: EngineConfig,
-    mem: Arc<Memory>,
+    /// The only way the engine reaches memory (see [`super::memory`]).
+    mem: Arc<dyn MemoryAccess>,
     /// Looked up per packet: a fast hash. The keys are QPNs this engine
     /// assigned, so no peer can steer them into colliding.
     qps: FxHashMap<u32, Qp>,
@@ -128,7 +129,7 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    pub fn new(cfg: EngineConfig, mem: Arc<Memory>) -> Engine {
+    pub fn new(cfg: EngineConfig, mem: Arc<dyn MemoryAccess>) -> Engine {
         let next_qpn = first_qpn(cfg.id_seed);
         Engine {
             cfg,
@@ -154,7 +155,7 @@ impl Engine {
         &self.cfg
     }
 
-    pub fn memory(&self) -> &Arc<Memory> {
+    pub fn memory(&self) -> &Arc<dyn MemoryAccess> {
         &self.mem
     }
 
@@ -198,7 +199,7 @@ impl Engine {
         let qp = self.qps.get_mut(&qpn)?;
         let mut ctx = Ctx {
             now,
-            mem: &self.mem,
+            mem: &*self.mem,
             cfg: &self.cfg,
             events: &mut self.events,
             stats: self.qp_stats.entry(qpn).or_default(),

@@ -11,10 +11,18 @@
 //! request packets and retransmits (go-back-N), [`completer`] consumes
 //! ACKs, NAKs and responses and completes send WQEs, [`responder`] executes
 //! incoming requests and produces ACKs and responses.
+//!
+//! Memory is reached only through [`MemoryAccess`] ([`memory`]): key checks,
+//! copies, atomics, window binds and invalidations, UMRs. The device gives
+//! the engine its `mem::Memory`; a simulation may give it a wrapper that
+//! injects faults. A payload sent in place leaves in a [`Transmit`] as a
+//! [`PayloadHold`] (raw bytes and the token that keeps them registered), so
+//! the I/O layer below sees no memory type.
 
 pub mod completer;
 pub mod cq;
 mod engine;
+pub mod memory;
 pub mod psn;
 pub mod qp;
 pub mod requester;
@@ -24,11 +32,11 @@ mod stats;
 pub mod wr;
 
 pub use engine::{Engine, EngineConfig, QpSummary};
+pub use memory::{MemoryAccess, PayloadHold};
 pub use stats::Stats;
 
 use crate::ib::AsyncEventType;
-use crate::mem::safe::Unguarded;
-use crate::mem::{AccessError, HostBytes, Memory, Span};
+use crate::mem::{AccessError, Span};
 use crate::wire::{self, Headers, IpInfo};
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
@@ -46,12 +54,14 @@ pub struct Transmit {
     pub in_place: Option<InPlace>,
 }
 
-/// The payload of a packet sent in place. Packed so that a [`Transmit`],
-/// moved several times per packet, stays within 128 bytes (a larger one is
-/// moved by a `memcpy` call: +12 % CPU per 64 B message measured).
+/// The payload of a packet sent in place: raw bytes and the token that
+/// keeps them registered ([`PayloadHold`]), no memory type. Packed so that
+/// a [`Transmit`], moved several times per packet, stays within 128 bytes
+/// (a larger one is moved by a `memcpy` call: +12 % CPU per 64 B message
+/// measured).
 #[derive(Debug)]
 pub struct InPlace {
-    pub bytes: HostBytes,
+    pub bytes: PayloadHold,
     /// Where the payload goes in `data` (bits 0..8: after the headers, at
     /// most 60 bytes) and the sending QP (bits 8..32).
     at_qpn: u32,
@@ -59,8 +69,12 @@ pub struct InPlace {
     seq: u32,
 }
 
+// The size the comment on `InPlace` promises (a larger `Transmit` is moved
+// by a `memcpy` call).
+const _: () = assert!(std::mem::size_of::<Transmit>() <= 128);
+
 impl InPlace {
-    pub(crate) fn new(at: usize, bytes: HostBytes) -> InPlace {
+    pub(crate) fn new(at: usize, bytes: PayloadHold) -> InPlace {
         debug_assert!(at < 256);
         InPlace { bytes, at_qpn: at as u32, seq: 0 }
     }
@@ -98,7 +112,7 @@ impl Transmit {
     pub(crate) fn parts(&self) -> [&[u8]; 3] {
         match &self.in_place {
             // SAFETY: the bytes are only handed to the kernel (or copied)
-            // and any content is acceptable (see `HostBytes::as_slice`).
+            // and any content is acceptable (see `PayloadHold::as_slice`).
             Some(p) => [&self.data[..p.at()], unsafe { p.bytes.as_slice() }, &self.data[p.at()..]],
             None => [&self.data, &[], &[]],
         }
@@ -113,7 +127,7 @@ impl Transmit {
                 let mut v = Vec::with_capacity(self.len());
                 v.extend_from_slice(&self.data[..p.at()]);
                 let start = v.len();
-                if !p.bytes.read_chunks(|c| v.extend_from_slice(c)) {
+                if !p.bytes.read_tolerant(false, &mut |c| v.extend_from_slice(c)) {
                     v.resize(start + p.bytes.len(), 0);
                     v[start..].fill(0);
                 }
@@ -216,7 +230,7 @@ pub const IN_PLACE_MIN: usize = 1024;
 /// time, the device's memory and configuration, and the engine's outputs.
 pub(crate) struct Ctx<'a> {
     pub now: Instant,
-    pub mem: &'a Memory,
+    pub mem: &'a dyn MemoryAccess,
     pub cfg: &'a EngineConfig,
     pub events: &'a mut VecDeque<Event>,
     pub stats: &'a mut Stats,
@@ -259,28 +273,30 @@ impl Ctx<'_> {
 
     /// Builds one packet to `dst` whose payload is all of `span`: sent in
     /// place when the engine may and the span is one run of pinned host
-    /// memory of at least [`IN_PLACE_MIN`] bytes, else copied.
+    /// memory of at least [`IN_PLACE_MIN`] bytes, else copied (through
+    /// [`MemoryAccess::read`]).
     pub fn build_from(&mut self, dst: IpAddr, headers: &Headers, span: Span) -> Result<Transmit, AccessError> {
         let span = if self.cfg.send_in_place && span.len() >= IN_PLACE_MIN {
-            match span.into_host_bytes() {
-                Ok(bytes) => match self.build_in_place(dst, headers, bytes) {
-                    Ok(t) => return Ok(t),
-                    // The memory went away since it was checked: the copy
-                    // reports the fault.
-                    Err(bytes) => bytes.into_span(),
-                },
+            match self.mem.pin_for_send(span) {
+                Ok(bytes) => return self.build_in_place(dst, headers, bytes),
                 Err(span) => span,
             }
         } else {
             span
         };
-        self.build(dst, headers, span.len(), |buf| span.read(0, buf))
+        let mem = self.mem;
+        self.build(dst, headers, span.len(), |buf| mem.read(&span, 0, buf))
     }
 
-    /// The packet with its payload left in place, or the payload back when
-    /// it could not be read for the ICRC (the application unmapped or
-    /// protected it since it was checked).
-    fn build_in_place(&mut self, dst: IpAddr, headers: &Headers, payload: HostBytes) -> Result<Transmit, HostBytes> {
+    /// The packet with its payload left in place; a fault when the payload
+    /// could not be read for the ICRC (the application unmapped or
+    /// protected it since it was checked: a copy would fail the same way).
+    fn build_in_place(
+        &mut self,
+        dst: IpAddr,
+        headers: &Headers,
+        payload: PayloadHold,
+    ) -> Result<Transmit, AccessError> {
         let hdr_len = headers.header_len();
         let mut data = self.spare.pop().unwrap_or_default();
         data.clear();
@@ -288,20 +304,14 @@ impl Ctx<'_> {
         let n = headers.emit(&mut data).expect("opcode table and headers agree");
         debug_assert_eq!(n, hdr_len);
         let ip = IpInfo { src: self.cfg.addr, dst, sport: self.cfg.port, dport: self.cfg.port, ipv4_id: 0 };
-        // The ICRC reads the payload in place, under a guard that recovers
-        // a fault if the application unmapped it meanwhile (any content is
-        // acceptable, see `HostBytes::as_slice`); without a guard, through a
-        // fault-tolerant copy.
+        // The ICRC reads the payload in place, fault-tolerantly (see
+        // `PayloadSource::read_tolerant`).
         let built = wire::finish_packet_around_with(&mut data, hdr_len, payload.len(), &ip, |h| {
-            match payload.with_slice(|p| h.update(p)) {
-                Ok(()) => true,
-                Err(Unguarded::Fault) => false,
-                Err(Unguarded::Unavailable) => payload.read_chunks(|c| h.update(c)),
-            }
+            payload.read_tolerant(true, &mut |p| h.update(p))
         });
         let Some(len) = built.expect("buffer sized by packet_len") else {
             self.spare.push(data);
-            return Err(payload);
+            return Err(AccessError::Fault);
         };
         self.stats.tx_packets += 1;
         self.stats.tx_bytes += len as u64;

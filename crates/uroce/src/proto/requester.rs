@@ -5,11 +5,11 @@
 //! ([`AfterSendState`]). An XRC_SEND QP is an RC requester whose requests
 //! name the target's SRQ (XRCETH).
 
+use super::memory::{for_each_sge_piece, Want};
 use super::qp::Qp;
 use super::wr::{QpAttr, WrOpcode};
 use super::{psn, Ctx, Transmit};
 use crate::ib::{QpState, QpType, SendFlags, Wc, WcStatus};
-use crate::mem::{for_each_sge_piece, Want};
 use crate::wire::{AtomicEth, Bth, Deth, Headers, Opcode, Reth};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -253,7 +253,7 @@ impl Qp {
                     Ok(())
                 }
                 None => for_each_sge_piece(mem, pd, &wr.sg_list, off, chunk, Want::LocalRead, |span, at, n| {
-                    span.read(0, &mut buf[at as usize..at as usize + n])
+                    mem.read(span, 0, &mut buf[at as usize..at as usize + n])
                 }),
             }),
         };

@@ -10,11 +10,12 @@
 //! guards the memory RDMA requests touch.
 
 use super::cq::{InlineRecv, MAX_INLINE_RECV};
+use super::memory::{for_each_sge_piece, Atomic, Want};
 use super::qp::Qp;
 use super::srq::{RecvWqe, SharedRecvQueue};
 use super::{psn, Ctx, Transmit};
 use crate::ib::{AsyncEventType, QpState, QpType, Wc, WcFlags, WcOpcode, WcStatus};
-use crate::mem::{for_each_sge_piece, sge_total, Want};
+use crate::mem::sge_total;
 use crate::wire::{Aeth, AethKind, Bth, Headers, IpInfo, NakCode, OpFlags as F, Opcode, Packet};
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -337,15 +338,11 @@ impl Qp {
         } else if inline {
             None
         } else {
-            let r = for_each_sge_piece(
-                ctx.mem,
-                pd,
-                &recv.wqe.sges,
-                off,
-                data.len() as u64,
-                Want::LocalWrite,
-                |s, at, n| s.write(0, &data[at as usize..at as usize + n]),
-            );
+            let mem = ctx.mem;
+            let r =
+                for_each_sge_piece(mem, pd, &recv.wqe.sges, off, data.len() as u64, Want::LocalWrite, |s, at, n| {
+                    mem.write(s, 0, &data[at as usize..at as usize + n])
+                });
             r.err().map(|_| (WcStatus::LocProtErr, NakCode::RemoteOperational))
         };
         if let Some((st, code)) = status {
@@ -430,11 +427,11 @@ impl Qp {
             }
         }
         let written = match checked {
-            Some(span) if w.off == 0 && data.len() as u64 == w.total => span.write(0, data),
+            Some(span) if w.off == 0 && data.len() as u64 == w.total => ctx.mem.write(&span, 0, data),
             _ => ctx
                 .mem
                 .resolve_remote(w.rkey, self.remote_pd(), self.qpn, w.va + w.off, data.len() as u64, Want::RemoteWrite)
-                .and_then(|span| span.write(0, data)),
+                .and_then(|span| ctx.mem.write(&span, 0, data)),
         };
         match written {
             Ok(()) => {}
@@ -487,12 +484,12 @@ impl Qp {
             .mem
             .resolve_remote(a.rkey, self.remote_pd(), self.qpn, a.va, 8, Want::RemoteAtomic)
             .map_err(|_| Refuse::Nak(NakCode::RemoteAccess))?;
-        let orig = if pkt.headers.bth.opcode == self.wire_opcode(Opcode::RC_COMPARE_SWAP) {
-            span.compare_swap(a.compare, a.swap_add)
+        let op = if pkt.headers.bth.opcode == self.wire_opcode(Opcode::RC_COMPARE_SWAP) {
+            Atomic::CompareSwap { compare: a.compare, swap: a.swap_add }
         } else {
-            span.fetch_add(a.swap_add)
-        }
-        .map_err(|_| Refuse::Nak(NakCode::RemoteAccess))?;
+            Atomic::FetchAdd(a.swap_add)
+        };
+        let orig = ctx.mem.atomic(&span, op).map_err(|_| Refuse::Nak(NakCode::RemoteAccess))?;
         let p = pkt.headers.bth.psn;
         self.add_resource(RdResource { first_psn: p, last_psn: p, kind: RdKind::Atomic { orig } });
         self.resp.msn = psn::add(self.resp.msn, 1);
@@ -521,7 +518,9 @@ impl Qp {
             return Err(Refuse::Nak(NakCode::InvalidRequest));
         }
         // The bytes land as they came (rxe stores the payload's u64).
-        span.atomic_write(u64::from_ne_bytes(value)).map_err(|_| Refuse::Nak(NakCode::RemoteAccess))?;
+        ctx.mem
+            .atomic(&span, Atomic::Store(u64::from_ne_bytes(value)))
+            .map_err(|_| Refuse::Nak(NakCode::RemoteAccess))?;
         let p = pkt.headers.bth.psn;
         self.add_resource(RdResource { first_psn: p, last_psn: p, kind: RdKind::AtomicWrite });
         self.resp.msn = psn::add(self.resp.msn, 1);
@@ -630,26 +629,20 @@ impl Qp {
         let pd = self.recv_pd();
         // One pass over the buffer from `from`: the header bytes, then the
         // payload.
-        let r = for_each_sge_piece(
-            ctx.mem,
-            pd,
-            &wqe.sges,
-            from as u64,
-            total - from as u64,
-            Want::LocalWrite,
-            |s, at, n| {
+        let mem = ctx.mem;
+        let r =
+            for_each_sge_piece(mem, pd, &wqe.sges, from as u64, total - from as u64, Want::LocalWrite, |s, at, n| {
                 let at = at as usize;
                 let k = head.len().saturating_sub(at).min(n);
                 if k > 0 {
-                    s.write(0, &head[at..at + k])?;
+                    mem.write(s, 0, &head[at..at + k])?;
                 }
                 if k < n {
                     let p = at + k - head.len();
-                    s.write(k, &payload[p..p + n - k])?;
+                    mem.write(s, k, &payload[p..p + n - k])?;
                 }
                 Ok(())
-            },
-        );
+            });
         if r.is_err() {
             wc.status = WcStatus::LocProtErr;
             self.deliver_recv(ctx, wc, false);

@@ -8,6 +8,8 @@
 pub mod buf;
 /// One reliable connection between the two nodes, RC or XRC.
 pub mod conn;
+/// A node's memory behind the engine's boundary, with faults injected.
+pub mod memory;
 /// One engine with its memory and completion queues.
 pub mod node;
 

@@ -1,8 +1,10 @@
-//! A simulated node: one sans-IO engine at an IP address, its memory, and
+//! A simulated node: one sans-IO engine at an IP address, its memory (on
+//! some seeds reached through the fault-injecting [`SimMemory`]), and
 //! its completion queues: one for every QP's send completions and the RC
 //! receives, one for the receives of its XRC SRQs. It hands what the
 //! engine transmits to the fabric; the simulation delivers to it.
 
+use super::memory::{MemFaults, SimMemory};
 use super::Fabric;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -10,7 +12,7 @@ use std::time::Instant;
 use uroce::ib::{Mtu, QpState};
 use uroce::mem::Memory;
 use uroce::proto::cq::CompletionQueue;
-use uroce::proto::{Engine, EngineConfig};
+use uroce::proto::{Engine, EngineConfig, MemoryAccess};
 
 /// The protection domain of every QP, SRQ and key.
 pub const PD: u32 = 1;
@@ -22,7 +24,10 @@ const INLINE_RECV: usize = 32;
 pub struct Node {
     pub ip: IpAddr,
     pub engine: Engine,
+    /// The memory itself, for the test's own setup and checks.
     pub mem: Arc<Memory>,
+    /// What the engine reaches memory through, when faults are injected.
+    pub sim_mem: Option<Arc<SimMemory>>,
     /// Send completions of every QP, and receives of RC QPs.
     pub cq: Arc<CompletionQueue>,
     /// The CQ of this node's XRC SRQs: the receives of its XRC_RECV QPs
@@ -34,6 +39,12 @@ pub struct Node {
 
 impl Node {
     pub fn new(ip: IpAddr, mtu: Mtu) -> Node {
+        Node::with_faults(ip, mtu, None)
+    }
+
+    /// A node whose engine reaches its memory through a [`SimMemory`]
+    /// injecting `faults` (drawn from `faults.1`'s seed), or directly.
+    pub fn with_faults(ip: IpAddr, mtu: Mtu, faults: Option<(MemFaults, u64)>) -> Node {
         // Keys and QPNs from the address: a seed replays exactly.
         let seed = match ip {
             IpAddr::V4(v4) => u32::from(v4) as u64,
@@ -42,11 +53,16 @@ impl Node {
         let mem = Memory::with_key_seed(seed);
         let mut cfg = EngineConfig::new(ip, PORT, mtu);
         cfg.id_seed = seed;
-        let engine = Engine::new(cfg, mem.clone());
+        let sim_mem = faults.map(|(f, s)| Arc::new(SimMemory::new(mem.clone(), f, s)));
+        let access: Arc<dyn MemoryAccess> = match &sim_mem {
+            Some(m) => m.clone(),
+            None => mem.clone(),
+        };
+        let engine = Engine::new(cfg, access);
         // Inline receive on for both: small SENDs travel in their completions.
         let cq = Arc::new(CompletionQueue::with_inline(1, 1 << 16, Some(mem.clone()), INLINE_RECV));
         let xrc_cq = Arc::new(CompletionQueue::with_inline(2, 1 << 16, Some(mem.clone()), INLINE_RECV));
-        Node { ip, engine, mem, cq, xrc_cq, next_srqn: 0x100 }
+        Node { ip, engine, mem, sim_mem, cq, xrc_cq, next_srqn: 0x100 }
     }
 
     /// A fresh XRC SRQ number of this node.
