@@ -4,8 +4,8 @@
 //! (`-T b`), non-blocking (`-T n`), async (`-T a`, rpoll before each call)
 //! and rdma_getaddrinfo (`-T r`) modes, 64-byte and 64 KiB transfers, on
 //! 127.0.0.x and between two network namespaces; `udpong` (datagram
-//! rsockets, not implemented) fails cleanly; and the library's answers to
-//! bad calls and its half-close semantics from C (tests/c/rsocket.c).
+//! rsockets) the same ways; and the library's answers to bad calls, its
+//! half-close semantics and datagrams from C (tests/c/rsocket.c).
 
 #[path = "../../uroce/tests/skip/mod.rs"]
 #[macro_use]
@@ -21,8 +21,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use support::*;
 
-const SERVER: &str = "127.0.0.187";
-const CLIENT: &str = "127.0.0.188";
+const SERVER: &str = "127.0.0.231";
+const CLIENT: &str = "127.0.0.232";
 
 /// A client started before the server's rlisten is refused (REJ 8, as by
 /// a kernel with no listener): such a client is started again, at most 20
@@ -139,7 +139,7 @@ fn rstream_default_sizes_verified() {
     }
 }
 
-/// rstream between two network namespaces joined by a veth pair.
+/// rstream (then udpong) between two network namespaces joined by a veth pair.
 #[test]
 fn rstream_between_two_namespaces() {
     if !have_rstream() {
@@ -176,19 +176,53 @@ fn rstream_between_two_namespaces() {
         assert!(ok && sok, "{opts:?}: client: {out}\nserver: {sout}");
         assert!(out.lines().any(|l| l.starts_with("custom")), "{out}");
     }
+    if have("udpong") {
+        let run = |ns: &str, ip: &str, args: &[&str]| {
+            let mut c = p.exec(ns, "udpong", args);
+            c.env("LD_LIBRARY_PATH", &lib).env("UROCE_ADDR", ip);
+            c
+        };
+        let s = Reap::new(run(&p.b, &p.ip_b, &["-b", &p.ip_b]).spawn().unwrap());
+        std::thread::sleep(Duration::from_millis(500));
+        // 512 bytes: a UD datagram fits one packet of the veth's 1024-byte
+        // RoCE MTU (a larger one fails EINVAL, as on rxe).
+        let mut c =
+            Reap::new(run(&p.a, &p.ip_a, &["-s", &p.ip_b, "-C", "200", "-S", "512", "-T", "e"]).spawn().unwrap());
+        let (ok, out) = c.wait("udpong client", Duration::from_secs(20));
+        drop(s);
+        assert!(ok && out.lines().any(|l| l.starts_with("custom")), "udpong: {out}");
+    }
 }
 
-/// Datagram rsockets are not implemented: udpong fails at once with the
-/// error rsockets gives for a socket type it does not support.
+/// udpong (datagram rsockets): a client's datagrams reach the server and
+/// come back, in its default (non-blocking), blocking, async (rpoll) and
+/// echo modes; the first datagram goes over UDP, the rest over UD QPs.
 #[test]
-fn udpong_fails_cleanly() {
+fn udpong_datagrams() {
     if !have("udpong") {
         skip!("udpong is not installed (Debian package rdmacm-utils)");
     }
     let _g = serial();
-    let mut c = Reap::new(dropin_command("udpong", SERVER).args(["-b", SERVER, "-p", "7496"]).spawn().unwrap());
-    let (ok, out) = c.wait("udpong", Duration::from_secs(20));
-    assert!(!ok && out.contains("rsocket failed: Operation not supported"), "{out}");
+    let s = Reap::new(dropin_command("udpong", SERVER).args(["-b", SERVER, "-p", "7496"]).spawn().unwrap());
+    std::thread::sleep(Duration::from_millis(500));
+    for opts in [&[][..], &["-T", "b"], &["-T", "a"], &["-T", "e"], &["-T", "e", "-T", "a"]] {
+        for size in ["64", "1024"] {
+            let mut c = Reap::new(
+                dropin_command("udpong", CLIENT)
+                    .args(["-s", SERVER, "-p", "7496", "-C", "200", "-S", size])
+                    .args(opts)
+                    .spawn()
+                    .unwrap(),
+            );
+            let (ok, out) = c.wait("udpong client", Duration::from_secs(20));
+            assert!(ok, "{opts:?} {size}: {out}");
+            let line = out.lines().find(|l| l.starts_with("custom")).unwrap_or_else(|| panic!("{opts:?}: {out}"));
+            // Echo mode counts both directions.
+            assert!(matches!(line.split_whitespace().nth(2), Some("200" | "400")), "{line}");
+        }
+    }
+    // (The server serves until killed; its output is not flushed.)
+    drop(s);
 }
 
 /// tests/c/rsocket.c: errnos of bad calls (unknown fd, unconnected socket,

@@ -1,13 +1,16 @@
 /* rsockets through the drop-ins, in one process with one device
  * (tests/rstream.rs): bad calls get their errno (unknown fd EBADF, a
  * socket never connected ENOTCONN, double rclose EBADF, bad options
- * EFAULT/EINVAL, unknown options and datagram sockets EOPNOTSUPP), rfcntl
+ * EFAULT/EINVAL, unknown options and raw sockets EOPNOTSUPP), rfcntl
  * keeps O_NONBLOCK; a non-blocking connect to this process's own listener
  * (EINPROGRESS) is driven by rpoll together with an ordinary pipe, raccept
  * returns the peer's address, MSG_PEEK leaves data queued, SO_ERROR is 0;
  * a half-close (rshutdown SHUT_WR) gives the peer end of stream while it
  * can still answer; after the peer's rclose, reads give 0 and sends fail
- * ECONNRESET with no SIGPIPE. argv[1]: the device's IPv4 address.
+ * ECONNRESET with no SIGPIPE. Datagram sockets: a datagram each way, the
+ * first over UDP, the next ones over UD QPs, with their source addresses;
+ * rsend unconnected EDESTADDRREQ, rlisten EOPNOTSUPP. argv[1]: the
+ * device's IPv4 address.
  * Prints "all ok". */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -47,7 +50,7 @@ int main(int argc, char **argv)
 	CHECK(rrecv(12345, buf, 1, 0) == -1 && errno == EBADF, "rrecv bad fd: %m");
 	CHECK(rclose(-1) == -1 && errno == EBADF, "rclose bad fd: %m");
 	CHECK(rfcntl(12345, F_GETFL) == -1 && errno == EBADF, "rfcntl bad fd: %m");
-	CHECK(rsocket(AF_INET, SOCK_DGRAM, 0) == -1 && errno == EOPNOTSUPP, "dgram: %m");
+	CHECK(rsocket(AF_INET, SOCK_RAW, 0) == -1 && errno == EOPNOTSUPP, "raw: %m");
 	CHECK(rsocket(AF_UNIX, SOCK_STREAM, 0) == -1 && errno == EOPNOTSUPP, "AF_UNIX: %m");
 	CHECK(rsocket(AF_INET, SOCK_STREAM, IPPROTO_UDP) == -1 && errno == EOPNOTSUPP, "proto: %m");
 
@@ -181,6 +184,31 @@ int main(int argc, char **argv)
 	CHECK(rclose(c) == 0 && rclose(l) == 0, "rclose: %m");
 	close(p[0]);
 	close(p[1]);
+
+	/* Datagrams: b (unbound) to a (bound), a answers to where it came from. */
+	struct sockaddr_in da = sa, from;
+	da.sin_port = htons(7498);
+	int a = rsocket(AF_INET, SOCK_DGRAM, 0), b = rsocket(AF_INET, SOCK_DGRAM, 0);
+	CHECK(a >= 0 && b >= 0, "rsocket dgram: %m");
+	CHECK(rbind(a, (struct sockaddr *)&da, sizeof(da)) == 0, "rbind dgram: %m");
+	CHECK(rlisten(a, 1) == -1 && errno == EOPNOTSUPP, "rlisten dgram: %m");
+	CHECK(rsend(b, "x", 1, 0) == -1 && errno == EDESTADDRREQ, "rsend unconnected dgram: %m");
+	for (int i = 0; i < 20; i++) {
+		char msg[32], got[64];
+		int n = snprintf(msg, sizeof(msg), "ping %d", i);
+		CHECK(rsendto(b, msg, n, 0, (struct sockaddr *)&da, sizeof(da)) == n, "rsendto %d: %m", i);
+		struct pollfd f = { .fd = a, .events = POLLIN };
+		CHECK(rpoll(&f, 1, 10000) == 1 && f.revents == POLLIN, "dgram %d not received", i);
+		len = sizeof(from);
+		memset(got, 0, sizeof(got));
+		CHECK(rrecvfrom(a, got, sizeof(got), 0, (struct sockaddr *)&from, &len) == n && !memcmp(got, msg, n),
+		      "rrecvfrom %d: %s", i, got);
+		CHECK(len == sizeof(from) && from.sin_family == AF_INET && from.sin_port != 0, "source %d", i);
+		CHECK(rsendto(a, "pong", 4, 0, (struct sockaddr *)&from, len) == 4, "answer %d: %m", i);
+		memset(got, 0, sizeof(got));
+		CHECK(rrecv(b, got, sizeof(got), 0) == 4 && !memcmp(got, "pong", 4), "pong %d: %s", i, got);
+	}
+	CHECK(rclose(a) == 0 && rclose(b) == 0 && rclose(a) == -1 && errno == EBADF, "rclose dgram");
 	printf("all ok\n");
 	return 0;
 }

@@ -2,8 +2,10 @@
 //! by the drop-in librdmacm.so.1): argument checks, then the socket's
 //! [`Stream`] under its locks. Every failure is -1 with errno.
 
+use super::dapi;
+use super::dgram::Dgram;
 use super::stream::{self, Stream};
-use super::{guard, insert, lookup, table, wait, wire, Sock, WAIT_SLICE_MS};
+use super::{dinsert, dtable, guard, insert, lookup, table, wait, wire, Sock, WAIT_SLICE_MS};
 use crate::errno::set_errno;
 use crate::ffi::cma::*;
 use crate::rdmacm::id;
@@ -29,6 +31,14 @@ fn sock_of(fd: c_int) -> Result<Arc<Sock>, c_int> {
     lookup(fd).ok_or(libc::EBADF)
 }
 
+/// Whether `fd` is one of this library's sockets (stream or datagram).
+fn known(fd: c_int) -> bool {
+    lookup(fd).is_some() || dapi::dsock(fd).is_some()
+}
+
+/// Largest datagram a datagram socket takes (a UDP payload).
+const MAX_DGRAM: usize = 65507;
+
 fn nonblocking(s: &Stream, flags: c_int) -> bool {
     s.fd_flags & libc::O_NONBLOCK != 0 || flags & libc::MSG_DONTWAIT != 0
 }
@@ -36,15 +46,19 @@ fn nonblocking(s: &Stream, flags: c_int) -> bool {
 #[no_mangle]
 pub extern "C" fn uroce_cm_rsocket(domain: c_int, kind: c_int, protocol: c_int) -> c_int {
     // SOCK_NONBLOCK / SOCK_CLOEXEC are not rsockets flags: rejected as rsockets does.
-    if (domain != libc::AF_INET && domain != libc::AF_INET6)
-        || kind != libc::SOCK_STREAM
-        || (protocol != 0 && protocol != libc::IPPROTO_TCP)
-    {
+    if domain != libc::AF_INET && domain != libc::AF_INET6 {
         return fail(libc::EOPNOTSUPP);
     }
-    match Stream::new(domain, None) {
-        Ok(s) => insert(s),
-        Err(e) => fail(e),
+    match (kind, protocol) {
+        (libc::SOCK_STREAM, 0 | libc::IPPROTO_TCP) => match Stream::new(domain, None) {
+            Ok(s) => insert(s),
+            Err(e) => fail(e),
+        },
+        (libc::SOCK_DGRAM, 0 | libc::IPPROTO_UDP) => match Dgram::new(domain) {
+            Ok(d) => dinsert(d),
+            Err(e) => fail(e),
+        },
+        _ => fail(libc::EOPNOTSUPP),
     }
 }
 
@@ -68,6 +82,11 @@ unsafe fn sockaddr_ok(addr: *const libc::sockaddr, len: libc::socklen_t) -> Resu
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rbind(fd: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> c_int {
     let r = (|| {
+        if let Some(d) = dapi::dsock(fd) {
+            // SAFETY: the caller's address of `len` bytes.
+            unsafe { sockaddr_ok(addr, len)? };
+            return dapi::bind(&d, addr, len);
+        }
         let sock = sock_of(fd)?;
         // SAFETY: the caller's address of `len` bytes.
         unsafe { sockaddr_ok(addr, len)? };
@@ -88,6 +107,9 @@ pub unsafe extern "C" fn uroce_cm_rbind(fd: c_int, addr: *const libc::sockaddr, 
 #[no_mangle]
 pub extern "C" fn uroce_cm_rlisten(fd: c_int, backlog: c_int) -> c_int {
     let r = (|| {
+        if dapi::dsock(fd).is_some() {
+            return Err(libc::EOPNOTSUPP);
+        }
         let sock = sock_of(fd)?;
         let mut s = sock.lock();
         match s.state {
@@ -191,6 +213,9 @@ fn accept_one(l: &Stream, nid: *mut rdma_cm_id, data: &[u8], req: rdma_conn_para
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_raccept(fd: c_int, addr: *mut libc::sockaddr, len: *mut libc::socklen_t) -> c_int {
     let r = (|| {
+        if dapi::dsock(fd).is_some() {
+            return Err(libc::EOPNOTSUPP);
+        }
         let sock = sock_of(fd)?;
         loop {
             let s = sock.lock();
@@ -225,6 +250,12 @@ pub unsafe extern "C" fn uroce_cm_raccept(fd: c_int, addr: *mut libc::sockaddr, 
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rconnect(fd: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> c_int {
     let r = (|| {
+        if let Some(d) = dapi::dsock(fd) {
+            // SAFETY: the caller's address of `len` bytes.
+            unsafe { sockaddr_ok(addr, len)? };
+            // SAFETY: checked.
+            return dapi::connect(&d, unsafe { dapi::addr_of(addr)? });
+        }
         let sock = sock_of(fd)?;
         // SAFETY: the caller's address of `len` bytes.
         unsafe { sockaddr_ok(addr, len)? };
@@ -274,6 +305,27 @@ fn ready_for_data(s: &mut Stream) -> Result<(), c_int> {
 
 /// `rsend`/`rsendv`: `src(dst, n)` copies the next n bytes of the caller's data.
 fn send_with(fd: c_int, len: usize, flags: c_int, src: &mut dyn FnMut(*mut u8, usize)) -> isize {
+    send_to(fd, len, flags, None, src)
+}
+
+fn send_to(
+    fd: c_int,
+    len: usize,
+    flags: c_int,
+    to: Option<std::net::SocketAddr>,
+    src: &mut dyn FnMut(*mut u8, usize),
+) -> isize {
+    if let Some(d) = dapi::dsock(fd) {
+        if len > MAX_DGRAM {
+            return fail(libc::EMSGSIZE);
+        }
+        let mut v = vec![0u8; len];
+        src(v.as_mut_ptr(), len);
+        return match dapi::send(&d, to, &v, flags) {
+            Ok(n) => n as isize,
+            Err(e) => fail(e),
+        };
+    }
     let sock = match sock_of(fd) {
         Ok(s) => s,
         Err(e) => return fail(e),
@@ -374,7 +426,7 @@ fn check_buf(p: *const c_void, len: usize) -> Result<(), c_int> {
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rsend(fd: c_int, buf: *const c_void, len: usize, flags: c_int) -> isize {
     if let Err(e) = check_buf(buf, len) {
-        return if lookup(fd).is_none() { fail(libc::EBADF) } else { fail(e) };
+        return if !known(fd) { fail(libc::EBADF) } else { fail(e) };
     }
     let mut at = buf as *const u8;
     send_with(fd, len, flags, &mut |dst, n| {
@@ -401,8 +453,23 @@ pub unsafe extern "C" fn uroce_cm_rsendto(
     dst: *const libc::sockaddr,
     dlen: libc::socklen_t,
 ) -> isize {
+    if dapi::dsock(fd).is_some() && !dst.is_null() {
+        if let Err(e) = check_buf(buf, len) {
+            return fail(e);
+        }
+        // SAFETY: the caller's address of `dlen` bytes.
+        let to = match unsafe { sockaddr_ok(dst, dlen).and_then(|_| dapi::addr_of(dst)) } {
+            Ok(t) => t,
+            Err(e) => return fail(e),
+        };
+        let at = buf as *const u8;
+        return send_to(fd, len, flags, Some(to), &mut |d, n| {
+            // SAFETY: the caller's buffer of `len` bytes, taken once.
+            unsafe { std::ptr::copy_nonoverlapping(at, d, n) }
+        });
+    }
     if lookup(fd).is_none() {
-        return fail(libc::EBADF);
+        return fail(if known(fd) { libc::EDESTADDRREQ } else { libc::EBADF });
     }
     if !dst.is_null() || dlen != 0 {
         return fail(libc::EISCONN);
@@ -430,7 +497,7 @@ unsafe fn iov_total(iov: *const libc::iovec, cnt: c_int) -> Result<usize, c_int>
 }
 
 unsafe fn sendv(fd: c_int, iov: *const libc::iovec, cnt: c_int, flags: c_int) -> isize {
-    if lookup(fd).is_none() {
+    if !known(fd) {
         return fail(libc::EBADF);
     }
     // SAFETY: the caller's vectors.
@@ -466,7 +533,7 @@ pub unsafe extern "C" fn uroce_cm_rwritev(fd: c_int, iov: *const libc::iovec, cn
 
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rsendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> isize {
-    if lookup(fd).is_none() {
+    if !known(fd) {
         return fail(libc::EBADF);
     }
     if msg.is_null() {
@@ -477,8 +544,30 @@ pub unsafe extern "C" fn uroce_cm_rsendmsg(fd: c_int, msg: *const libc::msghdr, 
     if !m.msg_control.is_null() && m.msg_controllen != 0 {
         return fail(libc::EOPNOTSUPP);
     }
-    if !m.msg_name.is_null() || m.msg_namelen != 0 {
+    if (!m.msg_name.is_null() || m.msg_namelen != 0) && dapi::dsock(fd).is_none() {
         return fail(libc::EISCONN);
+    }
+    if let (Some(_), false) = (dapi::dsock(fd), m.msg_name.is_null()) {
+        // A datagram to msg_name: gathered, then as rsendto.
+        // SAFETY: the caller's vectors.
+        let total = match unsafe { iov_total(m.msg_iov, m.msg_iovlen as c_int) } {
+            Ok(t) if t <= MAX_DGRAM => t,
+            Ok(_) => return fail(libc::EMSGSIZE),
+            Err(e) => return fail(e),
+        };
+        let mut v = Vec::with_capacity(total);
+        for i in 0..m.msg_iovlen {
+            // SAFETY: checked vectors.
+            let io = unsafe { &*m.msg_iov.add(i) };
+            if io.iov_len > 0 {
+                // SAFETY: as above.
+                v.extend_from_slice(unsafe { std::slice::from_raw_parts(io.iov_base as *const u8, io.iov_len) });
+            }
+        }
+        // SAFETY: forwarded with the caller's name.
+        return unsafe {
+            uroce_cm_rsendto(fd, v.as_ptr() as *const c_void, v.len(), flags, m.msg_name as *const _, m.msg_namelen)
+        };
     }
     // SAFETY: the caller's vectors.
     unsafe { sendv(fd, m.msg_iov, m.msg_iovlen as c_int, flags) }
@@ -487,7 +576,13 @@ pub unsafe extern "C" fn uroce_cm_rsendmsg(fd: c_int, msg: *const libc::msghdr, 
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rrecv(fd: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize {
     if let Err(e) = check_buf(buf, len) {
-        return if lookup(fd).is_none() { fail(libc::EBADF) } else { fail(e) };
+        return if !known(fd) { fail(libc::EBADF) } else { fail(e) };
+    }
+    if let Some(d) = dapi::dsock(fd) {
+        return match dapi::recv(&d, buf as *mut u8, len, flags) {
+            Ok((n, _)) => n as isize,
+            Err(e) => fail(e),
+        };
     }
     recv_with(fd, len, flags, &mut |s, done, peek| {
         // SAFETY: the caller's buffer of `len` bytes, `done` already filled.
@@ -510,6 +605,22 @@ pub unsafe extern "C" fn uroce_cm_rrecvfrom(
     src: *mut libc::sockaddr,
     slen: *mut libc::socklen_t,
 ) -> isize {
+    if let Some(d) = dapi::dsock(fd) {
+        if let Err(e) = check_buf(buf, len) {
+            return fail(e);
+        }
+        return match dapi::recv(&d, buf as *mut u8, len, flags) {
+            Ok((n, from)) => {
+                if !src.is_null() && !slen.is_null() {
+                    let ss = crate::rdmacm::dev::sockaddr_of(from);
+                    // SAFETY: the caller's buffers.
+                    let _ = unsafe { copy_addr(&ss as *const _ as *const libc::sockaddr, src, slen) };
+                }
+                n as isize
+            }
+            Err(e) => fail(e),
+        };
+    }
     // SAFETY: forwarded.
     let n = unsafe { uroce_cm_rrecv(fd, buf, len, flags) };
     if n > 0 && !src.is_null() {
@@ -520,7 +631,7 @@ pub unsafe extern "C" fn uroce_cm_rrecvfrom(
 }
 
 unsafe fn recvv(fd: c_int, iov: *const libc::iovec, cnt: c_int, flags: c_int) -> isize {
-    if lookup(fd).is_none() {
+    if !known(fd) {
         return fail(libc::EBADF);
     }
     // SAFETY: the caller's vectors.
@@ -528,6 +639,24 @@ unsafe fn recvv(fd: c_int, iov: *const libc::iovec, cnt: c_int, flags: c_int) ->
         Ok(t) => t,
         Err(e) => return fail(e),
     };
+    if dapi::dsock(fd).is_some() {
+        // One datagram into a bounce buffer, scattered over the vectors.
+        let mut v = vec![0u8; total.min(MAX_DGRAM)];
+        // SAFETY: our buffer.
+        let n = unsafe { uroce_cm_rrecv(fd, v.as_mut_ptr() as *mut c_void, v.len(), flags) };
+        if n > 0 {
+            let mut at = 0usize;
+            for i in 0..cnt as usize {
+                // SAFETY: checked vectors.
+                let io = unsafe { &*iov.add(i) };
+                let k = io.iov_len.min(n as usize - at);
+                // SAFETY: inside the caller's vector.
+                unsafe { std::ptr::copy_nonoverlapping(v.as_ptr().add(at), io.iov_base as *mut u8, k) };
+                at += k;
+            }
+        }
+        return n;
+    }
     recv_with(fd, total, flags, &mut |s, done, peek| {
         // Fill the vectors from byte `done` on.
         let (mut skip, mut got) = (done, 0usize);
@@ -560,7 +689,7 @@ pub unsafe extern "C" fn uroce_cm_rreadv(fd: c_int, iov: *const libc::iovec, cnt
 
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rrecvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> isize {
-    if lookup(fd).is_none() {
+    if !known(fd) {
         return fail(libc::EBADF);
     }
     if msg.is_null() {
@@ -638,10 +767,13 @@ fn shutdown(sock: &Sock, how: c_int) -> Result<(), c_int> {
 #[no_mangle]
 pub extern "C" fn uroce_cm_rshutdown(fd: c_int, how: c_int) -> c_int {
     let r = (|| {
-        let sock = sock_of(fd)?;
-        if !matches!(how, libc::SHUT_RD | libc::SHUT_WR | libc::SHUT_RDWR) {
+        if !matches!(how, libc::SHUT_RD | libc::SHUT_WR | libc::SHUT_RDWR) && known(fd) {
             return Err(libc::EINVAL);
         }
+        if let Some(d) = dapi::dsock(fd) {
+            return dapi::shutdown(&d);
+        }
+        let sock = sock_of(fd)?;
         let _sg = guard(&sock.slock);
         shutdown(&sock, how).map(|_| 0)
     })();
@@ -650,6 +782,10 @@ pub extern "C" fn uroce_cm_rshutdown(fd: c_int, how: c_int) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn uroce_cm_rclose(fd: c_int) -> c_int {
+    if let Some(d) = dtable().remove(&fd) {
+        drop(d);
+        return 0;
+    }
     let Some(sock) = table().remove(&fd) else { return fail(libc::EBADF) };
     if sock.lock().state & stream::CONNECTED != 0 {
         let _ = shutdown(&sock, libc::SHUT_RDWR);
@@ -667,6 +803,9 @@ pub unsafe extern "C" fn uroce_cm_rgetpeername(
     len: *mut libc::socklen_t,
 ) -> c_int {
     let r = (|| {
+        if let Some(d) = dapi::dsock(fd) {
+            return dapi::name(&d, true, addr, len);
+        }
         let sock = sock_of(fd)?;
         let s = sock.lock();
         if s.state & (stream::CONNECTED | stream::DISCONNECTED | stream::ERROR) == 0 {
@@ -685,6 +824,9 @@ pub unsafe extern "C" fn uroce_cm_rgetsockname(
     len: *mut libc::socklen_t,
 ) -> c_int {
     let r = (|| {
+        if let Some(d) = dapi::dsock(fd) {
+            return dapi::name(&d, false, addr, len);
+        }
         let sock = sock_of(fd)?;
         let s = sock.lock();
         // SAFETY: the caller's buffers.
@@ -713,6 +855,9 @@ pub unsafe extern "C" fn uroce_cm_rsetsockopt(
     len: libc::socklen_t,
 ) -> c_int {
     let r = (|| {
+        if let Some(d) = dapi::dsock(fd) {
+            return dapi::setsockopt(&d, level, name, v, len);
+        }
         let sock = sock_of(fd)?;
         let mut s = sock.lock();
         let unsupported = Err(libc::EOPNOTSUPP);
@@ -837,6 +982,9 @@ pub unsafe extern "C" fn uroce_cm_rgetsockopt(
     len: *mut libc::socklen_t,
 ) -> c_int {
     let r = (|| {
+        if let Some(d) = dapi::dsock(fd) {
+            return dapi::getsockopt(&d, level, name, v, len);
+        }
         let sock = sock_of(fd)?;
         let mut s = sock.lock();
         if v.is_null() || len.is_null() {
@@ -892,6 +1040,17 @@ pub unsafe extern "C" fn uroce_cm_rgetsockopt(
 #[no_mangle]
 pub extern "C" fn uroce_cm_rfcntl(fd: c_int, cmd: c_int, arg: c_int) -> c_int {
     let r = (|| {
+        if let Some(d) = dapi::dsock(fd) {
+            let mut d = d.lock();
+            return match cmd {
+                libc::F_GETFL => Ok(d.fd_flags),
+                libc::F_SETFL => {
+                    d.fd_flags = arg;
+                    Ok(0)
+                }
+                _ => Err(libc::EOPNOTSUPP),
+            };
+        }
         let sock = sock_of(fd)?;
         let mut s = sock.lock();
         match cmd {
@@ -916,15 +1075,15 @@ pub extern "C" fn uroce_cm_riomap(
     _flags: c_int,
     _off: i64,
 ) -> i64 {
-    fail(if lookup(fd).is_none() { libc::EBADF } else { libc::ENOSYS })
+    fail(if !known(fd) { libc::EBADF } else { libc::ENOSYS })
 }
 
 #[no_mangle]
 pub extern "C" fn uroce_cm_riounmap(fd: c_int, _buf: *mut c_void, _len: usize) -> c_int {
-    fail(if lookup(fd).is_none() { libc::EBADF } else { libc::ENOSYS })
+    fail(if !known(fd) { libc::EBADF } else { libc::ENOSYS })
 }
 
 #[no_mangle]
 pub extern "C" fn uroce_cm_riowrite(fd: c_int, _buf: *const c_void, _len: usize, _off: i64, _flags: c_int) -> isize {
-    fail(if lookup(fd).is_none() { libc::EBADF } else { libc::ENOSYS })
+    fail(if !known(fd) { libc::EBADF } else { libc::ENOSYS })
 }

@@ -1,6 +1,7 @@
 //! rsockets (`<rdma/rsocket.h>`, librdmacm 44's `rsocket`, `rsend`, …):
-//! stream sockets over RDMA with rdma-core 44's wire protocol, so a uroce
-//! program talks to a real rsockets peer (rxe or hardware) and back.
+//! stream and datagram sockets over RDMA with rdma-core 44's wire
+//! protocol, so a uroce program talks to a real rsockets peer (rxe or
+//! hardware) and back.
 //!
 //! What is implemented: SOCK_STREAM (AF_INET/AF_INET6) over an RC QP per
 //! socket connected by this crate's CM: the `struct rs_conn_data` private
@@ -16,31 +17,48 @@
 //! IPPROTO_IPV6, SOL_RDMA sizes and inline), `rshutdown`, `rclose`,
 //! `rgetpeername`/`rgetsockname`.
 //!
-//! Not implemented: SOCK_DGRAM (rsockets' UD "ds" protocol; `rsocket`
-//! fails EOPNOTSUPP, which rsockets itself returns for a type it does not
-//! support), iomapped zero-copy buffers (`riomap`, `riounmap`, `riowrite`
-//! fail ENOSYS; the socket advertises an iomap of 0 entries, as rsockets
-//! does by default), keepalive messages (SO_KEEPALIVE is recorded, no
-//! keepalive is sent), RDMA_ROUTE (EOPNOTSUPP), the iWARP message mode.
+//! SOCK_DGRAM with rsockets' "ds" protocol (see [`dgram`]): the first
+//! datagram to a peer over UDP behind a `ds_udp_header`, the peer's QPN
+//! learnt from its `OP_CTRL` answer, then UD sends behind a `ds_header`;
+//! `rsendto`/`rrecvfrom` with source addresses, `rconnect`, `rpoll`.
+//! A datagram socket whose route leaves from an address no uroce device
+//! has (127.0.0.1 for a 127.x peer) is bound to the default device's
+//! address first; the UDP socket is processed by the socket's own calls
+//! rather than by a service thread.
 //!
-//! Socket numbers: as rsockets, a socket's number is the fd of its own CM
-//! event channel (a pipe read end this library holds), so it never
+//! Not implemented: iomapped zero-copy buffers (`riomap`, `riounmap`,
+//! `riowrite` fail ENOSYS; the socket advertises an iomap of 0 entries,
+//! as rsockets does by default), keepalive messages (SO_KEEPALIVE is
+//! recorded, no keepalive is sent), RDMA_ROUTE (EOPNOTSUPP), the iWARP
+//! message mode. A UD datagram larger than the path MTU fails EINVAL, as
+//! on rxe (rsockets does not split datagrams).
+//!
+//! Socket numbers: as rsockets, a stream socket's number is the fd of its
+//! own CM event channel (a pipe read end this library holds), a datagram
+//! socket's that of its UDP socket, so it never
 //! collides with the application's fds; `rpoll` tells rsockets from
 //! ordinary fds by this table. Deviations from rsockets where rsockets
 //! crashes or answers oddly, with the kernel's errno instead: calls on an
 //! unknown number fail EBADF (`rclose` too: rsockets returns the positive
 //! EBADF), data calls on an unconnected socket ENOTCONN, `raccept` on a
-//! socket that does not listen EINVAL. As rsockets, a send after the
-//! connection ended fails ECONNRESET and no SIGPIPE is ever raised.
+//! socket that does not listen EINVAL, `rsend` on an unconnected datagram
+//! socket EDESTADDRREQ, a datagram over 65507 bytes EMSGSIZE; `rpoll`
+//! reports the end of a stream (POLLHUP) only once the data received before
+//! it has been read. As rsockets, a send after the connection ended fails
+//! ECONNRESET and no SIGPIPE is ever raised.
 //!
-//! [`wire`] holds the formats, [`stream`] one socket and its protocol,
-//! [`poll`] `rpoll`/`rselect`, [`api`] the exported calls.
+//! [`wire`] holds the formats, [`stream`] one stream socket and its
+//! protocol, [`dgram`] one datagram socket, [`poll`] `rpoll`/`rselect`,
+//! [`api`] the exported calls, [`dapi`] their datagram side.
 
 mod api;
+mod dapi;
+mod dgram;
 mod poll;
 mod stream;
 mod wire;
 
+use dgram::Dgram;
 use std::collections::HashMap;
 use std::ffi::c_int;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
@@ -76,6 +94,31 @@ fn table() -> MutexGuard<'static, HashMap<c_int, Arc<Sock>>> {
 
 fn lookup(fd: c_int) -> Option<Arc<Sock>> {
     table().get(&fd).cloned()
+}
+
+/// A datagram socket: one lock (its calls are short; waits release it).
+pub struct DSock(Mutex<Dgram>);
+
+impl DSock {
+    fn lock(&self) -> MutexGuard<'_, Dgram> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+static DTABLE: LazyLock<Mutex<HashMap<c_int, Arc<DSock>>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+fn dtable() -> MutexGuard<'static, HashMap<c_int, Arc<DSock>>> {
+    DTABLE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn dlookup(fd: c_int) -> Option<Arc<DSock>> {
+    dtable().get(&fd).cloned()
+}
+
+fn dinsert(d: Dgram) -> c_int {
+    let fd = d.fd;
+    dtable().insert(fd, Arc::new(DSock(Mutex::new(d))));
+    fd
 }
 
 fn insert(s: Stream) -> c_int {

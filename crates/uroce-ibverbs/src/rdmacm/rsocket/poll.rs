@@ -5,7 +5,7 @@
 //! channel (listening, connecting) and on the ordinary fds as given.
 
 use super::stream::{self, Stream};
-use super::{lookup, Sock, WAIT_SLICE_MS};
+use super::{dapi, lookup, DSock, Sock, WAIT_SLICE_MS};
 use crate::errno::set_errno;
 use std::ffi::c_int;
 use std::sync::Arc;
@@ -71,7 +71,8 @@ pub unsafe extern "C" fn uroce_cm_rpoll(fds: *mut libc::pollfd, nfds: libc::nfds
     // SAFETY: nfds pollfds of the caller.
     let user = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
     let socks: Vec<Option<Arc<Sock>>> = user.iter().map(|p| lookup(p.fd)).collect();
-    if socks.iter().all(Option::is_none) {
+    let dsocks: Vec<Option<Arc<DSock>>> = user.iter().map(|p| dapi::dsock(p.fd)).collect();
+    if socks.iter().all(Option::is_none) && dsocks.iter().all(Option::is_none) {
         // SAFETY: forwarded: only the kernel's fds.
         return unsafe { libc::poll(fds, nfds, timeout) };
     }
@@ -81,10 +82,11 @@ pub unsafe extern "C" fn uroce_cm_rpoll(fds: *mut libc::pollfd, nfds: libc::nfds
     loop {
         // Check everything once, as rs_poll_check.
         let mut cnt = 0;
-        for (p, s) in user.iter_mut().zip(&socks) {
-            p.revents = match s {
-                Some(s) => revents(s, p.events),
-                None => {
+        for ((p, s), d) in user.iter_mut().zip(&socks).zip(&dsocks) {
+            p.revents = match (s, d) {
+                (Some(s), _) => revents(s, p.events),
+                (None, Some(d)) => dapi::revents(d, p.events),
+                (None, None) => {
                     let mut q = libc::pollfd { fd: p.fd, events: p.events, revents: 0 };
                     // SAFETY: one pollfd, no wait.
                     unsafe { libc::poll(&mut q, 1, 0) };
@@ -110,16 +112,23 @@ pub unsafe extern "C" fn uroce_cm_rpoll(fds: *mut libc::pollfd, nfds: libc::nfds
         };
         // Arm, then check again before sleeping (rs_poll_arm).
         let mut ready = false;
-        for ((k, p), s) in kfds.iter_mut().zip(user.iter()).zip(&socks) {
-            match s {
-                Some(s) => {
+        for (((k, p), s), d) in kfds.iter_mut().zip(user.iter()).zip(&socks).zip(&dsocks) {
+            match (s, d) {
+                (Some(s), _) => {
                     let fd = wake_fd(&mut s.lock());
                     *k = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
                     if revents(s, p.events) != 0 {
                         ready = true;
                     }
                 }
-                None => *k = libc::pollfd { fd: p.fd, events: p.events, revents: 0 },
+                (None, Some(d)) => {
+                    let fd = d.lock().wake_fd();
+                    *k = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+                    if dapi::revents(d, p.events) != 0 {
+                        ready = true;
+                    }
+                }
+                (None, None) => *k = libc::pollfd { fd: p.fd, events: p.events, revents: 0 },
             }
         }
         if ready {
@@ -130,10 +139,13 @@ pub unsafe extern "C" fn uroce_cm_rpoll(fds: *mut libc::pollfd, nfds: libc::nfds
         if n < 0 {
             return -1;
         }
-        for (k, s) in kfds.iter().zip(&socks) {
-            if let Some(s) = s {
-                if k.revents != 0 {
+        for ((k, s), d) in kfds.iter().zip(&socks).zip(&dsocks) {
+            if k.revents != 0 {
+                if let Some(s) = s {
                     s.lock().take_cq_event();
+                }
+                if let Some(d) = d {
+                    d.lock().take_cq_events();
                 }
             }
         }
