@@ -171,7 +171,7 @@ fn accept_one(l: &Stream, nid: *mut rdma_cm_id, data: &[u8], req: rdma_conn_para
         e
     };
     let cd = match wire::ConnData::decode(data) {
-        Some(c) if c.version == wire::VERSION => c,
+        Some(c) if c.usable() => c,
         _ => return Err(reject(libc::EPROTO)),
     };
     // SAFETY: plain constructor.

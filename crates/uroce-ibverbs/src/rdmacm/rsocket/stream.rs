@@ -473,7 +473,7 @@ impl Stream {
                     self.state = CONNECTING;
                 }
                 (CONNECTING, EV_ESTABLISHED) if status == 0 => match ConnData::decode(&data) {
-                    Some(c) if c.version == wire::VERSION => {
+                    Some(c) if c.usable() => {
                         self.save_conn_data(&c);
                         self.state = CONNECT_RDWR;
                         return Ok(());
@@ -677,6 +677,9 @@ impl Stream {
                         wire::CTRL_KEEPALIVE => {}
                         _ => {}
                     },
+                    // More than half the receive buffer (what one target
+                    // entry offers) is nothing a peer can have written.
+                    wire::OP_DATA if wire::msg_data(m) > self.rbuf_size >> 1 => self.set_error(libc::EPROTO),
                     op => {
                         self.rmsg[self.rmsg_tail] = (op, wire::msg_data(m));
                         self.rmsg_tail = (self.rmsg_tail + 1) % self.rmsg.len();

@@ -92,6 +92,12 @@ impl ConnData {
         b
     }
 
+    /// Whether a peer's data can be used: version 1, a target SGL of 1 to
+    /// 64 entries (rsockets sends 2) and a first buffer.
+    pub fn usable(&self) -> bool {
+        self.version == VERSION && (1..=64).contains(&self.target_sgl.length) && self.data_buf.length > 0
+    }
+
     /// None when shorter than the structure.
     pub fn decode(b: &[u8]) -> Option<ConnData> {
         if b.len() < CONN_DATA_LEN {
@@ -150,6 +156,13 @@ mod tests {
         assert_eq!(&b[36..40], &[0, 1, 0, 0]);
         assert_eq!(ConnData::decode(&b), Some(c));
         assert_eq!(ConnData::decode(&b[..39]), None);
+        assert!(c.usable());
+        let mut bad = c;
+        bad.target_sgl.length = 0;
+        assert!(!bad.usable());
+        bad = c;
+        bad.version = 2;
+        assert!(!bad.usable());
     }
 
     #[test]
