@@ -182,8 +182,8 @@ fn accept_one(l: &Stream, nid: *mut rdma_cm_id, data: &[u8], req: rdma_conn_para
     // SAFETY: the request's id and our new channel.
     if unsafe { id::uroce_cm_rdma_migrate_id(nid, ch) } != 0 {
         let e = crate::errno::last();
-        // SAFETY: an empty channel of ours.
-        unsafe { crate::rdmacm::channel::uroce_cm_rdma_destroy_event_channel(ch) };
+        // SAFETY: an empty channel of ours, read by no one.
+        unsafe { crate::rdmacm::channel::destroy(ch, true) };
         return Err(reject(e));
     }
     let mut s = Stream::adopt(nid, ch, l);

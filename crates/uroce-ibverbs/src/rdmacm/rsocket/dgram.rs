@@ -28,6 +28,8 @@ const HDR_V6: usize = 24;
 const GRH: usize = 40;
 const SLOT: usize = wire::SNDLOWAT as usize;
 const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+/// Most peers one datagram socket keeps (each with an address handle).
+const MAX_DESTS: usize = 4096;
 /// `WR_ID_RECV` marks receives, as for streams.
 const RECV: u64 = wire::WR_ID_RECV;
 
@@ -354,6 +356,11 @@ impl Dgram {
     fn dest(&mut self, addr: SocketAddr) -> Result<(), c_int> {
         if self.dests.contains_key(&addr) {
             return Ok(());
+        }
+        // Each peer costs an address handle: bounded (datagrams from more
+        // peers than this are dropped, sends to them fail ENOBUFS).
+        if self.dests.len() >= MAX_DESTS {
+            return Err(libc::ENOBUFS);
         }
         let local = self.src_for(&addr)?;
         let qp = match self.qps.iter().position(|q| q.local == local) {

@@ -146,8 +146,8 @@ impl Stream {
         // SAFETY: our channel, an out pointer.
         if unsafe { id::uroce_cm_rdma_create_id(ch, &mut idp, null_mut(), rdma_port_space_RDMA_PS_TCP) } != 0 {
             let e = errno();
-            // SAFETY: the channel just made, no id on it.
-            unsafe { channel::uroce_cm_rdma_destroy_event_channel(ch) };
+            // SAFETY: the channel just made, no id on it, read by no one.
+            unsafe { channel::destroy(ch, true) };
             return Err(e);
         }
         // SAFETY: a live id; as rsocket(): the family of the id's source.
@@ -921,7 +921,9 @@ impl Drop for Stream {
                 id::uroce_cm_rdma_destroy_id(self.id);
             }
             if !self.ch.is_null() {
-                channel::uroce_cm_rdma_destroy_event_channel(self.ch);
+                // Freed, not kept as an application's channel is: only
+                // this socket (under its lock, never blocking) reads it.
+                channel::destroy(self.ch, true);
             }
         }
     }
