@@ -4,8 +4,9 @@
 //! (`-T b`), non-blocking (`-T n`), async (`-T a`, rpoll before each call)
 //! and rdma_getaddrinfo (`-T r`) modes, 64-byte and 64 KiB transfers, on
 //! 127.0.0.x and between two network namespaces; `udpong` (datagram
-//! rsockets) the same ways; and the library's answers to bad calls, its
-//! half-close semantics and datagrams from C (tests/c/rsocket.c).
+//! rsockets) the same ways; `riostream` (iomapped buffers, riowrite); and
+//! the library's answers to bad calls, its half-close semantics and
+//! datagrams from C (tests/c/rsocket.c).
 
 #[path = "../../uroce/tests/skip/mod.rs"]
 #[macro_use]
@@ -195,6 +196,38 @@ fn rstream_between_two_namespaces() {
         let (ok, out) = c.wait("udpong client", Duration::from_secs(20));
         drop(s);
         assert!(ok && out.lines().any(|l| l.starts_with("custom")), "udpong: {out}");
+    }
+}
+
+/// riostream: iomapped buffers (riomap publishes the buffer to the peer,
+/// riowrite RDMA WRITEs straight into it, the receiver spins on its last
+/// byte), verified, blocking, non-blocking and async. (Its default size
+/// series is left out: both sides busy-wait, which starves two CPUs.)
+#[test]
+fn riostream_iomapped_writes_verified() {
+    if !have("riostream") {
+        skip!("riostream is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    for (opts, size, count) in
+        [(&["v"][..], "64", "100"), (&["v"], "65536", "50"), (&["v", "a"], "4096", "100"), (&["v", "n"], "4096", "100")]
+    {
+        let mut args = vec!["-p", "7488", "-S", size, "-C", count];
+        for o in opts {
+            args.extend(["-T", o]);
+        }
+        let mut s = Reap::new(dropin_command("riostream", SERVER).args(["-b", SERVER]).args(&args).spawn().unwrap());
+        assert!(device_up(SERVER), "riostream server did not open its device");
+        let (ok, cout) = client(|| {
+            let mut c = dropin_command("riostream", CLIENT);
+            c.args(["-s", SERVER]).args(&args);
+            c
+        });
+        let (sok, sout) = s.wait("riostream server", Duration::from_secs(30));
+        assert!(ok && sok, "{opts:?} {size}: client: {cout}\nserver: {sout}");
+        for out in [&sout, &cout] {
+            assert!(out.lines().any(|l| l.starts_with("custom")), "{opts:?} {size}: {out}");
+        }
     }
 }
 

@@ -83,7 +83,9 @@ int main(int argc, char **argv)
 	CHECK(rfcntl(c, F_GETFL) == 0, "F_GETFL");
 	CHECK(rfcntl(c, F_SETFL, O_NONBLOCK) == 0 && rfcntl(c, F_GETFL) == O_NONBLOCK, "F_SETFL");
 	CHECK(rfcntl(c, F_DUPFD, 0) == -1 && errno == EOPNOTSUPP, "F_DUPFD: %m");
-	CHECK(riomap(c, buf, sizeof(buf), PROT_WRITE, 0, -1) == -1 && errno == ENOSYS, "riomap: %m");
+	CHECK(riomap(c, buf, sizeof(buf), PROT_READ, 0, -1) == -1 && errno == EINVAL, "riomap PROT_READ: %m");
+	CHECK(riounmap(c, buf, sizeof(buf)) == -1 && errno == EINVAL, "riounmap nothing: %m");
+	CHECK(riowrite(12345, buf, 1, 0, 0) == (size_t)-1 && errno == EBADF, "riowrite bad fd: %m");
 	CHECK(rclose(c) == 0, "rclose: %m");
 	CHECK(rclose(c) == -1 && errno == EBADF, "rclose twice: %m");
 

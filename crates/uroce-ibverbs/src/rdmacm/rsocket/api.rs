@@ -341,6 +341,9 @@ fn send_to(
         }
         nonblocking(&s, flags)
     };
+    if let Err(e) = flush_iomaps(&sock, nb) {
+        return fail(e);
+    }
     let mut left = len;
     let mut olen = wire::OLAP_START;
     let mut err = 0;
@@ -1065,25 +1068,124 @@ pub extern "C" fn uroce_cm_rfcntl(fd: c_int, cmd: c_int, arg: c_int) -> c_int {
     r.unwrap_or_else(fail)
 }
 
-/// Iomapped buffers are not implemented (the module doc says so).
+/// Writes the socket's queued iomap entries to the peer (`rs_send_iomaps`),
+/// waiting for send room as `rsend` does.
+fn flush_iomaps(sock: &Sock, nb: bool) -> Result<(), c_int> {
+    loop {
+        let mut s = sock.lock();
+        if !s.iomaps_pending() {
+            return Ok(());
+        }
+        if !s.can_send() {
+            drop(s);
+            wait(sock, nb, Stream::conn_can_send)?;
+            s = sock.lock();
+            if s.state & stream::WRITABLE == 0 {
+                return Err(libc::ECONNRESET);
+            }
+            continue;
+        }
+        s.send_one_iomap()?;
+    }
+}
+
 #[no_mangle]
-pub extern "C" fn uroce_cm_riomap(
+pub unsafe extern "C" fn uroce_cm_riomap(
     fd: c_int,
-    _buf: *mut c_void,
-    _len: usize,
-    _prot: c_int,
+    buf: *mut c_void,
+    len: usize,
+    prot: c_int,
     _flags: c_int,
-    _off: i64,
+    off: i64,
 ) -> i64 {
-    fail(if !known(fd) { libc::EBADF } else { libc::ENOSYS })
+    let r = (|| {
+        if dapi::dsock(fd).is_some() {
+            return Err(libc::EINVAL);
+        }
+        let sock = sock_of(fd)?;
+        let _sg = guard(&sock.slock);
+        let mut s = sock.lock();
+        s.iomap(buf, len, prot, off)
+    })();
+    r.unwrap_or_else(fail)
 }
 
 #[no_mangle]
-pub extern "C" fn uroce_cm_riounmap(fd: c_int, _buf: *mut c_void, _len: usize) -> c_int {
-    fail(if !known(fd) { libc::EBADF } else { libc::ENOSYS })
+pub unsafe extern "C" fn uroce_cm_riounmap(fd: c_int, buf: *mut c_void, len: usize) -> c_int {
+    let r = (|| {
+        if dapi::dsock(fd).is_some() {
+            return Err(libc::EINVAL);
+        }
+        let sock = sock_of(fd)?;
+        let _sg = guard(&sock.slock);
+        let mut s = sock.lock();
+        s.iounmap(buf, len).map(|_| 0)
+    })();
+    r.unwrap_or_else(fail)
 }
 
+/// `riowrite`: straight into the peer's iomapped buffer at `off`; the
+/// bytes written (fewer when the mapping ends), -1 with errno.
 #[no_mangle]
-pub extern "C" fn uroce_cm_riowrite(fd: c_int, _buf: *const c_void, _len: usize, _off: i64, _flags: c_int) -> isize {
-    fail(if !known(fd) { libc::EBADF } else { libc::ENOSYS })
+pub unsafe extern "C" fn uroce_cm_riowrite(fd: c_int, buf: *const c_void, len: usize, off: i64, flags: c_int) -> isize {
+    if let Err(e) = check_buf(buf, len) {
+        return fail(if !known(fd) { libc::EBADF } else { e });
+    }
+    if dapi::dsock(fd).is_some() {
+        return fail(libc::EINVAL);
+    }
+    let sock = match sock_of(fd) {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    let _sg = guard(&sock.slock);
+    let nb = {
+        let mut s = sock.lock();
+        if let Err(e) = ready_for_data(&mut s) {
+            return fail(e);
+        }
+        nonblocking(&s, flags)
+    };
+    if let Err(e) = flush_iomaps(&sock, nb) {
+        return fail(e);
+    }
+    let mut at = buf as *const u8;
+    let mut src = |dst: *mut u8, n: usize| {
+        // SAFETY: the caller's buffer, taken in order.
+        unsafe {
+            std::ptr::copy_nonoverlapping(at, dst, n);
+            at = at.add(n);
+        }
+    };
+    let (mut left, mut offset, mut olen, mut err) = (len, off as u64, wire::OLAP_START, 0);
+    while left > 0 {
+        let mut s = sock.lock();
+        let Some(iom) = s.find_iomap(offset) else { break };
+        if !s.can_send() {
+            drop(s);
+            if let Err(e) = wait(&sock, nb, Stream::conn_can_send) {
+                err = e;
+                break;
+            }
+            s = sock.lock();
+            if s.state & stream::WRITABLE == 0 {
+                err = libc::ECONNRESET;
+                break;
+            }
+        }
+        match s.write_direct(&mut src, left, offset, iom, &mut olen) {
+            Ok(n) => {
+                left -= n as usize;
+                offset += n as u64;
+            }
+            Err(e) => {
+                err = e;
+                break;
+            }
+        }
+    }
+    if err != 0 && left == len {
+        return fail(err);
+    }
+    (len - left) as isize
 }

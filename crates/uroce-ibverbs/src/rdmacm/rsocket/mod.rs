@@ -26,12 +26,15 @@
 //! address first; the UDP socket is processed by the socket's own calls
 //! rather than by a service thread.
 //!
-//! Not implemented: iomapped zero-copy buffers (`riomap`, `riounmap`,
-//! `riowrite` fail ENOSYS; the socket advertises an iomap of 0 entries,
-//! as rsockets does by default), keepalive messages (SO_KEEPALIVE is
-//! recorded, no keepalive is sent), RDMA_ROUTE (EOPNOTSUPP), the iWARP
-//! message mode. A UD datagram larger than the path MTU fails EINVAL, as
-//! on rxe (rsockets does not split datagrams).
+//! Iomapped buffers (see [`iomap`]): `riomap` (PROT_WRITE: published to
+//! the peer's iomap area, when the peer advertised one with
+//! RDMA_IOMAPSIZE; PROT_NONE: local), `riounmap`, `riowrite` (RDMA WRITE
+//! straight into the peer's mapping).
+//!
+//! Not implemented: keepalive messages (SO_KEEPALIVE is recorded, no
+//! keepalive is sent), RDMA_ROUTE (EOPNOTSUPP), the iWARP message mode.
+//! A UD datagram larger than the path MTU fails EINVAL, as on rxe
+//! (rsockets does not split datagrams).
 //!
 //! Socket numbers: as rsockets, a stream socket's number is the fd of its
 //! own CM event channel (a pipe read end this library holds), a datagram
@@ -48,12 +51,14 @@
 //! ECONNRESET and no SIGPIPE is ever raised.
 //!
 //! [`wire`] holds the formats, [`stream`] one stream socket and its
-//! protocol, [`dgram`] one datagram socket, [`poll`] `rpoll`/`rselect`,
-//! [`api`] the exported calls, [`dapi`] their datagram side.
+//! protocol, [`iomap`] its iomapped buffers, [`dgram`] one datagram
+//! socket, [`poll`] `rpoll`/`rselect`, [`api`] the exported calls,
+//! [`dapi`] their datagram side.
 
 mod api;
 mod dapi;
 mod dgram;
+mod iomap;
 mod poll;
 mod stream;
 mod wire;

@@ -86,7 +86,7 @@ pub struct Stream {
     pub tcp_opts: u64,
     pub ipv6_opts: u64,
     pub keepalive_time: u32,
-    swap_sgl: bool,
+    pub(super) swap_sgl: bool,
     pub sq_size: u16,
     pub rq_size: u16,
     pub sq_inline: u32,
@@ -95,7 +95,7 @@ pub struct Stream {
     pub target_iomap_size: u16,
     ctrl_max_seqno: u32,
     ctrl_seqno: u32,
-    sseq_no: u16,
+    pub(super) sseq_no: u16,
     sseq_comp: u16,
     rseq_no: u16,
     rseq_comp: u16,
@@ -114,13 +114,17 @@ pub struct Stream {
     rbuf_bytes_avail: u32,
     rbuf_free_offset: u32,
     rbuf_offset: u32,
-    sbuf_bytes_avail: u32,
+    pub(super) sbuf_bytes_avail: u32,
     /// `ssgl[0].addr`: where the next copied send starts in sbuf.
     ssgl_addr: u64,
-    sqe_avail: i32,
+    pub(super) sqe_avail: i32,
     rmsg: Vec<(u32, u32)>,
     rmsg_head: usize,
     rmsg_tail: usize,
+    /// The peer's iomap area (entries in `length`).
+    pub(super) remote_iomap: RsSge,
+    /// Buffers mapped with `riomap`.
+    pub(super) iomap: super::iomap::Maps,
     /// Where `rconnect` goes (kept across non-blocking steps).
     pub dst: libc::sockaddr_storage,
 }
@@ -229,6 +233,8 @@ impl Stream {
             rmsg: Vec::new(),
             rmsg_head: 0,
             rmsg_tail: 0,
+            remote_iomap: RsSge::default(),
+            iomap: super::iomap::Maps::default(),
             // SAFETY: plain old data.
             dst: unsafe { std::mem::zeroed() },
         }
@@ -243,19 +249,19 @@ impl Stream {
         (!self.cq_ch.is_null()).then(|| unsafe { (*self.cq_ch).fd })
     }
 
-    fn qp(&self) -> *mut ibv_qp {
+    pub(super) fn qp(&self) -> *mut ibv_qp {
         // SAFETY: our live id.
         unsafe { (*self.id).qp }
     }
 
-    fn target(&self, i: usize) -> *mut RsSge {
+    pub(super) fn target(&self, i: usize) -> *mut RsSge {
         let t = self.tbuf.as_ref().map_or(null_mut(), |b| b.ptr()) as *mut RsSge;
         // SAFETY: i < SGL_SIZE, inside the target buffer.
         unsafe { t.add(i) }
     }
 
     /// A target SGL entry (the peer writes them: read fresh each time).
-    fn tget(&self, i: usize) -> RsSge {
+    pub(super) fn tget(&self, i: usize) -> RsSge {
         // SAFETY: our registered target list; the peer's RDMA writes land
         // there under the engine, hence the volatile read.
         unsafe { std::ptr::read_volatile(self.target(i)) }
@@ -346,7 +352,8 @@ impl Stream {
         let sb = Buf::new(sbuf_total as usize)?;
         self.smr = self.reg(&sb, sbuf_total, lw)?;
         self.sbuf = Some(sb);
-        let tlen = std::mem::size_of::<RsSge>() as u32 * wire::SGL_SIZE;
+        let tlen = std::mem::size_of::<RsSge>() as u32 * wire::SGL_SIZE
+            + wire::IOMAP_LEN as u32 * self.target_iomap_size as u32;
         let tb = Buf::new(tlen as usize)?;
         self.tmr = self.reg(&tb, tlen, rw)?;
         self.tbuf = Some(tb);
@@ -403,6 +410,15 @@ impl Stream {
         self.swap_sgl = net != (c.flags & wire::FLAG_NET != 0);
         self.tset(0, c.data_buf);
         self.sseq_comp = c.credits;
+        if c.flags & wire::FLAG_IOMAP != 0 {
+            let entries = wire::scale_to_value(c.target_iomap_size as u32, 8);
+            self.remote_iomap = RsSge {
+                addr: c.target_sgl.addr + std::mem::size_of::<RsSge>() as u64 * c.target_sgl.length as u64,
+                key: c.target_sgl.key,
+                length: entries,
+            };
+            self.iomap.remote = vec![None; entries as usize];
+        }
     }
 
     /// Reads the next CM event of the socket's channel without waiting:
@@ -540,13 +556,33 @@ impl Stream {
         }
     }
 
-    fn post_write_msg(&mut self, sgl: &mut [ibv_sge], m: u32, flags: u32, addr: u64, rkey: u32) -> Result<(), c_int> {
+    pub(super) fn post_write_msg(
+        &mut self,
+        sgl: &mut [ibv_sge],
+        m: u32,
+        flags: u32,
+        addr: u64,
+        rkey: u32,
+    ) -> Result<(), c_int> {
+        self.post(sgl, m, flags, addr, rkey, true)
+    }
+
+    /// An RDMA WRITE (WITH IMM `m` when `imm`), `m` also its wr_id.
+    pub(super) fn post(
+        &mut self,
+        sgl: &mut [ibv_sge],
+        m: u32,
+        flags: u32,
+        addr: u64,
+        rkey: u32,
+        imm: bool,
+    ) -> Result<(), c_int> {
         // SAFETY: plain old data.
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = m as u64;
         wr.sg_list = if sgl.is_empty() { null_mut() } else { sgl.as_mut_ptr() };
         wr.num_sge = sgl.len() as c_int;
-        wr.opcode = ibv_wr_opcode_IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr.opcode = if imm { ibv_wr_opcode_IBV_WR_RDMA_WRITE_WITH_IMM } else { ibv_wr_opcode_IBV_WR_RDMA_WRITE };
         wr.send_flags = flags;
         wr.__bindgen_anon_1.imm_data = m.to_be();
         wr.wr.rdma.remote_addr = addr;
@@ -780,33 +816,8 @@ impl Stream {
             left as u32
         };
         xfer = xfer.min(self.sbuf_bytes_avail).min(self.tget(self.target_sge).length);
-        // SAFETY: our MR.
-        let lkey = unsafe { (*self.smr).lkey };
-        let mut sgl =
-            [ibv_sge { addr: self.ssgl_addr, length: 0, lkey }, ibv_sge { addr: self.sbase(), length: 0, lkey }];
-        let n;
-        let mut flags = 0;
-        if xfer <= self.sbuf_left() {
-            src(self.ssgl_addr as *mut u8, xfer as usize);
-            sgl[0].length = xfer;
-            n = 1;
-            if xfer < self.sbuf_left() {
-                self.ssgl_addr += xfer as u64;
-            } else {
-                self.ssgl_addr = self.sbase();
-            }
-        } else {
-            let first = self.sbuf_left();
-            src(self.ssgl_addr as *mut u8, first as usize);
-            sgl[0].length = first;
-            sgl[1].length = xfer - first;
-            src(self.sbase() as *mut u8, (xfer - first) as usize);
-            n = 2;
-            self.ssgl_addr = self.sbase() + sgl[1].length as u64;
-        }
-        if xfer <= self.sq_inline {
-            flags = ibv_send_flags_IBV_SEND_INLINE;
-        }
+        let (mut sgl, n) = self.ring_copy(src, xfer);
+        let flags = if xfer <= self.sq_inline { ibv_send_flags_IBV_SEND_INLINE } else { 0 };
         // rs_write_data: the target entry is advanced before the post.
         self.sseq_no = self.sseq_no.wrapping_add(1);
         self.sqe_avail -= 1;
@@ -821,6 +832,33 @@ impl Stream {
         }
         self.post_write_msg(&mut sgl[..n], wire::msg(wire::OP_DATA, xfer), flags, addr, rkey)?;
         Ok(xfer)
+    }
+
+    /// Copies `xfer` bytes from `src` into the send ring (rsend's copy
+    /// cases): the SGEs (one, or two when the ring wraps) and their count.
+    pub(super) fn ring_copy(&mut self, src: &mut dyn FnMut(*mut u8, usize), xfer: u32) -> ([ibv_sge; 2], usize) {
+        // SAFETY: our MR.
+        let lkey = unsafe { (*self.smr).lkey };
+        let mut sgl =
+            [ibv_sge { addr: self.ssgl_addr, length: 0, lkey }, ibv_sge { addr: self.sbase(), length: 0, lkey }];
+        if xfer <= self.sbuf_left() {
+            src(self.ssgl_addr as *mut u8, xfer as usize);
+            sgl[0].length = xfer;
+            if xfer < self.sbuf_left() {
+                self.ssgl_addr += xfer as u64;
+            } else {
+                self.ssgl_addr = self.sbase();
+            }
+            (sgl, 1)
+        } else {
+            let first = self.sbuf_left();
+            src(self.ssgl_addr as *mut u8, first as usize);
+            sgl[0].length = first;
+            sgl[1].length = xfer - first;
+            src(self.sbase() as *mut u8, (xfer - first) as usize);
+            self.ssgl_addr = self.sbase() + sgl[1].length as u64;
+            (sgl, 2)
+        }
     }
 
     /// Copies received bytes to `dst` (None: MSG_PEEK leaves them queued);
@@ -897,6 +935,7 @@ impl Drop for Stream {
     fn drop(&mut self) {
         // SAFETY: the objects this socket made, each destroyed once.
         unsafe {
+            self.iomap.release_all();
             for mr in [self.smr, self.rmr, self.tmr] {
                 if !mr.is_null() {
                     crate::objects::ibv_dereg_mr(mr);

@@ -26,6 +26,9 @@ pub const QP_MAX_SIZE: u16 = 0xFFFE;
 /// Bytes of a control message's payload (`RS_MAX_CTRL_MSG` = one `rs_sge`).
 pub const MAX_CTRL_MSG: u32 = 16;
 
+/// Bytes of `struct rs_iomap` (offset, then an `rs_sge`).
+pub const IOMAP_LEN: usize = 24;
+
 /// Message types (immediate bits 31:29).
 pub const OP_DATA: u32 = 0;
 pub const OP_WRITE: u32 = 2;
