@@ -74,6 +74,21 @@ fn rstream(opts: &[&str], size: u32, count: u32, port: &str) -> (String, String)
     (sout, cout)
 }
 
+/// Waits (at most 10 s) until a UDP socket is bound to `addr`:`port`.
+fn udp_bound(addr: &str, port: u16) -> bool {
+    let ip: std::net::Ipv4Addr = addr.parse().unwrap();
+    let want = format!("{:08X}:{port:04X}", u32::from_le_bytes(ip.octets()));
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        let text = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+        if text.lines().skip(1).any(|l| l.split_whitespace().nth(1) == Some(want.as_str())) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
 fn have_rstream() -> bool {
     have("rstream")
 }
@@ -241,7 +256,7 @@ fn udpong_datagrams() {
     }
     let _g = serial();
     let s = Reap::new(dropin_command("udpong", SERVER).args(["-b", SERVER, "-p", "7496"]).spawn().unwrap());
-    std::thread::sleep(Duration::from_millis(500));
+    assert!(udp_bound(SERVER, 7496), "udpong server did not bind its UDP socket");
     for opts in [&[][..], &["-T", "b"], &["-T", "a"], &["-T", "e"], &["-T", "e", "-T", "a"]] {
         for size in ["64", "1024"] {
             let mut c = Reap::new(
