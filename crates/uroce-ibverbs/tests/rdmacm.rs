@@ -22,24 +22,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use support::*;
 
-/// Waits (at most 10 s) until a uroce device has bound UDP 4791 on `addr`
-/// (the server's rdma_bind_addr opened it; rdma_listen follows at once),
-/// then a little longer.
-fn device_up(addr: &str) -> bool {
-    let ip: std::net::Ipv4Addr = addr.parse().unwrap();
-    let want = format!("{:08X}:12B7", u32::from_le_bytes(ip.octets()));
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(10) {
-        let text = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
-        if text.lines().skip(1).any(|l| l.split_whitespace().nth(1) == Some(want.as_str())) {
-            std::thread::sleep(Duration::from_millis(300));
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
-}
-
 /// Runs `server` then `client` (both through the drop-ins); their outputs.
 /// `server_exits`: wait for the server's success too (else it is killed).
 /// Runs a client until it finds the server listening: a server's device is
@@ -224,21 +206,6 @@ fn rping_to_a_closed_port_is_rejected_8() {
     let (_, out) = c.wait("rping", Duration::from_secs(30));
     assert!(out.contains("cma event RDMA_CM_EVENT_REJECTED, error 8"), "{out}");
     assert!(t.elapsed() < Duration::from_secs(10), "the REJ came at once, not after retries");
-}
-
-/// rsockets are not implemented: rstream and udpong fail at once with
-/// ENOSYS from rsocket(), no crash and no hang.
-#[test]
-fn rsocket_programs_fail_cleanly() {
-    if !have("rstream") || !have("udpong") {
-        skip!("rstream is not installed (Debian package rdmacm-utils)");
-    }
-    let _g = serial();
-    for prog in ["rstream", "udpong"] {
-        let mut c = Reap(Some(dropin_command(prog, "127.0.0.173").args(["-s", "127.0.0.173"]).spawn().unwrap()));
-        let (ok, out) = c.wait(prog, Duration::from_secs(20));
-        assert!(!ok && out.contains("rsocket failed: Function not implemented"), "{prog}: {out}");
-    }
 }
 
 /// librdmacm's behaviour in one process (tests/c/rdmacm.c): channel fd

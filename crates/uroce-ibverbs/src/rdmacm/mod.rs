@@ -8,13 +8,15 @@
 //! [`channel`] owns event channels and events, [`id`] the `rdma_cm_id`s
 //! and the calls on them, [`dev`] the devices' CM agents and the thread
 //! that routes their events to the ids, [`addrinfo`] `rdma_getaddrinfo`,
-//! [`other`] the exports that fail cleanly (rsockets, multicast, ECE).
+//! [`other`] the exports that fail cleanly (multicast, ECE), [`rsocket`]
+//! rsockets (stream sockets over RDMA, rdma-core 44's protocol).
 
 mod addrinfo;
 mod channel;
 mod dev;
 mod id;
 mod other;
+mod rsocket;
 
 use std::sync::{Condvar, LazyLock, Mutex, MutexGuard};
 

@@ -129,3 +129,21 @@ pub fn listening(port: u16) -> bool {
     }
     false
 }
+
+/// Waits (at most 10 s) until a uroce device has bound UDP 4791 on `addr`
+/// (the server's rdma_bind_addr opened it; rdma_listen follows at once),
+/// then a little longer.
+pub fn device_up(addr: &str) -> bool {
+    let ip: std::net::Ipv4Addr = addr.parse().unwrap();
+    let want = format!("{:08X}:12B7", u32::from_le_bytes(ip.octets()));
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        let text = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+        if text.lines().skip(1).any(|l| l.split_whitespace().nth(1) == Some(want.as_str())) {
+            std::thread::sleep(Duration::from_millis(300));
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}

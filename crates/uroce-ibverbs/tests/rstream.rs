@@ -1,0 +1,335 @@
+//! rsockets through the drop-in librdmacm.so.1 and libibverbs.so.1:
+//! unmodified `rstream` (Debian package rdmacm-utils) as server and client
+//! in separate processes, data verified by rstream's `-T v`, in blocking
+//! (`-T b`), non-blocking (`-T n`), async (`-T a`, rpoll before each call)
+//! and rdma_getaddrinfo (`-T r`) modes, 64-byte and 64 KiB transfers, on
+//! 127.0.0.x and between two network namespaces; `udpong` (datagram
+//! rsockets) the same ways; `riostream` (iomapped buffers, riowrite); and
+//! the library's answers to bad calls, its half-close semantics and
+//! datagrams from C (tests/c/rsocket.c).
+
+#[path = "../../uroce/tests/skip/mod.rs"]
+#[macro_use]
+mod skip;
+
+// netns loads the skip module for itself too (its SKIP lines).
+#[allow(clippy::duplicate_mod)]
+#[path = "../../uroce/tests/netns/mod.rs"]
+mod netns;
+mod support;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+use support::*;
+
+const SERVER: &str = "127.0.0.231";
+const CLIENT: &str = "127.0.0.232";
+
+/// A client started before the server's rlisten is refused (REJ 8, as by
+/// a kernel with no listener): such a client is started again, at most 20
+/// times.
+fn client(mut cmd: impl FnMut() -> Command) -> (bool, String) {
+    client_within(Duration::from_secs(30), &mut cmd)
+}
+
+fn client_within(limit: Duration, cmd: &mut dyn FnMut() -> Command) -> (bool, String) {
+    for _ in 0..20 {
+        let mut c = Reap::new(cmd().spawn().unwrap());
+        let (ok, out) = c.wait("rstream client", limit);
+        if ok || !out.contains("rconnect: Connection refused") {
+            return (ok, out);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    (false, "rstream: the server never listened".into())
+}
+
+/// One rstream server and client with `opts` (`-T` letters, each given
+/// separately as rstream wants), `size`-byte transfers, `count` of them
+/// each way; both outputs, both checked for success and one result line.
+fn rstream(opts: &[&str], size: u32, count: u32, port: &str) -> (String, String) {
+    let mut args: Vec<String> =
+        vec!["-p".into(), port.into(), "-S".into(), size.to_string(), "-C".into(), count.to_string()];
+    for o in opts {
+        args.extend(["-T".into(), o.to_string()]);
+    }
+    let mut s = Reap::new(dropin_command("rstream", SERVER).args(["-b", SERVER]).args(&args).spawn().unwrap());
+    assert!(device_up(SERVER), "rstream server did not open its device");
+    let t = Instant::now();
+    let (ok, cout) = client(|| {
+        let mut c = dropin_command("rstream", CLIENT);
+        c.args(["-s", SERVER]).args(&args);
+        c
+    });
+    let (sok, sout) = s.wait("rstream server", Duration::from_secs(30));
+    assert!(ok && sok, "{opts:?} {size}: client ok {ok}, server ok {sok}\nclient: {cout}\nserver: {sout}");
+    assert!(t.elapsed() < Duration::from_secs(20), "{opts:?} {size}: took {:?}", t.elapsed());
+    // "custom <size> <count> 1 <total> ..." on both sides.
+    let want = if size >= 1024 { format!("{}k", size / 1024) } else { size.to_string() };
+    for out in [&sout, &cout] {
+        let line = out.lines().find(|l| l.starts_with("custom")).unwrap_or_else(|| panic!("{opts:?}: {out}"));
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!((f[1], f[2]), (want.as_str(), count.to_string().as_str()), "{line}");
+    }
+    (sout, cout)
+}
+
+/// Waits (at most 10 s) until a UDP socket is bound to `addr`:`port`.
+fn udp_bound(addr: &str, port: u16) -> bool {
+    let ip: std::net::Ipv4Addr = addr.parse().unwrap();
+    let want = format!("{:08X}:{port:04X}", u32::from_le_bytes(ip.octets()));
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        let text = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+        if text.lines().skip(1).any(|l| l.split_whitespace().nth(1) == Some(want.as_str())) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+fn have_rstream() -> bool {
+    have("rstream")
+}
+
+#[test]
+fn rstream_blocking_verified() {
+    if !have_rstream() {
+        skip!("rstream is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    rstream(&["v", "b"], 64, 500, "7491");
+    rstream(&["v", "b"], 65536, 100, "7491");
+}
+
+#[test]
+fn rstream_nonblocking_verified() {
+    if !have_rstream() {
+        skip!("rstream is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    rstream(&["v", "n"], 64, 500, "7492");
+    rstream(&["v", "n"], 65536, 100, "7492");
+}
+
+#[test]
+fn rstream_async_rpoll_verified() {
+    if !have_rstream() {
+        skip!("rstream is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    rstream(&["v", "a"], 64, 500, "7493");
+    rstream(&["v", "a"], 65536, 100, "7493");
+    // Async and non-blocking together: non-blocking connect (EINPROGRESS,
+    // rpoll POLLOUT, SO_ERROR) and MSG_DONTWAIT transfers.
+    rstream(&["v", "a", "n"], 64, 500, "7493");
+    rstream(&["v", "a", "n"], 65536, 100, "7493");
+}
+
+#[test]
+fn rstream_with_rdma_getaddrinfo_verified() {
+    if !have_rstream() {
+        skip!("rstream is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    rstream(&["v", "r"], 4096, 200, "7494");
+}
+
+/// rstream's default run: the latency then the bandwidth series (64 B to
+/// 1 MiB, two connections one after the other), verified.
+#[test]
+fn rstream_default_sizes_verified() {
+    if !have_rstream() {
+        skip!("rstream is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let mut s =
+        Reap::new(dropin_command("rstream", SERVER).args(["-b", SERVER, "-p", "7495", "-T", "v"]).spawn().unwrap());
+    assert!(device_up(SERVER));
+    let (ok, cout) = client(|| {
+        let mut c = dropin_command("rstream", CLIENT);
+        c.args(["-s", SERVER, "-p", "7495", "-T", "v"]);
+        c
+    });
+    let (sok, sout) = s.wait("rstream server", Duration::from_secs(60));
+    assert!(ok && sok, "client: {cout}\nserver: {sout}");
+    for name in ["64_lat", "4k_lat", "64k_lat", "1m_lat", "64_bw", "4k_bw", "64k_bw", "1m_bw"] {
+        assert!(cout.lines().any(|l| l.starts_with(name)), "{name}: {cout}");
+    }
+}
+
+/// rstream (then udpong) between two network namespaces joined by a veth pair.
+#[test]
+fn rstream_between_two_namespaces() {
+    if !have_rstream() {
+        skip!("rstream is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let Some(p) = netns::Pair::new("rstream_between_two_namespaces", "rsk", 93, None) else { return };
+    let lib = dropin_dir();
+    for (opts, size, count) in [(&["v", "b"][..], "65536", "50"), (&["v", "a"][..], "64", "200")] {
+        let mut args = vec!["-S", size, "-C", count];
+        for o in opts {
+            args.extend(["-T", o]);
+        }
+        let run = |ns: &str, ip: &str, extra: &[&str]| {
+            let mut c = p.exec(ns, "rstream", extra);
+            c.args(&args).env("LD_LIBRARY_PATH", &lib).env("UROCE_ADDR", ip);
+            c
+        };
+        let mut s = Reap::new(run(&p.b, &p.ip_b, &["-b", &p.ip_b]).spawn().unwrap());
+        let ip: std::net::Ipv4Addr = p.ip_b.parse().unwrap();
+        let want = format!("{:08X}:12B7", u32::from_le_bytes(ip.octets()));
+        let t = Instant::now();
+        loop {
+            let out = Command::new("ip").args(["netns", "exec", &p.b, "cat", "/proc/net/udp"]).output().unwrap();
+            if String::from_utf8_lossy(&out.stdout).contains(&want) {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "rstream server did not open its device");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let (ok, out) = client(|| run(&p.a, &p.ip_a, &["-s", &p.ip_b]));
+        let (sok, sout) = s.wait("rstream server", Duration::from_secs(30));
+        assert!(ok && sok, "{opts:?}: client: {out}\nserver: {sout}");
+        assert!(out.lines().any(|l| l.starts_with("custom")), "{out}");
+    }
+    if have("udpong") {
+        let run = |ns: &str, ip: &str, args: &[&str]| {
+            let mut c = p.exec(ns, "udpong", args);
+            c.env("LD_LIBRARY_PATH", &lib).env("UROCE_ADDR", ip);
+            c
+        };
+        let s = Reap::new(run(&p.b, &p.ip_b, &["-b", &p.ip_b]).spawn().unwrap());
+        std::thread::sleep(Duration::from_millis(500));
+        // 512 bytes: a UD datagram fits one packet of the veth's 1024-byte
+        // RoCE MTU (a larger one fails EINVAL, as on rxe).
+        let mut c =
+            Reap::new(run(&p.a, &p.ip_a, &["-s", &p.ip_b, "-C", "200", "-S", "512", "-T", "e"]).spawn().unwrap());
+        let (ok, out) = c.wait("udpong client", Duration::from_secs(20));
+        drop(s);
+        assert!(ok && out.lines().any(|l| l.starts_with("custom")), "udpong: {out}");
+    }
+}
+
+/// riostream: iomapped buffers (riomap publishes the buffer to the peer,
+/// riowrite RDMA WRITEs straight into it, the receiver spins on its last
+/// byte), verified, blocking, non-blocking and async. (Its default size
+/// series is left out: both sides busy-wait, which starves two CPUs.)
+#[test]
+fn riostream_iomapped_writes_verified() {
+    if !have("riostream") {
+        skip!("riostream is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    for (opts, size, count) in
+        [(&["v"][..], "64", "100"), (&["v"], "65536", "50"), (&["v", "a"], "4096", "100"), (&["v", "n"], "4096", "100")]
+    {
+        let mut args = vec!["-p", "7488", "-S", size, "-C", count];
+        for o in opts {
+            args.extend(["-T", o]);
+        }
+        let mut s = Reap::new(dropin_command("riostream", SERVER).args(["-b", SERVER]).args(&args).spawn().unwrap());
+        assert!(device_up(SERVER), "riostream server did not open its device");
+        let (ok, cout) = client(|| {
+            let mut c = dropin_command("riostream", CLIENT);
+            c.args(["-s", SERVER]).args(&args);
+            c
+        });
+        let (sok, sout) = s.wait("riostream server", Duration::from_secs(30));
+        assert!(ok && sok, "{opts:?} {size}: client: {cout}\nserver: {sout}");
+        for out in [&sout, &cout] {
+            assert!(out.lines().any(|l| l.starts_with("custom")), "{opts:?} {size}: {out}");
+        }
+    }
+}
+
+/// udpong (datagram rsockets): a client's datagrams reach the server and
+/// come back, in its default (non-blocking), blocking, async (rpoll) and
+/// echo modes; the first datagram goes over UDP, the rest over UD QPs.
+#[test]
+fn udpong_datagrams() {
+    if !have("udpong") {
+        skip!("udpong is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let s = Reap::new(dropin_command("udpong", SERVER).args(["-b", SERVER, "-p", "7496"]).spawn().unwrap());
+    assert!(udp_bound(SERVER, 7496), "udpong server did not bind its UDP socket");
+    for opts in [&[][..], &["-T", "b"], &["-T", "a"], &["-T", "e"], &["-T", "e", "-T", "a"]] {
+        for size in ["64", "1024"] {
+            let mut c = Reap::new(
+                dropin_command("udpong", CLIENT)
+                    .args(["-s", SERVER, "-p", "7496", "-C", "200", "-S", size])
+                    .args(opts)
+                    .spawn()
+                    .unwrap(),
+            );
+            let (ok, out) = c.wait("udpong client", Duration::from_secs(20));
+            assert!(ok, "{opts:?} {size}: {out}");
+            let line = out.lines().find(|l| l.starts_with("custom")).unwrap_or_else(|| panic!("{opts:?}: {out}"));
+            // Echo mode counts both directions.
+            assert!(matches!(line.split_whitespace().nth(2), Some("200" | "400")), "{line}");
+        }
+    }
+    // (The server serves until killed; its output is not flushed.)
+    drop(s);
+}
+
+/// tests/c/rsocket.c: errnos of bad calls (unknown fd, unconnected socket,
+/// double close, bad options), a non-blocking connect driven by rpoll
+/// together with an ordinary fd, MSG_PEEK, half-close and end of stream.
+#[test]
+fn rsocket_behaviour_from_c() {
+    if !std::path::Path::new("/usr/include/rdma/rsocket.h").exists() {
+        skip!("rsocket.h is not installed (Debian package librdmacm-dev)");
+    }
+    let _g = serial();
+    let dir = dropin_dir();
+    let exe = dir.join("rsocket-test");
+    let cc = Command::new("cc")
+        .args(["-O1", "-g", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(root().join("crates/uroce-ibverbs/tests/c/rsocket.c"))
+        .arg(dir.join("librdmacm.so.1"))
+        .arg(dir.join("libibverbs.so.1"))
+        .output()
+        .expect("run cc");
+    assert!(cc.status.success(), "cc: {}", String::from_utf8_lossy(&cc.stderr));
+    let mut c = Reap::new(dropin_command(exe.to_str().unwrap(), SERVER).arg(SERVER).spawn().unwrap());
+    let (ok, out) = c.wait("rsocket-test", Duration::from_secs(60));
+    assert!(ok && out.contains("all ok"), "{out}");
+}
+
+/// rstream's client under valgrind through both drop-ins (verified 64 KiB
+/// transfers): no invalid access, no definitely lost block.
+#[test]
+fn valgrind_reports_no_error_in_rstream_client() {
+    if !have_rstream() {
+        skip!("rstream is not installed (Debian package rdmacm-utils)");
+    }
+    if !have("valgrind") {
+        skip!("valgrind is not installed (Debian package valgrind)");
+    }
+    let _g = serial();
+    let args = ["-p", "7490", "-T", "v", "-S", "65536", "-C", "20"];
+    let mut s = Reap::new(dropin_command("rstream", SERVER).args(["-b", SERVER]).args(args).spawn().unwrap());
+    assert!(device_up(SERVER));
+    let supp = format!("--suppressions={}", root().join("crates/uroce-ibverbs/tests/valgrind/rping.supp").display());
+    let (ok, out) = client_within(Duration::from_secs(120), &mut || {
+        let mut c = dropin_command("valgrind", CLIENT);
+        // -q: only errors are printed (a full leak report would fill the
+        // pipe, which is read after the exit); --error-exitcode says whether
+        // there was one.
+        c.args(["-q", "--fair-sched=yes", "--leak-check=full", "--show-possibly-lost=no"])
+            .args(["--errors-for-leak-kinds=definite", &supp])
+            .args(["--error-exitcode=9", "rstream", "-s", SERVER])
+            .args(args);
+        c
+    });
+    let (sok, sout) = s.wait("rstream server", Duration::from_secs(60));
+    assert!(ok && sok, "{out}\nserver: {sout}");
+    assert!(!out.contains("definitely lost") && !out.contains("Invalid "), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("custom")), "{out}");
+}
