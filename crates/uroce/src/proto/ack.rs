@@ -109,8 +109,10 @@ impl DelayedAck {
     /// answer in time, so the QP turns quiet.
     pub fn expire(&mut self, now: Instant) -> Option<(u32, Aeth)> {
         if self.due.is_some_and(|d| d <= now) {
+            // (A post soon after does not count as an answer: it came later
+            // than the limit after the data.)
             self.quiet = true;
-            self.acked_at = Some(now);
+            self.acked_at = None;
             return self.take();
         }
         None

@@ -9,10 +9,10 @@
 //! its XRC domain: receives come from it and complete on its CQ, and its PD
 //! guards the memory RDMA requests touch.
 
+use super::ack::{ack_hold_limit, DelayedAck};
 use super::cq::{InlineRecv, MAX_INLINE_RECV};
 use super::qp::Qp;
 use super::srq::{RecvWqe, SharedRecvQueue};
-use super::ack::{ack_hold_limit, DelayedAck};
 use super::{psn, Ctx, Transmit};
 use crate::ib::{AsyncEventType, QpState, QpType, Wc, WcFlags, WcOpcode, WcStatus};
 use crate::mem::{for_each_sge_piece, sge_total, Want};
