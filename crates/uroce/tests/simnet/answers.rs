@@ -268,8 +268,8 @@ pub fn run(plan: &Plan) -> Result<Outcome, String> {
             ));
         }
         // Completions.
-        for node in 0..2 {
-            while let Some(wc) = nodes[node].cq.poll_one() {
+        for (node, at) in nodes.iter().enumerate() {
+            while let Some(wc) = at.cq.poll_one() {
                 let &(_, k) = local
                     .iter()
                     .find(|(&(n, _), &(q, _))| n == node && q == wc.qp_num)
