@@ -19,9 +19,10 @@
 //! timeout, so that holding can never make the peer retransmit. When it
 //! leaves at its deadline, the application did not answer in time: the QP
 //! stops holding (it is *quiet*) until the application is seen to answer
-//! within the limit of an ACK sent at once. The runtime may also say that
-//! no application thread is about to answer ([`super::Engine::set_app_active`]):
-//! then nothing is held.
+//! within the limit of an ACK sent at once. Nothing is held unless the
+//! engine's user says that an application thread is there to answer
+//! ([`super::Engine::set_app_active`]: the device runtime does while an
+//! application polls).
 
 use crate::wire::Aeth;
 use std::time::{Duration, Instant};

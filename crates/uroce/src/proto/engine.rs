@@ -149,7 +149,7 @@ impl Engine {
             xrc_srqs: XrcSrqs::default(),
             gsi_out: VecDeque::new(),
             gsi_psn: 0,
-            app_active: true,
+            app_active: false,
             next_ipv4_id: 1,
         }
     }
@@ -286,9 +286,10 @@ impl Engine {
 
     /// Says whether an application thread is about to answer what arrives
     /// (it polls for completions): only then do QPs hold ACKs for the
-    /// answer (see `proto::ack`). On by default (a simulation's
-    /// applications are always there); the device runtime turns it off
-    /// while no application calls in.
+    /// answer (see `proto::ack`). Off by default: a user of the engine that
+    /// says nothing gets every ACK at once. The device runtime says it on
+    /// each receive pass; a simulation whose applications are always there
+    /// turns it on once.
     pub fn set_app_active(&mut self, active: bool) {
         self.app_active = active;
     }
