@@ -305,8 +305,11 @@ impl Runtime {
 
     /// Stops the progress thread (also done on drop).
     pub fn shutdown(&self) {
-        // ACKs held for an answer that will not come leave now.
-        self.pump(|e, now| e.flush_acks(now));
+        // ACKs held for an answer that will not come leave now (a pass
+        // only if some are: see issue 19 on teardown under the locks).
+        if self.engine().has_held_acks() {
+            self.pump(|e, now| e.flush_acks(now));
+        }
         self.shutdown.store(true, Ordering::SeqCst);
         self.wake();
         let h = self.thread.lock().unwrap().take();

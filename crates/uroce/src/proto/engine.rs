@@ -294,6 +294,11 @@ impl Engine {
         self.app_active = active;
     }
 
+    /// Whether some QP holds an ACK (see `proto::ack`).
+    pub fn has_held_acks(&self) -> bool {
+        self.timed.iter().any(|q| self.qps.get(q).is_some_and(|q| q.resp.ack.is_held()))
+    }
+
     /// Sends every held ACK now (the device is closing).
     pub fn flush_acks(&mut self, now: Instant) {
         let held: SmallVec<[u32; 8]> =
