@@ -148,22 +148,24 @@ fn a_held_ack_leaves_at_its_deadline_then_the_qp_acknowledges_at_once_until_it_s
 }
 
 #[test]
-fn destroying_or_resetting_the_qp_sends_its_held_ack() {
-    for reset in [false, true] {
+fn destroying_resetting_or_failing_the_qp_sends_its_held_ack() {
+    for to in [None, Some(QpState::Reset), Some(QpState::Err)] {
         let t0 = Instant::now();
         let mut w = two(14);
         w.post(0, t0, WrOpcode::Send, 8);
         w.pass(0, t0);
         assert!(w.pass(1, t0).is_empty());
         let qpn = w.conn.resp_qpn;
-        if reset {
-            let a = QpAttr { qp_state: QpState::Reset, ..QpAttr::default() };
-            w.nodes[1].engine.modify_qp(t0, qpn, &a, QpAttrMask::STATE).unwrap();
-        } else {
-            w.nodes[1].engine.destroy_qp(qpn).unwrap();
+        match to {
+            Some(state) => {
+                let a = QpAttr { qp_state: state, ..QpAttr::default() };
+                w.nodes[1].engine.modify_qp(t0, qpn, &a, QpAttrMask::STATE).unwrap();
+            }
+            None => w.nodes[1].engine.destroy_qp(qpn).unwrap(),
         }
         let sent = w.pass(1, t0);
-        assert!(sent.len() == 1 && is_ack(&sent[0], 100), "reset {reset}: {sent:?}");
+        assert!(sent.len() == 1 && is_ack(&sent[0], 100), "{to:?}: {sent:?}");
+        assert_eq!(w.nodes[0].cq.poll_one().map(|wc| wc.status), Some(uroce::ib::WcStatus::Success), "{to:?}");
         assert_eq!(w.nodes[1].engine.poll_timeout(), None);
     }
 }
