@@ -2172,3 +2172,59 @@ fn the_next_deadline_is_the_earliest_running_timer_and_idle_qps_have_none() {
     a.destroy_qp(conns[7].req_qpn).unwrap();
     assert_eq!(a.poll_timeout(), None, "destroyed QPs take their timers along");
 }
+
+/// The responder's delayed-ACK policy (`proto::ack`, `simnet/answers.rs`):
+/// per seed, 1–4 ping-pong pairs whose responding application answers
+/// promptly, late, never, stops answering, or destroys its QP right after
+/// its last receive, over a clean or a lossy fabric, with ACK timeouts of
+/// 16 µs to 4 ms. Every request completes; no acknowledgement owed for a
+/// request with AckReq waits longer than the hold limit; on a clean fabric
+/// nothing is retransmitted, a prompt answer carries the ACK (it leaves
+/// right after the answer, in the same pass), and an application that does
+/// not answer in time costs one held ACK, after which ACKs go at once.
+#[test]
+fn applications_that_answer_late_never_or_exit() {
+    use simnet::answers::{self, Answer};
+    let _one = one_at_a_time();
+    let seeds = seeds_from_env();
+    let mut failed = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for &seed in &seeds {
+        let plan = answers::Plan::draw(seed);
+        let checked = answers::run(&plan).and_then(|o| {
+            if !plan.clean {
+                return Ok(());
+            }
+            let [a, b] = o.stats;
+            if a.retransmits + b.retransmits + a.timeouts + b.timeouts + a.rx_duplicates + b.rx_duplicates != 0 {
+                return Err(format!("clean fabric, yet retransmissions: {a:?} {b:?}"));
+            }
+            for ((answer, t), p) in o.tallies.iter().zip(&plan.pairs) {
+                seen.insert(format!("{answer:?}").split('(').next().unwrap().to_string());
+                let m = p.messages as u64;
+                let want = match *answer {
+                    Answer::Prompt => (m, 0, 0),
+                    Answer::Late | Answer::Never => (0, 1, m - 1),
+                    Answer::Stops(k) if k as u64 >= m => (m, 0, 0),
+                    Answer::Stops(k) => (k as u64, 1, m - 1 - k as u64),
+                    Answer::Exits => (m - 1, t.held_alone, 1 - t.held_alone),
+                };
+                if (t.with_answer, t.held_alone, t.at_once) != want {
+                    return Err(format!("{p:?}: ACKs {t:?}, expected (with answer, held alone, at once) {want:?}"));
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = checked {
+            eprintln!(
+                "seed {seed} FAILED: {e}\n  {plan:?}\n  (rerun: UROCE_SIM_SEED={seed} cargo test -p uroce --test sim \
+                 applications_that)"
+            );
+            failed.push(seed);
+        }
+    }
+    assert!(failed.is_empty(), "{} of {} seeds failed: {:?}", failed.len(), seeds.len(), failed);
+    if seeds.len() >= 100 {
+        assert_eq!(seen.len(), 5, "every kind of application ran on a clean fabric: {seen:?}");
+    }
+}

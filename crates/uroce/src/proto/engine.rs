@@ -92,7 +92,7 @@ pub struct Engine {
     /// assigned, so no peer can steer them into colliding.
     qps: FxHashMap<u32, Qp>,
     next_qpn: u32,
-    /// QPs with a timer running (retransmission or RNR): finding the next
+    /// QPs with a timer running (retransmission, RNR or held ACK): finding the next
     /// deadline visits these, not every QP (idle QPs cost nothing).
     timed: FxHashSet<u32>,
     ready: Vec<u32>,
@@ -114,6 +114,9 @@ pub struct Engine {
     /// CM answers of a device with no QP 1 (`cm::gsi`), and their PSNs.
     gsi_out: VecDeque<Transmit>,
     gsi_psn: u32,
+    /// An application thread may answer what arrives: ACKs may be held for
+    /// it ([`Engine::set_app_active`]).
+    app_active: bool,
     /// The IPv4 ID the next packet likely carries (one more than the last
     /// one's: a GSO send's segments arrive in order), tried first.
     next_ipv4_id: u16,
@@ -147,6 +150,7 @@ impl Engine {
             xrc_srqs: XrcSrqs::default(),
             gsi_out: VecDeque::new(),
             gsi_psn: 0,
+            app_active: false,
             next_ipv4_id: 1,
         }
     }
@@ -206,6 +210,7 @@ impl Engine {
             ready: &mut self.ready,
             spare: &mut self.spare,
             xrc_srqs: &self.xrc_srqs,
+            app_active: self.app_active,
         };
         let r = f(qp, &mut ctx);
         let armed = qp.next_timeout().is_some();
@@ -280,7 +285,47 @@ impl Engine {
         self.xrc_srqs.remove(&srqn);
     }
 
+    /// Says whether an application thread is about to answer what arrives
+    /// (it polls for completions): only then do QPs hold ACKs for the
+    /// answer (see `proto::ack`). Off by default: a user of the engine that
+    /// says nothing gets every ACK at once. The device runtime says it on
+    /// each receive pass; a simulation whose applications are always there
+    /// turns it on once.
+    pub fn set_app_active(&mut self, active: bool) {
+        self.app_active = active;
+    }
+
+    /// Whether some QP holds an ACK (see `proto::ack`).
+    pub fn has_held_acks(&self) -> bool {
+        self.timed.iter().any(|q| self.qps.get(q).is_some_and(|q| q.resp.ack.is_held()))
+    }
+
+    /// Sends every held ACK now (the device is closing).
+    pub fn flush_acks(&mut self, now: Instant) {
+        let held: SmallVec<[u32; 8]> =
+            self.timed.iter().copied().filter(|q| self.qps.get(q).is_some_and(|q| q.resp.ack.is_held())).collect();
+        for qpn in held {
+            self.with_qp(now, qpn, |qp, ctx| {
+                if qp.resp.release_held_ack() {
+                    ctx.mark_ready(qp.qpn);
+                }
+            });
+        }
+    }
+
+    /// The held ACK of a QP that is going away (destroyed or reset), built
+    /// now and queued to go: the application often destroys its QP right
+    /// after its last receive, and what it received stays acknowledged.
+    fn part_with_held_ack(&mut self, qpn: u32) {
+        let Some(due) = self.qps.get(&qpn).and_then(|q| q.resp.ack.due()) else { return };
+        // The packet needs no clock: the deadline stands in for `now`.
+        if let Some(Some(t)) = self.with_qp(due, qpn, |qp, ctx| qp.take_held_ack_packet(ctx)) {
+            self.gsi_out.push_back(t);
+        }
+    }
+
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
+        self.part_with_held_ack(qpn);
         self.qps.remove(&qpn).ok_or_else(|| Error::inval("destroy_qp: no such QP"))?;
         self.timed.remove(&qpn);
         if let Some(q) = self.qp_stats.remove(&qpn) {
@@ -290,6 +335,11 @@ impl Engine {
     }
 
     pub fn modify_qp(&mut self, now: Instant, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        if mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset {
+            // Reset forgets the responder's state: its held ACK leaves first.
+            // (A refused transition has nothing held for long anyway.)
+            self.part_with_held_ack(qpn);
+        }
         self.with_qp(now, qpn, |qp, ctx| qp.modify(ctx, attr, mask))
             .unwrap_or_else(|| Err(Error::inval("modify_qp: no such QP")))
     }
@@ -488,10 +538,16 @@ impl Engine {
         while let Some(qpn) = self.active.pop_front() {
             let Some(qp) = self.qps.get_mut(&qpn) else { continue };
             qp.queued = false;
-            let t = self.with_qp(now, qpn, |qp, ctx| qp.poll_response(ctx).or_else(|| qp.poll_request(ctx)));
-            if let Some(Some(t)) = t {
+            let t = self.with_qp(now, qpn, |qp, ctx| qp.poll_packet(ctx));
+            if let Some(Some((t, ack_next))) = t {
                 if let Some(qp) = self.qps.get_mut(&qpn) {
-                    if !qp.queued {
+                    if ack_next {
+                        // The ACK held for this request goes right after it
+                        // (one GSO send: see `proto::ack`).
+                        self.active.retain(|&q| q != qpn);
+                        qp.queued = true;
+                        self.active.push_front(qpn);
+                    } else if !qp.queued {
                         qp.queued = true;
                         self.active.push_back(qpn);
                     }
@@ -541,7 +597,10 @@ impl Engine {
             .collect();
         due.sort_unstable(); // in QPN order, whatever the set's
         for qpn in due {
-            self.with_qp(now, qpn, |qp, ctx| qp.on_timer(ctx));
+            self.with_qp(now, qpn, |qp, ctx| {
+                qp.on_ack_timer(ctx);
+                qp.on_timer(ctx);
+            });
         }
     }
 

@@ -10,7 +10,9 @@
 //! sibling files as `impl Qp` blocks: [`requester`] turns send WQEs into
 //! request packets and retransmits (go-back-N), [`completer`] consumes
 //! ACKs, NAKs and responses and completes send WQEs, [`responder`] executes
-//! incoming requests and produces ACKs and responses.
+//! incoming requests and produces ACKs and responses, holding an ACK
+//! briefly for the application's answer ([`ack`]: a timer like the
+//! requester's).
 //!
 //! Memory is reached only through [`MemoryAccess`] ([`memory`]): key checks,
 //! copies, atomics, window binds and invalidations, UMRs. The device gives
@@ -19,6 +21,7 @@
 //! [`PayloadHold`] (raw bytes and the token that keeps them registered), so
 //! the I/O layer below sees no memory type.
 
+mod ack;
 pub mod completer;
 pub mod cq;
 mod engine;
@@ -31,6 +34,7 @@ pub mod srq;
 mod stats;
 pub mod wr;
 
+pub use ack::{ack_hold_limit, ACK_HOLD_CAP, ACK_HOLD_FRACTION};
 pub use engine::{Engine, EngineConfig, QpSummary};
 pub use memory::{MemoryAccess, PayloadHold};
 pub use stats::Stats;
@@ -138,26 +142,6 @@ impl Transmit {
         }
     }
 
-    /// Whether this is a plain positive acknowledgement: an RC or XRC
-    /// ACKNOWLEDGE whose AETH syndrome is ACK (not an RNR NAK or NAK). Only
-    /// the peer's requester waits for one, so the I/O layer may hold it
-    /// briefly to send it with the next packets (see `io::runtime`).
-    pub fn is_plain_ack(&self) -> bool {
-        let op = self.data.first().map(|&b| wire::Opcode(b));
-        let syndrome = self.data.get(wire::Bth::LEN).copied();
-        matches!(op, Some(o) if o == wire::Opcode::RC_ACK || o == wire::Opcode::RC_ACK.to_xrc())
-            && syndrome.is_some_and(|s| matches!(wire::Aeth { syndrome: s, msn: 0 }.kind(), wire::AethKind::Ack { .. }))
-    }
-
-    /// Whether this is a request (from a requester), not an ACK or a
-    /// response.
-    pub fn is_request(&self) -> bool {
-        self.data
-            .first()
-            .and_then(|&b| wire::Opcode(b).info())
-            .is_some_and(|i| !i.flags.contains(wire::OpFlags::RESPONSE))
-    }
-
     /// Completions wait for this packet to reach the kernel: once the send
     /// call that carried it has returned, give this to [`Engine::sent`].
     pub fn after_send(&self) -> Option<AfterSend> {
@@ -239,6 +223,9 @@ pub(crate) struct Ctx<'a> {
     pub spare: &'a mut Vec<Vec<u8>>,
     /// The device's XRC SRQs by number, for XRC requests to name.
     pub xrc_srqs: &'a engine::XrcSrqs,
+    /// An application thread may answer what arrives (see
+    /// [`Engine::set_app_active`]): ACKs may be held for it.
+    pub app_active: bool,
 }
 
 impl Ctx<'_> {

@@ -407,6 +407,11 @@ impl Qp {
             ctx.events.push_back(Event::Async(AsyncEvent::qp(AsyncEventType::QpLastWqeReached, self.qpn)));
         }
         self.resp.drop_reads();
+        // What was executed is acknowledged (an application that tears its
+        // connection down moves the QP to ERR first).
+        if self.resp.release_held_ack() {
+            ctx.mark_ready(self.qpn);
+        }
     }
 
     pub(crate) fn deliver_send(&mut self, ctx: &mut Ctx, wc: Wc) {
@@ -561,6 +566,7 @@ impl Qp {
             return Ok(());
         }
         self.sq.push_back(wqe);
+        self.resp.ack.posted(ctx.now, super::ack::ack_hold_limit(self.attr.timeout));
         ctx.mark_ready(self.qpn);
         Ok(())
     }
@@ -668,10 +674,23 @@ impl Qp {
 
     /// The earliest timer of this QP.
     pub(crate) fn next_timeout(&self) -> Option<Instant> {
-        match (self.req.timer, self.req.rnr_timer) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        [self.req.timer, self.req.rnr_timer, self.resp.ack.due()].into_iter().flatten().min()
+    }
+
+    /// The next packet of this QP: responses first, then a request; after
+    /// a request, the ACK held for it (see `proto::ack`) is queued to go
+    /// next (`true`: the engine polls this QP again at once, so that the
+    /// two leave together).
+    pub(crate) fn poll_packet(&mut self, ctx: &mut Ctx) -> Option<(super::Transmit, bool)> {
+        if let Some(t) = self.poll_response(ctx) {
+            return Some((t, false));
         }
+        let t = self.poll_request(ctx)?;
+        let ack_next = self.resp.release_held_ack();
+        if ack_next {
+            ctx.mark_ready(self.qpn);
+        }
+        Some((t, ack_next))
     }
 }
 

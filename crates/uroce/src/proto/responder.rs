@@ -9,6 +9,7 @@
 //! its XRC domain: receives come from it and complete on its CQ, and its PD
 //! guards the memory RDMA requests touch.
 
+use super::ack::{ack_hold_limit, DelayedAck};
 use super::cq::{InlineRecv, MAX_INLINE_RECV};
 use super::memory::{for_each_sge_piece, Atomic, Want};
 use super::qp::Qp;
@@ -107,11 +108,26 @@ pub(crate) struct Responder {
     failing: Option<AsyncEventType>,
     /// XRC target: the SRQ the request being executed named.
     pub(crate) xrc_srq: Option<Arc<SharedRecvQueue>>,
+    /// The ACK held for the application's answer (see `proto::ack`).
+    pub(crate) ack: DelayedAck,
 }
 
 impl Responder {
     pub fn reset(&mut self, rq_psn: u32, max_dest_rd_atomic: usize) {
         *self = Responder { epsn: rq_psn, max_resources: max_dest_rd_atomic, ..Default::default() };
+    }
+
+    /// Queues the held ACK (if any) ahead of everything else queued: it
+    /// is older than what follows it.
+    pub(crate) fn release_held_ack(&mut self) -> bool {
+        let Some((psn, aeth)) = self.ack.take() else { return false };
+        self.out.push_front(Out::Ack { psn, aeth });
+        true
+    }
+
+    /// Whether responses are queued.
+    pub(crate) fn has_out(&self) -> bool {
+        !self.out.is_empty()
     }
 
     pub fn debug_state(&self) -> String {
@@ -306,10 +322,64 @@ impl Qp {
             self.resp.msn = psn::add(self.resp.msn, 1);
         }
         if h.bth.ack_req && !uc {
-            let msn = self.resp.msn;
-            self.resp.push_ack(p, Aeth::ack(msn));
+            let aeth = Aeth::ack(self.resp.msn);
+            let limit = self.ack_hold(ctx, flags);
+            if let Some((p, aeth)) = self.resp.ack.offer(ctx.now, limit, p, aeth) {
+                self.resp.push_ack(p, aeth);
+            }
         }
         Ok(())
+    }
+
+    /// How long the ACK of `flags`' packet may be held for the application's
+    /// answer (see `proto::ack`); None: it goes at once. Only the last
+    /// packet of a message is answered; only an RC QP in RTS can answer
+    /// (an XRC target has no send queue); and nothing waits behind
+    /// queued responses, which the ACK would have to precede.
+    fn ack_hold(&self, ctx: &Ctx, flags: F) -> Option<std::time::Duration> {
+        let can_answer = ctx.app_active
+            && flags.contains(F::LAST)
+            && self.qp_type == QpType::Rc
+            && self.attr.qp_state == QpState::Rts
+            && self.resp.out.is_empty();
+        can_answer.then(|| ack_hold_limit(self.attr.timeout))
+    }
+
+    /// A held ACK whose deadline has passed goes (see `proto::ack`).
+    pub(crate) fn on_ack_timer(&mut self, ctx: &mut Ctx) {
+        if let Some((psn, aeth)) = self.resp.ack.expire(ctx.now) {
+            self.resp.out.push_front(Out::Ack { psn, aeth });
+            ctx.mark_ready(self.qpn);
+        }
+    }
+
+    /// The held ACK as a packet, now (the QP is about to be destroyed or
+    /// reset: what it acknowledged still leaves).
+    pub(crate) fn take_held_ack_packet(&mut self, ctx: &mut Ctx) -> Option<Transmit> {
+        if !matches!(self.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Err) {
+            self.resp.ack.take();
+            return None;
+        }
+        let (psn, aeth) = self.resp.ack.take()?;
+        let mut h = self.response_headers(Opcode::RC_ACK, psn);
+        h.aeth = Some(aeth);
+        ctx.build(self.attr.ah_attr.dgid.to_ip(), &h, 0, |_| Ok(())).ok()
+    }
+
+    fn response_headers(&self, opcode: Opcode, psn: u32) -> Headers {
+        Headers::new(Bth {
+            opcode: self.wire_opcode(opcode),
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: super::requester::DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qp: self.attr.dest_qp_num,
+            ack_req: false,
+            psn,
+        })
     }
 
     fn exec_send(&mut self, ctx: &mut Ctx, pkt: &Packet, flags: F) -> Result<(), Refuse> {
@@ -662,6 +732,10 @@ impl Qp {
     /// The next response packet (ACK, NAK, READ response, atomic ACK).
     pub(crate) fn poll_response(&mut self, ctx: &mut Ctx) -> Option<Transmit> {
         let dst = self.attr.ah_attr.dgid.to_ip();
+        if self.resp.has_out() {
+            // Nothing queued waits behind a held ACK: it goes first.
+            self.resp.release_held_ack();
+        }
         loop {
             let out = self.resp.out.pop_front()?;
             let (psn, opcode, aeth, atomic_ack, job) = match out {
@@ -689,19 +763,7 @@ impl Qp {
                     (j.psn, op, aeth, None, Some(j))
                 }
             };
-            let mut h = Headers::new(Bth {
-                opcode: self.wire_opcode(opcode),
-                solicited: false,
-                mig_req: false,
-                pad_count: 0,
-                tver: 0,
-                pkey: super::requester::DEFAULT_PKEY,
-                fecn: false,
-                becn: false,
-                dest_qp: self.attr.dest_qp_num,
-                ack_req: false,
-                psn,
-            });
+            let mut h = self.response_headers(opcode, psn);
             h.aeth = aeth;
             h.atomic_ack = atomic_ack;
             let Some(j) = job else {

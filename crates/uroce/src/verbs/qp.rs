@@ -323,10 +323,11 @@ impl Drop for QueuePair {
         // No event is delivered for it from now on (those not yet taken go).
         self.owner.ctx().dev.untrack_events(crate::proto::EventElement::Qp(self.qpn));
         let rt = &self.owner.ctx().dev.rt;
-        // What it acknowledged leaves before it goes (an application often
-        // destroys its QPs right after its last receive, then exits).
-        rt.flush_held();
-        let _ = rt.engine().destroy_qp(self.qpn);
+        // What it acknowledged leaves as it goes (an application often
+        // destroys its QPs right after its last receive, then exits): the
+        // engine queues the ACK it held, and the pump sends it.
+        let qpn = self.qpn;
+        let _ = rt.pump(|e, _| e.destroy_qp(qpn));
     }
 }
 

@@ -4,6 +4,8 @@
 //! This file owns the fabric and the seeded random numbers; the modules
 //! below own what the simulation puts on either side of it.
 
+/// Applications that answer late, never, or exit: the delayed-ACK policy.
+pub mod answers;
 /// Guarded buffers in shared memfd mappings, whose pages can be dropped.
 pub mod buf;
 /// One reliable connection between the two nodes, RC or XRC.
