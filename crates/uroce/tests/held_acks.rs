@@ -42,6 +42,7 @@ fn send_and_poll_until_received(a: &End, b: &End, a_mr: &MemoryRegion) {
 }
 
 #[test]
+#[ignore = "held ACKs move to proto (other branch)"]
 fn an_application_that_stops_calling_still_acknowledges() {
     // a retransmits after 4.096 µs × 2^17 ≈ 0.54 s without an ACK.
     let (a, b, a_mr, b_mr) = setup(17, 7);
@@ -54,6 +55,7 @@ fn an_application_that_stops_calling_still_acknowledges() {
 }
 
 #[test]
+#[ignore = "held ACKs move to proto (other branch)"]
 fn closing_right_after_the_last_receive_still_acknowledges() {
     // Without the ACK, a would give up after 2 retries of ≈ 17 ms each.
     let (a, b, a_mr, b_mr) = setup(12, 2);

@@ -64,33 +64,6 @@ const TICK: Duration = Duration::from_millis(1);
 /// handled under one engine lock.
 const RX_BATCH: usize = 64;
 
-/// What an engine pass does with the plain ACKs that receive passes held
-/// back (see [`Runtime::try_progress`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Held {
-    /// Send them: explicit flushes, and the progress thread while no
-    /// application calls in.
-    Flush,
-    /// Posts and other calls: send them right after this pass's packets,
-    /// in the same system call (the application's answer, then the ACKs);
-    /// keep them if it made none.
-    Keep,
-    /// A receive pass while an application calls in: hold this pass's own
-    /// packets if they are all plain ACKs (and the application is seen to
-    /// answer what it receives); keep those held earlier for at most
-    /// [`ACK_HOLD_MAX`].
-    HoldNew,
-}
-
-/// Longest a held ACK waits for the application to post its answer.
-const ACK_HOLD_MAX: Duration = Duration::from_micros(20);
-/// Longest the progress thread sleeps while ACKs are held and no
-/// application polls (one that polls sends them itself).
-const ACK_HOLD_WAIT: Duration = Duration::from_micros(200);
-/// An application that polled a CQ this recently is taken to call again
-/// soon: the progress thread holds ACKs for it.
-const APP_ACTIVE: Duration = Duration::from_millis(2);
-
 /// The receiving side's reusable storage.
 struct RxState {
     batch: RecvBatch,
@@ -105,16 +78,6 @@ struct TxState {
     out: Vec<Transmit>,
     /// Buffers of sent packets, handed back to the engine on its next pass.
     sent: Vec<Vec<u8>>,
-    /// Plain ACKs made by receive passes while an application calls in
-    /// (see [`Runtime::try_progress`]), and since when the oldest waits.
-    held: Vec<Transmit>,
-    held_since: Option<Instant>,
-    /// Whether the application answers what it receives (it posted within
-    /// ACK_HOLD_MAX of the last receive that made ACKs): only then are ACKs
-    /// held. A receiver that never posts gets its ACKs out at once.
-    expect_answer: bool,
-    /// When a receive pass last sent the ACKs it made without holding them.
-    acks_sent_at: Option<Instant>,
 }
 
 pub struct Runtime {
@@ -140,10 +103,6 @@ pub struct Runtime {
     sleeping_until: AtomicInstant,
     /// When an application thread last polled for completions.
     app_poll_at: AtomicInstant,
-    /// When a receive pass should send the held ACKs, if no answer of the
-    /// application's has taken them along before; `None` while none are
-    /// held (read without the transmit lock).
-    held_due: AtomicInstant,
     /// The engine's earliest timer as of its last pass, so that an empty
     /// poll needs no engine lock (timers armed outside a pass are the
     /// progress thread's to find).
@@ -176,7 +135,7 @@ impl Runtime {
             engine: Mutex::new(Engine::new(cfg.engine, mem)),
             rx: Mutex::new(RxState { batch: RecvBatch::new(RX_BATCH, 65536), got: Vec::with_capacity(RX_BATCH) }),
             socket,
-            tx: Mutex::new(TxState { expect_answer: true, ..TxState::default() }),
+            tx: Mutex::new(TxState::default()),
             wake,
             sink: RwLock::new(None),
             capturing: AtomicBool::new(capture.is_some()),
@@ -186,7 +145,6 @@ impl Runtime {
             shutdown: AtomicBool::new(false),
             sleeping_until: AtomicInstant::default(),
             app_poll_at: AtomicInstant::default(),
-            held_due: AtomicInstant::default(),
             next_deadline: AtomicInstant::default(),
             thread: Mutex::new(None),
         });
@@ -210,18 +168,11 @@ impl Runtime {
     }
 
     /// Runs `f` on the engine, then sends what it produced and delivers its
-    /// events. Held ACKs (see [`Runtime::try_progress`]) go right after what
-    /// it produced, or stay held if it produced nothing.
+    /// events.
     pub fn pump<R>(&self, f: impl FnOnce(&mut Engine, Instant) -> R) -> R {
-        self.pump_with(Held::Keep, f)
-    }
-
-    fn pump_with<R>(&self, held: Held, f: impl FnOnce(&mut Engine, Instant) -> R) -> R {
         let mut tx = self.tx.lock().unwrap();
         let now = Instant::now();
         let mut out = std::mem::take(&mut tx.out);
-        out.append(&mut tx.held);
-        let earlier = out.len();
         let mut events = Vec::new();
         let (r, deadline) = {
             let mut e = self.engine.lock().unwrap();
@@ -237,51 +188,6 @@ impl Runtime {
             }
             (r, e.poll_timeout())
         };
-        let made = &out[earlier..];
-        let only_acks = !made.is_empty() && made.iter().all(Transmit::is_plain_ack);
-        let (keep_earlier, hold_made) = match held {
-            Held::Flush => (false, false),
-            Held::Keep if made.is_empty() => (true, false),
-            Held::Keep => {
-                tx.expect_answer |= tx.acks_sent_at.is_some_and(|t| now < t + ACK_HOLD_MAX);
-                // The answer first, then the ACKs, in one system call: the
-                // peer sees its data before the ACK it may be waiting on
-                // (unless this pass made responses, which follow the ACKs).
-                if earlier > 0 && out[earlier..].iter().all(Transmit::is_request) {
-                    out.rotate_left(earlier);
-                }
-                (false, false)
-            }
-            Held::HoldNew => {
-                let young = tx.held_since.is_some_and(|t| now < t + ACK_HOLD_MAX);
-                if earlier > 0 && !young {
-                    // Waited in vain: this application does not answer.
-                    tx.expect_answer = false;
-                }
-                let hold_made = only_acks && tx.expect_answer;
-                if only_acks && !hold_made {
-                    tx.acks_sent_at = Some(now);
-                }
-                // Responses go at once, after the ACKs before them.
-                (young && (made.is_empty() || hold_made), hold_made)
-            }
-        };
-        // `tx.held` is empty here; what it gets stays in the order made.
-        if keep_earlier {
-            tx.held.extend(out.drain(..earlier));
-        } else {
-            tx.held_since = None;
-        }
-        if hold_made {
-            let from = if keep_earlier { 0 } else { earlier };
-            tx.held.extend(out.drain(from..));
-        }
-        if tx.held.is_empty() {
-            tx.held_since = None;
-        } else if tx.held_since.is_none() {
-            tx.held_since = Some(now);
-        }
-        self.held_due.store(tx.held_since.map(|t| t + ACK_HOLD_MAX), Ordering::Release);
         self.next_deadline.store(deadline, Ordering::Relaxed);
         let after: SmallVec<[AfterSend; 4]> = out.iter().filter_map(Transmit::after_send).collect();
         self.send_all(&mut out);
@@ -296,6 +202,7 @@ impl Runtime {
         }
         tx.sent.extend(out.drain(..).map(|t| t.data));
         tx.out = out;
+        drop(tx);
         self.dispatch(events);
         if let Some(d) = deadline {
             // Asleep past the new deadline: wake. Awake (None): it will see
@@ -395,7 +302,6 @@ impl Runtime {
 
     /// Stops the progress thread (also done on drop).
     pub fn shutdown(&self) {
-        self.flush_held();
         self.shutdown.store(true, Ordering::SeqCst);
         self.wake();
         let h = self.thread.lock().unwrap().take();
@@ -420,49 +326,21 @@ impl Runtime {
     /// pollers of an empty CQ: with busy-polling applications on few cores,
     /// waiting for the progress thread to be scheduled would cost
     /// milliseconds. Returns whether anything was received.
-    ///
-    /// The plain ACKs this makes are held (see `Held`): the application's
-    /// next post sends them right after its own packets, in the same system
-    /// call; not taken along within `ACK_HOLD_MAX` (20 µs), they go with the
-    /// next receive pass, and the progress thread sends what is held when it
-    /// wakes. An ACK sent at once would cost the application a system call
-    /// between the data's arrival and its view of it, and would reach the
-    /// peer before the answer; a NIC sends it beside the host's work, and
-    /// uroce's host is the application thread.
     pub fn try_progress(&self) -> bool {
         let now = Instant::now();
         self.app_poll_at.store(Some(now), Ordering::Relaxed);
         let Ok(mut rx) = self.rx.try_lock() else { return false };
-        self.receive(&mut rx, now, true)
+        self.receive(&mut rx, now)
     }
 
-    /// Whether ACKs are held (see [`Runtime::try_progress`]).
-    fn acks_held(&self) -> bool {
-        self.held_due.load(Ordering::Acquire).is_some()
-    }
-
-    /// Sends the ACKs that an application thread's receive held.
-    pub fn flush_held(&self) {
-        if self.acks_held() {
-            self.pump_with(Held::Flush, |_, _| {});
-        }
-    }
-
-    /// Receives what the socket holds and runs the engine on it, on due
-    /// timers and on held ACKs; `now` is the caller's recent clock reading.
-    fn receive(&self, rx: &mut RxState, now: Instant, hold_acks: bool) -> bool {
+    /// Receives what the socket holds and runs the engine on it and on due
+    /// timers; `now` is the caller's recent clock reading.
+    fn receive(&self, rx: &mut RxState, now: Instant) -> bool {
         let RxState { batch, got } = rx;
         got.clear();
         if let Err(e) = self.socket.recv_batch(batch) {
             tracing::debug!("receive failed: {e}");
         }
-        let held = if hold_acks { Held::HoldNew } else { Held::Flush };
-        // A pass for held ACKs alone only when they are to go: while they
-        // wait, an empty poll stays cheap.
-        let send_held = match self.held_due.load(Ordering::Acquire) {
-            Some(due) => !hold_acks || due <= now,
-            None => false,
-        };
         let local = self.socket.local_addr();
         for (b, r) in batch.filled().iter().enumerate() {
             match r.seg {
@@ -499,10 +377,10 @@ impl Runtime {
                 f.receive(now, from, &batch.bytes(b)[off..off + n], &mut owned);
             }
             let due = self.next_deadline.load(Ordering::Relaxed).is_some_and(|t| t <= now);
-            if owned.is_empty() && !due && !send_held {
+            if owned.is_empty() && !due {
                 return !got.is_empty();
             }
-            self.pump_with(held, |e, now| {
+            self.pump(|e, now| {
                 for (from, data) in &owned {
                     e.handle_datagram(now, *from, local.ip(), data);
                 }
@@ -513,10 +391,10 @@ impl Runtime {
             return true;
         }
         let due = self.next_deadline.load(Ordering::Relaxed).is_some_and(|t| t <= now);
-        if got.is_empty() && !due && !send_held {
+        if got.is_empty() && !due {
             return false;
         }
-        self.pump_with(held, |e, now| {
+        self.pump(|e, now| {
             for &(b, off, n, from) in got.iter() {
                 e.handle_datagram(now, from, local.ip(), &batch.bytes(b)[off..off + n]);
             }
@@ -561,10 +439,6 @@ impl Runtime {
             if app_polling {
                 timeout = timeout.min(APP_POLL_GRACE);
             }
-            if !app_polling && self.acks_held() {
-                // (While the application polls, its own passes send them.)
-                timeout = timeout.min(ACK_HOLD_WAIT);
-            }
             if !self.busy_poll {
                 self.sleeping_until.store(Some(now + timeout), Ordering::Release);
             }
@@ -590,19 +464,10 @@ impl Runtime {
             return false;
         }
         // An application thread holding the receive lock is receiving, and
-        // its pass handles due timers and held ACKs too: do not queue behind
+        // its pass handles due timers too: do not queue behind
         // it.
         let rx = if app_polling { self.rx.try_lock().ok() } else { Some(self.rx.lock().unwrap()) };
-        // While an application calls in, its next receive pass is near: hold
-        // the plain ACKs of this pass for it too (this thread sends them
-        // itself after at most ACK_HOLD_WAIT), so that they leave after the
-        // application's answer. An application that spins on its buffer and
-        // polls a CQ only for its own send completions (perftest's
-        // `ib_write_lat`) then finds the peer's next message received by
-        // the time its completion comes, instead of waiting for this thread.
-        let now = Instant::now();
-        let app_active = self.app_poll_at.load(Ordering::Relaxed).is_some_and(|t| now < t + APP_ACTIVE);
-        let got = rx.is_some_and(|mut rx| self.receive(&mut rx, now, app_active));
+        let got = rx.is_some_and(|mut rx| self.receive(&mut rx, Instant::now()));
         if self.busy_poll && !got {
             std::hint::spin_loop();
         }
@@ -622,8 +487,8 @@ impl Drop for Runtime {
 ///
 /// A run is for one destination and ends at a longer packet: GSO needs
 /// equal segments but for a shorter last one, and a multi-packet message's
-/// FIRST packet is 16 bytes longer (its RETH). An answer and the ACKs held
-/// for it (see [`Held::Keep`]) share a run: the kernel delivers a GSO send's
+/// FIRST packet is 16 bytes longer (its RETH). An answer and the ACKs made
+/// with it share a run: the kernel delivers a GSO send's
 /// segments together at its end, so a peer that waits for both its data and
 /// its send completion (perftest's `ib_write_lat`, `ibv_rc_pingpong`) has
 /// them at once. Sent as separate messages, the answer would arrive ≈ 0.35 µs
