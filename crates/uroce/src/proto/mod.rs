@@ -23,7 +23,7 @@ pub mod srq;
 mod stats;
 pub mod wr;
 
-pub use engine::{Engine, EngineConfig, QpSummary};
+pub use engine::{check_datagram, dest_qpn, Engine, EngineConfig, IcrcCheck, QpSummary, Received, XrcSrqs};
 pub use stats::Stats;
 
 use crate::ib::AsyncEventType;
