@@ -83,8 +83,18 @@ const FIRST_QPN: u32 = 0x11;
 /// Highest QPN (24 bits).
 const LAST_QPN: u32 = 0x00FF_FFFF;
 
+/// The QPN handed out after `qpn` (wrapping past the highest to the
+/// lowest).
+pub fn qpn_after(qpn: u32) -> u32 {
+    if qpn >= LAST_QPN {
+        FIRST_QPN
+    } else {
+        qpn + 1
+    }
+}
+
 /// The first QPN an engine seeded with `seed` hands out.
-fn first_qpn(seed: u64) -> u32 {
+pub fn first_qpn(seed: u64) -> u32 {
     let r = crate::mem::KeyRng::new(seed).next_u64();
     FIRST_QPN + (r % u64::from(LAST_QPN - FIRST_QPN + 1)) as u32
 }
@@ -421,6 +431,11 @@ impl Engine {
         self.next_qpn = if qpn >= LAST_QPN { FIRST_QPN } else { qpn + 1 };
         self.qps.insert(qpn, qp);
         Ok(qpn)
+    }
+
+    /// Whether a QP numbered `qpn` exists.
+    pub fn has_qp(&self, qpn: u32) -> bool {
+        self.qps.contains_key(&qpn)
     }
 
     /// Makes an XRC SRQ reachable by its number (`srq.handle`).

@@ -23,7 +23,9 @@ pub mod srq;
 mod stats;
 pub mod wr;
 
-pub use engine::{check_datagram, dest_qpn, Engine, EngineConfig, IcrcCheck, QpSummary, Received, XrcSrqs};
+pub use engine::{
+    check_datagram, dest_qpn, first_qpn, qpn_after, Engine, EngineConfig, IcrcCheck, QpSummary, Received, XrcSrqs,
+};
 pub use stats::Stats;
 
 use crate::ib::AsyncEventType;
