@@ -76,6 +76,9 @@ struct RxState {
 pub struct Runtime {
     cfg: EngineConfig,
     shards: Box<[Shard]>,
+    /// Each shard's earliest timer as of its last pass, side by side (eight
+    /// cache lines that an empty poll reads).
+    deadlines: Box<[AtomicInstant]>,
     /// The next QP number to try (shared by the shards, so that numbers
     /// stay unique and start where the device's seed says).
     next_qpn: AtomicU32,
@@ -128,6 +131,7 @@ impl Runtime {
             next_qpn: AtomicU32::new(first_qpn(cfg.engine.id_seed)),
             cfg: cfg.engine,
             shards,
+            deadlines: (0..SHARDS).map(|_| AtomicInstant::default()).collect(),
             qp_count: AtomicUsize::new(0),
             rx: Mutex::new(RxState {
                 batch: RecvBatch::new(RX_BATCH, 65536),
@@ -239,12 +243,11 @@ impl Runtime {
     }
 
     pub fn destroy_qp(&self, qpn: u32) -> Result<()> {
-        let shard = self.shard(qpn);
-        let mut e = shard.engine.lock().unwrap();
+        let mut e = self.shard(qpn).engine.lock().unwrap();
         e.destroy_qp(qpn)?;
         self.qp_count.fetch_sub(1, Ordering::Relaxed);
         // Its timers went with it (a later deadline: no wake needed).
-        shard.next_deadline.store(e.poll_timeout(), Ordering::SeqCst);
+        self.deadlines[shard_of(qpn)].store(e.poll_timeout(), Ordering::SeqCst);
         Ok(())
     }
 
@@ -284,7 +287,7 @@ impl Runtime {
 
     /// The earliest timer of the device as of each shard's last pass.
     pub fn next_timeout(&self) -> Option<Instant> {
-        self.shards.iter().filter_map(|s| s.next_deadline.load(Ordering::SeqCst)).min()
+        self.deadlines.iter().filter_map(|d| d.load(Ordering::SeqCst)).min()
     }
 
     /// Runs `f` on shard `s`'s engine under its send lock, sends what it
@@ -310,7 +313,7 @@ impl Runtime {
             }
             (r, e.poll_timeout())
         };
-        shard.next_deadline.store(deadline, Ordering::SeqCst);
+        self.deadlines[s].store(deadline, Ordering::SeqCst);
         let after: SmallVec<[AfterSend; 4]> = out.iter().filter_map(Transmit::after_send).collect();
         self.send_all(&mut out);
         if !after.is_empty() {
@@ -463,7 +466,7 @@ impl Runtime {
 
     /// Whether some shard's timer is due at `now`.
     fn timer_due(&self, now: Instant) -> bool {
-        self.shards.iter().any(|s| s.next_deadline.load(Ordering::Relaxed).is_some_and(|t| t <= now))
+        self.deadlines.iter().any(|d| d.load(Ordering::Relaxed).is_some_and(|t| t <= now))
     }
 
     /// Receives what the socket holds and runs the engines on it and on due
@@ -565,8 +568,8 @@ impl Runtime {
                 }
             });
         }
-        for (s, shard) in self.shards.iter().enumerate() {
-            if shard.next_deadline.load(Ordering::Relaxed).is_some_and(|t| t <= now) {
+        for (s, d) in self.deadlines.iter().enumerate() {
+            if d.load(Ordering::Relaxed).is_some_and(|t| t <= now) {
                 self.run(s, events, |e, now| {
                     if e.poll_timeout().is_some_and(|t| t <= now) {
                         e.handle_timeout(now);
