@@ -466,7 +466,8 @@ impl Runtime {
 
     /// Whether some shard's timer is due at `now`.
     fn timer_due(&self, now: Instant) -> bool {
-        self.deadlines.iter().any(|d| d.load(Ordering::Relaxed).is_some_and(|t| t <= now))
+        let now = AtomicInstant::raw(now);
+        self.deadlines.iter().any(|d| d.is_due(now))
     }
 
     /// Receives what the socket holds and runs the engines on it and on due
@@ -568,8 +569,9 @@ impl Runtime {
                 }
             });
         }
+        let raw_now = AtomicInstant::raw(now);
         for (s, d) in self.deadlines.iter().enumerate() {
-            if d.load(Ordering::Relaxed).is_some_and(|t| t <= now) {
+            if d.is_due(raw_now) {
                 self.run(s, events, |e, now| {
                     if e.poll_timeout().is_some_and(|t| t <= now) {
                         e.handle_timeout(now);

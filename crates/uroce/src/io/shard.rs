@@ -55,8 +55,17 @@ impl AtomicInstant {
         *O.get_or_init(Instant::now)
     }
     pub fn store(&self, t: Option<Instant>, o: Ordering) {
-        let v = t.map_or(0, |t| t.saturating_duration_since(Self::origin()).as_nanos() as u64 + 1);
-        self.0.store(v, o);
+        self.0.store(t.map_or(0, Self::raw), o);
+    }
+    /// `t` as stored (compare with [`AtomicInstant::is_due`]).
+    pub fn raw(t: Instant) -> u64 {
+        t.saturating_duration_since(Self::origin()).as_nanos() as u64 + 1
+    }
+    /// Whether the stored instant is set and not after `raw_now` (from
+    /// [`AtomicInstant::raw`]): one load and one compare.
+    pub fn is_due(&self, raw_now: u64) -> bool {
+        let v = self.0.load(Ordering::Relaxed);
+        v != 0 && v <= raw_now
     }
     pub fn load(&self, o: Ordering) -> Option<Instant> {
         match self.0.load(o) {
