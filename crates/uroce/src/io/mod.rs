@@ -2,17 +2,19 @@
 //! a device, the progress thread that feeds received datagrams and timer
 //! expiries to the sans-IO [`crate::proto::Engine`], and packet capture.
 //!
-//! A [`Runtime`] owns one engine behind a mutex. Application threads post work
-//! through [`Runtime::pump`], which runs the engine and sends what it produced
-//! in the caller's thread (lowest latency); the progress thread does the same
+//! A [`Runtime`] spreads a device's QPs over engine shards by QP number, each
+//! behind its own locks. Application threads post work through
+//! [`Runtime::pump`], which runs the QP's shard and sends what it produced in
+//! the caller's thread (lowest latency); the progress thread does the same
 //! for received packets and timers, so the device makes progress without the
-//! application calling in. A single transmit lock keeps each QP's packets in
-//! order on the wire.
+//! application calling in. A shard's send lock keeps each QP's packets in
+//! order on the wire; QPs of other shards do not wait for it.
 
 pub mod capture;
 pub mod faults;
 pub mod netdev;
 mod runtime;
+mod shard;
 mod socket;
 
 pub use capture::Capture;

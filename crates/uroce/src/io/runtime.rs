@@ -1,20 +1,39 @@
-//! The runtime of one device: engine, socket, progress thread, capture.
+//! The runtime of one device: its engine shards, socket, progress thread
+//! and capture.
+//!
+//! A device's QPs are spread over [`SHARDS`](super::shard::SHARDS) engines
+//! by QP number, each behind its own locks (see [`super::shard`]): posts,
+//! receives and completions on QPs of different shards run in parallel.
+//! A receive pass parses and checks every datagram (ICRC included) before
+//! it takes any lock, then hands each shard its packets, in arrival order,
+//! under that shard's locks once per batch. Events are delivered after
+//! every lock is released. The lock order is in docs/architecture.md
+//! ("Locks").
 
+use super::shard::{shard_of, AtomicInstant, Shard, SHARDS};
 use super::socket::{Datagram, RecvBatch, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 use super::{Capture, RoceSocket};
+use crate::ib::{Errno, Error, Result};
 use crate::mem::Memory;
-use crate::proto::{AfterSend, Engine, EngineConfig, Event, Transmit};
+use crate::proto::qp::QpInit;
+use crate::proto::srq::SharedRecvQueue;
+use crate::proto::{
+    check_datagram, dest_qpn, first_qpn, qpn_after, AfterSend, Engine, EngineConfig, Event, QpSummary, Received, Stats,
+    Transmit,
+};
 use crate::wire::IpInfo;
 use smallvec::SmallVec;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 /// Receives the engine's events (completion notifications, async events).
+/// Called with no lock of the runtime held: it may call into the device,
+/// and drop it.
 pub trait EventSink: Send + Sync {
     fn event(&self, ev: Event);
 }
@@ -35,59 +54,38 @@ const MAX_SLEEP: Duration = Duration::from_millis(200);
 /// How long after an application poll the progress thread leaves the
 /// socket to the application.
 const APP_POLL_GRACE: Duration = Duration::from_micros(500);
-
-/// An `Option<Instant>` readable without a lock (nanoseconds since a
-/// process-wide origin; 0 = none).
-#[derive(Default)]
-struct AtomicInstant(std::sync::atomic::AtomicU64);
-
-impl AtomicInstant {
-    fn origin() -> Instant {
-        static O: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-        *O.get_or_init(Instant::now)
-    }
-    fn store(&self, t: Option<Instant>, o: Ordering) {
-        let v = t.map_or(0, |t| t.saturating_duration_since(Self::origin()).as_nanos() as u64 + 1);
-        self.0.store(v, o);
-    }
-    fn load(&self, o: Ordering) -> Option<Instant> {
-        match self.0.load(o) {
-            0 => None,
-            v => Some(Self::origin() + Duration::from_nanos(v - 1)),
-        }
-    }
-}
-
 /// Longest sleep while timers are pending (their granularity).
 const TICK: Duration = Duration::from_millis(1);
-/// Receive buffers filled per `recvmmsg` (each may hold a GRO batch), all
-/// handled under one engine lock.
+/// Receive buffers filled per `recvmmsg` (each may hold a GRO batch).
 const RX_BATCH: usize = 64;
+/// Most QPs of a device.
+const MAX_QPS: usize = 0x10000;
 
 /// The receiving side's reusable storage.
 struct RxState {
     batch: RecvBatch,
     /// The datagrams in its filled buffers: (buffer, offset, length, sender).
     got: Vec<(usize, usize, usize, SocketAddr)>,
-}
-
-/// The sending side's reusable storage.
-#[derive(Default)]
-struct TxState {
-    /// The packets of one engine pass (kept for its capacity).
-    out: Vec<Transmit>,
-    /// Buffers of sent packets, handed back to the engine on its next pass.
-    sent: Vec<Vec<u8>>,
+    /// A pass's datagrams by shard: (shard, index), sorted stably.
+    order: Vec<(u16, u32)>,
+    /// The IPv4 ID the next datagram likely carries (see
+    /// [`check_datagram`]).
+    next_ipv4_id: u16,
 }
 
 pub struct Runtime {
-    engine: Mutex<Engine>,
+    cfg: EngineConfig,
+    shards: Box<[Shard]>,
+    /// Each shard's earliest timer as of its last pass, side by side (eight
+    /// cache lines that an empty poll reads).
+    deadlines: Box<[AtomicInstant]>,
+    /// The next QP number to try (shared by the shards, so that numbers
+    /// stay unique and start where the device's seed says).
+    next_qpn: AtomicU32,
+    qp_count: AtomicUsize,
     /// Receive buffers; holding the lock makes a thread the receiver.
     rx: Mutex<RxState>,
     socket: RoceSocket,
-    /// Held while a thread runs the engine and sends what it produced, so
-    /// that packets leave in the order the engine made them.
-    tx: Mutex<TxState>,
     wake: OwnedFd,
     sink: RwLock<Option<Weak<dyn EventSink>>>,
     /// Packet capture, switchable while running (`uroce capture`).
@@ -96,17 +94,14 @@ pub struct Runtime {
     faults: Option<super::faults::FaultLayer>,
     busy_poll: bool,
     shutdown: AtomicBool,
-    /// Until when the progress thread sleeps (none while awake); stored
-    /// under the engine lock, so a pass that changed the engine after the
-    /// thread looked at it sees the sleep and wakes it for an earlier
-    /// deadline.
+    /// Until when the progress thread sleeps (none while awake). The
+    /// thread stores it before it reads the shards' deadlines a last time,
+    /// and a pass stores its shard's deadline before it reads this (both
+    /// sequentially consistent): either the pass sees the sleep and wakes
+    /// the thread for an earlier deadline, or the thread sees the deadline.
     sleeping_until: AtomicInstant,
     /// When an application thread last polled for completions.
     app_poll_at: AtomicInstant,
-    /// The engine's earliest timer as of its last pass, so that an empty
-    /// poll needs no engine lock (timers armed outside a pass are the
-    /// progress thread's to find).
-    next_deadline: AtomicInstant,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -131,11 +126,20 @@ impl Runtime {
             Some(p) => Some(Capture::create(p)?),
             None => None,
         };
+        let shards = (0..SHARDS).map(|_| Shard::new(Engine::new(cfg.engine.clone(), mem.clone()))).collect();
         let rt = Arc::new(Runtime {
-            engine: Mutex::new(Engine::new(cfg.engine, mem)),
-            rx: Mutex::new(RxState { batch: RecvBatch::new(RX_BATCH, 65536), got: Vec::with_capacity(RX_BATCH) }),
+            next_qpn: AtomicU32::new(first_qpn(cfg.engine.id_seed)),
+            cfg: cfg.engine,
+            shards,
+            deadlines: (0..SHARDS).map(|_| AtomicInstant::default()).collect(),
+            qp_count: AtomicUsize::new(0),
+            rx: Mutex::new(RxState {
+                batch: RecvBatch::new(RX_BATCH, 65536),
+                got: Vec::with_capacity(RX_BATCH),
+                order: Vec::new(),
+                next_ipv4_id: 1,
+            }),
             socket,
-            tx: Mutex::new(TxState::default()),
             wake,
             sink: RwLock::new(None),
             capturing: AtomicBool::new(capture.is_some()),
@@ -145,7 +149,6 @@ impl Runtime {
             shutdown: AtomicBool::new(false),
             sleeping_until: AtomicInstant::default(),
             app_poll_at: AtomicInstant::default(),
-            next_deadline: AtomicInstant::default(),
             thread: Mutex::new(None),
         });
         let weak = Arc::downgrade(&rt);
@@ -162,20 +165,146 @@ impl Runtime {
         *self.sink.write().unwrap() = Some(sink);
     }
 
-    /// The engine, for queries and setup calls that produce no packets.
-    pub fn engine(&self) -> MutexGuard<'_, Engine> {
-        self.engine.lock().unwrap()
+    /// The configuration every shard's engine has.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
     }
 
-    /// Runs `f` on the engine, then sends what it produced and delivers its
-    /// events.
-    pub fn pump<R>(&self, f: impl FnOnce(&mut Engine, Instant) -> R) -> R {
-        let mut tx = self.tx.lock().unwrap();
+    fn shard(&self, qpn: u32) -> &Shard {
+        &self.shards[shard_of(qpn)]
+    }
+
+    /// Runs `f` on the engine shard holding QP `qpn`, for queries (no
+    /// packets, no timers). Holds that shard's engine lock only.
+    pub fn query<R>(&self, qpn: u32, f: impl FnOnce(&Engine) -> R) -> R {
+        f(&self.shard(qpn).engine.lock().unwrap())
+    }
+
+    /// Runs `f` on the engine shard holding QP `qpn`, then sends what it
+    /// produced and delivers its events (after releasing the locks).
+    pub fn pump<R>(&self, qpn: u32, f: impl FnOnce(&mut Engine, Instant) -> R) -> R {
+        let mut events = Vec::new();
+        let r = self.run(shard_of(qpn), &mut events, f);
+        self.dispatch(events);
+        r
+    }
+
+    /// Creates a QP with the next free QP number (unique across shards).
+    pub fn create_qp(&self, init: QpInit) -> Result<u32> {
+        self.new_qp(|e, qpn| e.create_qp_at(qpn, init.clone()))
+    }
+
+    /// An XRC_RECV QP of XRC domain `xrcd` (see
+    /// [`Engine::create_xrc_recv_qp`]).
+    pub fn create_xrc_recv_qp(&self, xrcd: u32, scatter_to_cqe: bool) -> Result<u32> {
+        self.new_qp(|e, qpn| e.create_xrc_recv_qp_at(qpn, xrcd, scatter_to_cqe))
+    }
+
+    /// The GSI QP (QP 1) of the device's CM agent (see
+    /// [`Engine::create_gsi_qp`]).
+    pub fn create_gsi_qp(&self, init: QpInit) -> Result<u32> {
+        self.claim_qp()?;
+        let r = self.shard(crate::cm::GSI_QPN).engine.lock().unwrap().create_gsi_qp(init);
+        if r.is_err() {
+            self.qp_count.fetch_sub(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn claim_qp(&self) -> Result<()> {
+        if self.qp_count.fetch_add(1, Ordering::Relaxed) >= MAX_QPS {
+            self.qp_count.fetch_sub(1, Ordering::Relaxed);
+            return Err(Error::new(Errno::ENOMEM, "create_qp: too many QPs"));
+        }
+        Ok(())
+    }
+
+    /// Gives `make` the next QP number that its shard does not hold, under
+    /// that shard's engine lock. At most `MAX_QPS` numbers are taken, so a
+    /// free one comes within `MAX_QPS + 1` tries (twice that bounds the
+    /// tries that concurrent creations take from each other).
+    fn new_qp(&self, make: impl FnOnce(&mut Engine, u32) -> Result<()>) -> Result<u32> {
+        self.claim_qp()?;
+        for _ in 0..2 * (MAX_QPS + 1) {
+            let qpn = self.next_qpn.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| Some(qpn_after(q)));
+            let qpn = qpn.unwrap_or_else(|q| q);
+            let mut e = self.shard(qpn).engine.lock().unwrap();
+            if e.has_qp(qpn) {
+                continue;
+            }
+            let r = make(&mut e, qpn).map(|()| qpn);
+            if r.is_err() {
+                self.qp_count.fetch_sub(1, Ordering::Relaxed);
+            }
+            return r;
+        }
+        self.qp_count.fetch_sub(1, Ordering::Relaxed);
+        Err(Error::new(Errno::ENOMEM, "create_qp: no free QP number"))
+    }
+
+    /// Destroys a QP; what it acknowledged leaves as it goes (the engine
+    /// queues the ACK it held, and this pass sends it: an application
+    /// often destroys its QPs right after its last receive, then exits).
+    pub fn destroy_qp(&self, qpn: u32) -> Result<()> {
+        let mut events = Vec::new();
+        let r = self.run(shard_of(qpn), &mut events, |e, _| e.destroy_qp(qpn));
+        if r.is_ok() {
+            self.qp_count.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.dispatch(events);
+        r
+    }
+
+    /// Makes an XRC SRQ reachable by its number in every shard (an XRC
+    /// request names it, whichever QP it reaches).
+    pub fn register_xrc_srq(&self, srq: &Arc<SharedRecvQueue>) {
+        for s in self.shards.iter() {
+            s.engine.lock().unwrap().register_xrc_srq(srq);
+        }
+    }
+
+    pub fn unregister_xrc_srq(&self, srqn: u32) {
+        for s in self.shards.iter() {
+            s.engine.lock().unwrap().unregister_xrc_srq(srqn);
+        }
+    }
+
+    /// The device's counters: the sum over the shards.
+    pub fn stats(&self) -> Stats {
+        let mut s = Stats::default();
+        for sh in self.shards.iter() {
+            s.add(&sh.engine.lock().unwrap().stats());
+        }
+        s
+    }
+
+    pub fn qp_count(&self) -> usize {
+        self.shards.iter().map(|s| s.engine.lock().unwrap().qp_count()).sum()
+    }
+
+    /// Every QP with its state and counters, by QP number.
+    pub fn qp_summaries(&self) -> Vec<QpSummary> {
+        let mut v: Vec<QpSummary> = self.shards.iter().flat_map(|s| s.engine.lock().unwrap().qp_summaries()).collect();
+        v.sort_by_key(|q| q.qpn);
+        v
+    }
+
+    /// The earliest timer of the device as of each shard's last pass.
+    pub fn next_timeout(&self) -> Option<Instant> {
+        self.deadlines.iter().filter_map(|d| d.load(Ordering::SeqCst)).min()
+    }
+
+    /// Runs `f` on shard `s`'s engine under its send lock, sends what it
+    /// produced (under the send lock still: each QP's packets in order) and
+    /// collects its events into `events`, for the caller to deliver after
+    /// it released every lock.
+    fn run<R>(&self, s: usize, events: &mut Vec<Event>, f: impl FnOnce(&mut Engine, Instant) -> R) -> R {
+        let shard = &self.shards[s];
+        let mut tx = shard.tx.lock().unwrap();
         let now = Instant::now();
         let mut out = std::mem::take(&mut tx.out);
-        let mut events = Vec::new();
         let (r, deadline) = {
-            let mut e = self.engine.lock().unwrap();
+            let mut e = shard.engine.lock().unwrap();
             for buf in tx.sent.drain(..) {
                 e.recycle(buf);
             }
@@ -188,13 +317,13 @@ impl Runtime {
             }
             (r, e.poll_timeout())
         };
-        self.next_deadline.store(deadline, Ordering::Relaxed);
+        self.deadlines[s].store(deadline, Ordering::SeqCst);
         let after: SmallVec<[AfterSend; 4]> = out.iter().filter_map(Transmit::after_send).collect();
         self.send_all(&mut out);
         if !after.is_empty() {
             // The kernel has the bytes of the packets sent in place: their
             // sends may complete (and the application reuse the buffers).
-            let mut e = self.engine.lock().unwrap();
+            let mut e = shard.engine.lock().unwrap();
             e.sent(now, after);
             while let Some(ev) = e.poll_event() {
                 events.push(ev);
@@ -202,7 +331,7 @@ impl Runtime {
         }
         tx.sent.extend(out.drain(..).map(|t| t.data));
         tx.out = out;
-        self.dispatch(events);
+        drop(tx);
         if let Some(d) = deadline {
             // Asleep past the new deadline: wake. Awake (None): it will see
             // the deadline (see `progress_once`). While an application polls,
@@ -210,7 +339,7 @@ impl Runtime {
             // armed on every message it is to answer): no wake-up, which
             // would cost it a context switch per message; the thread
             // sleeps at most APP_POLL_GRACE then.
-            if self.sleeping_until.load(Ordering::Acquire).is_some_and(|s| d < s) && !self.app_polling(now) {
+            if self.sleeping_until.load(Ordering::SeqCst).is_some_and(|s| d < s) && !self.app_polling(now) {
                 self.wake();
             }
         }
@@ -285,6 +414,7 @@ impl Runtime {
         }
     }
 
+    /// Delivers events to the sink; called with no lock held.
     fn dispatch(&self, events: Vec<Event>) {
         if events.is_empty() {
             return;
@@ -303,13 +433,17 @@ impl Runtime {
         unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
 
-    /// Stops the progress thread (also done on drop).
+    /// Stops the progress thread (also done on drop), after sending the
+    /// ACKs held for an answer that will not come. Callable from an event
+    /// callback: callbacks run after every lock is released.
     pub fn shutdown(&self) {
-        // ACKs held for an answer that will not come leave now (a pass
-        // only if some are: see issue 19 on teardown under the locks).
-        if self.engine().has_held_acks() {
-            self.pump(|e, now| e.flush_acks(now));
+        let mut events = Vec::new();
+        for s in 0..self.shards.len() {
+            if self.shards[s].engine.lock().unwrap().has_held_acks() {
+                self.run(s, &mut events, |e, now| e.flush_acks(now));
+            }
         }
+        self.dispatch(events);
         self.shutdown.store(true, Ordering::SeqCst);
         self.wake();
         let h = self.thread.lock().unwrap().take();
@@ -335,8 +469,8 @@ impl Runtime {
     /// waiting for the progress thread to be scheduled would cost
     /// milliseconds. Returns whether anything was received.
     ///
-    /// The engine is told that an application is there to answer
-    /// ([`Engine::set_app_active`]): it may hold an ACK for the answer, to
+    /// The engines are told that an application is there to answer
+    /// ([`Engine::set_app_active`]): a QP may hold an ACK for the answer, to
     /// go right after it in the same system call (`proto::ack`). An ACK
     /// sent at once would cost the application a system call between the
     /// data's arrival and its view of it, and would reach the peer before
@@ -345,8 +479,13 @@ impl Runtime {
     pub fn try_progress(&self) -> bool {
         let now = Instant::now();
         self.app_poll_at.store(Some(now), Ordering::Relaxed);
-        let Ok(mut rx) = self.rx.try_lock() else { return false };
-        self.receive(&mut rx, now, true)
+        let mut events = Vec::new();
+        let got = match self.rx.try_lock() {
+            Ok(mut rx) => self.receive(&mut rx, now, true, &mut events),
+            Err(_) => return false,
+        };
+        self.dispatch(events);
+        got
     }
 
     /// Whether an application thread polled for completions lately.
@@ -354,11 +493,19 @@ impl Runtime {
         self.app_poll_at.load(Ordering::Relaxed).is_some_and(|t| now < t + APP_POLL_GRACE)
     }
 
-    /// Receives what the socket holds and runs the engine on it and on due
+    /// Whether some shard's timer is due at `now`.
+    fn timer_due(&self, now: Instant) -> bool {
+        let now = AtomicInstant::raw(now);
+        self.deadlines.iter().any(|d| d.is_due(now))
+    }
+
+    /// Receives what the socket holds and runs the engines on it and on due
     /// timers; `now` is the caller's recent clock reading, `app_active`
     /// whether an application thread is there to answer what arrives.
-    fn receive(&self, rx: &mut RxState, now: Instant, app_active: bool) -> bool {
-        let RxState { batch, got } = rx;
+    /// Events go to `events`, for the caller to deliver once it released
+    /// `rx`.
+    fn receive(&self, rx: &mut RxState, now: Instant, app_active: bool, events: &mut Vec<Event>) -> bool {
+        let RxState { batch, got, order, next_ipv4_id } = rx;
         got.clear();
         if let Err(e) = self.socket.recv_batch(batch) {
             tracing::debug!("receive failed: {e}");
@@ -370,8 +517,8 @@ impl Runtime {
                 Some(seg) => {
                     // GRO merged datagrams: split them. Each IPv4 segment
                     // carries the ID its sender's GSO send gave it (see
-                    // wire::icrc::find_ipv4_id); the engine finds which
-                    // while it checks the ICRC.
+                    // wire::icrc::find_ipv4_id); `check_datagram` finds
+                    // which while it checks the ICRC.
                     for off in (0..r.len).step_by(seg) {
                         got.push((b, off, seg.min(r.len - off), r.from));
                     }
@@ -390,6 +537,7 @@ impl Runtime {
             }
         }
         drop(guard);
+        let due = self.timer_due(now);
         if let Some(f) = &self.faults {
             // Through the fault layer: owned copies, some dropped, held back,
             // duplicated or corrupted.
@@ -398,40 +546,95 @@ impl Runtime {
             for &(b, off, n, from) in got.iter() {
                 f.receive(now, from, &batch.bytes(b)[off..off + n], &mut owned);
             }
-            let due = self.next_deadline.load(Ordering::Relaxed).is_some_and(|t| t <= now);
             if owned.is_empty() && !due {
                 return !got.is_empty();
             }
-            self.pump(|e, now| {
+            let items: Vec<(SocketAddr, &[u8])> = owned.iter().map(|(from, d)| (*from, &d[..])).collect();
+            self.deliver(now, &items, order, next_ipv4_id, app_active, events);
+            return true;
+        }
+        if got.is_empty() && !due {
+            return false;
+        }
+        let items: SmallVec<[(SocketAddr, &[u8]); 8]> =
+            got.iter().map(|&(b, off, n, from)| (from, &batch.bytes(b)[off..off + n])).collect();
+        self.deliver(now, &items, order, next_ipv4_id, app_active, events);
+        !got.is_empty()
+    }
+
+    /// Hands received datagrams to their shards: grouped by shard (a stable
+    /// sort on the destination QPN, read without parsing: each QP's
+    /// datagrams stay in arrival order), the smallest groups first (a
+    /// latency-sensitive QP's one packet does not wait behind another
+    /// QP's bulk in the same batch), each group parsed and checked
+    /// (ICRC) before its shard is locked, then handled under the lock,
+    /// once per batch. Then fires the due timers of every shard.
+    fn deliver(
+        &self,
+        now: Instant,
+        items: &[(SocketAddr, &[u8])],
+        order: &mut Vec<(u16, u32)>,
+        next_ipv4_id: &mut u16,
+        app_active: bool,
+        events: &mut Vec<Event>,
+    ) {
+        let local = self.socket.local_addr().ip();
+        order.clear();
+        order.extend(items.iter().enumerate().map(|(i, (_, d))| (shard_of(dest_qpn(d).unwrap_or(0)) as u16, i as u32)));
+        order.sort_by_key(|&(s, _)| s); // stable
+        let mut groups: SmallVec<[&[(u16, u32)]; 8]> = order.chunk_by(|a, b| a.0 == b.0).collect();
+        groups.sort_by_key(|g| g.len()); // stable
+        for group in groups {
+            let checked: SmallVec<[Received; 4]> = group
+                .iter()
+                .map(|&(_, k)| {
+                    let (from, data) = items[k as usize];
+                    check_datagram(&self.cfg, from, local, data, next_ipv4_id)
+                })
+                .collect();
+            self.run(usize::from(group[0].0), events, |e, now| {
                 e.set_app_active(app_active);
-                for (from, data) in &owned {
-                    e.handle_datagram(now, *from, local.ip(), data);
+                for r in &checked {
+                    e.handle_received(now, r);
                 }
                 if e.poll_timeout().is_some_and(|t| t <= now) {
                     e.handle_timeout(now);
                 }
             });
-            return true;
         }
-        let due = self.next_deadline.load(Ordering::Relaxed).is_some_and(|t| t <= now);
-        if got.is_empty() && !due {
-            return false;
+        let raw_now = AtomicInstant::raw(now);
+        for (s, d) in self.deadlines.iter().enumerate() {
+            if d.is_due(raw_now) {
+                self.run(s, events, |e, now| {
+                    if e.poll_timeout().is_some_and(|t| t <= now) {
+                        e.handle_timeout(now);
+                    }
+                });
+            }
         }
-        self.pump(|e, now| {
-            e.set_app_active(app_active);
-            for &(b, off, n, from) in got.iter() {
-                e.handle_datagram(now, from, local.ip(), &batch.bytes(b)[off..off + n]);
-            }
-            if e.poll_timeout().is_some_and(|t| t <= now) {
-                e.handle_timeout(now);
-            }
-        });
-        !got.is_empty()
     }
 
     /// Counters of the fault layer, when one is configured.
     pub fn fault_stats(&self) -> Option<super::faults::FaultStats> {
         self.faults.as_ref().map(|f| f.stats())
+    }
+
+    /// How long the progress thread may sleep at `now`.
+    fn sleep_for(&self, now: Instant, app_polling: bool) -> Duration {
+        let next =
+            [self.next_timeout(), self.faults.as_ref().and_then(|f| f.next_release())].into_iter().flatten().min();
+        // With timers pending, wake at least every TICK: then a new, later
+        // deadline (a retransmission timer armed by a post) needs no
+        // eventfd wake-up, which on two cores costs the poster a context
+        // switch per operation.
+        let mut timeout = match next {
+            Some(d) => d.saturating_duration_since(now).min(TICK),
+            None => MAX_SLEEP,
+        };
+        if app_polling {
+            timeout = timeout.min(APP_POLL_GRACE);
+        }
+        timeout
     }
 
     /// One round of the progress loop; returns false when shutting down.
@@ -444,30 +647,17 @@ impl Runtime {
         // for us (`try_progress`): leave the socket to it instead of waking
         // on every packet and fighting over the locks.
         let app_polling = self.app_polling(now);
-        let timeout = {
-            // Computed and published under the engine lock, so that `pump`
-            // either sees this sleep (and wakes us for an earlier deadline)
-            // or changed the engine before we looked.
-            let e = self.engine.lock().unwrap();
-            let deadline = e.poll_timeout();
-            self.next_deadline.store(deadline, Ordering::Relaxed);
-            // With timers pending, wake at least every TICK: then a new,
-            // later deadline (a retransmission timer armed by a post) needs
-            // no eventfd wake-up, which on two cores costs the poster a
-            // context switch per operation.
-            let next = [deadline, self.faults.as_ref().and_then(|f| f.next_release())].into_iter().flatten().min();
-            let mut timeout = match next {
-                Some(d) => d.saturating_duration_since(now).min(TICK),
-                None => MAX_SLEEP,
-            };
-            if app_polling {
-                timeout = timeout.min(APP_POLL_GRACE);
+        let mut timeout = self.sleep_for(now, app_polling);
+        if !self.busy_poll {
+            self.sleeping_until.store(Some(now + timeout), Ordering::SeqCst);
+            // A pass that published an earlier deadline before it could see
+            // the sleep (see `sleeping_until`).
+            let again = self.sleep_for(now, app_polling);
+            if again < timeout {
+                timeout = again;
+                self.sleeping_until.store(Some(now + timeout), Ordering::SeqCst);
             }
-            if !self.busy_poll {
-                self.sleeping_until.store(Some(now + timeout), Ordering::Release);
-            }
-            timeout
-        };
+        }
         if !self.busy_poll {
             let mut fds = [
                 libc::pollfd { fd: self.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
@@ -477,7 +667,7 @@ impl Runtime {
             let ts = libc::timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
             // SAFETY: fds is a valid array of at least `nfds` pollfd; ts a valid timespec.
             unsafe { libc::ppoll(fds.as_mut_ptr(), nfds, &ts, std::ptr::null()) };
-            self.sleeping_until.store(None, Ordering::Release);
+            self.sleeping_until.store(None, Ordering::SeqCst);
             if fds[0].revents != 0 {
                 let mut v: u64 = 0;
                 // SAFETY: reads 8 bytes into a valid u64 from our eventfd.
@@ -490,14 +680,13 @@ impl Runtime {
         // An application thread holding the receive lock is receiving, and
         // its pass handles due timers too: do not queue behind it.
         let rx = if app_polling { self.rx.try_lock().ok() } else { Some(self.rx.lock().unwrap()) };
-        // While an application calls in, it is there to answer what this
-        // pass receives: the engine may hold ACKs for it (`proto::ack`). An
-        // application that spins on its buffer and polls a CQ only for its
-        // own send completions (perftest's `ib_write_lat`) then sends the
-        // ACK with its answer, in one system call.
+        let mut events = Vec::new();
+        // While an application calls in, its next post is near: the engines
+        // may hold this pass's ACKs for it too (`proto::ack` bounds the hold).
         let now = Instant::now();
         let app_active = self.app_polling(now);
-        let got = rx.is_some_and(|mut rx| self.receive(&mut rx, now, app_active));
+        let got = rx.is_some_and(|mut rx| self.receive(&mut rx, now, app_active, &mut events));
+        self.dispatch(events);
         if self.busy_poll && !got {
             std::hint::spin_loop();
         }
@@ -517,9 +706,8 @@ impl Drop for Runtime {
 ///
 /// A run is for one destination and ends at a longer packet: GSO needs
 /// equal segments but for a shorter last one, and a multi-packet message's
-/// FIRST packet is 16 bytes longer (its RETH). An answer and the ACK held
-/// for it (see `proto::ack`: the engine puts it right after the answer)
-/// share a run: the kernel delivers a GSO send's
+/// FIRST packet is 16 bytes longer (its RETH). An answer and the ACKs made
+/// with it share a run: the kernel delivers a GSO send's
 /// segments together at its end, so a peer that waits for both its data and
 /// its send completion (perftest's `ib_write_lat`, `ibv_rc_pingpong`) has
 /// them at once. Sent as separate messages, the answer would arrive ≈ 0.35 µs
@@ -577,6 +765,81 @@ mod tests {
 
     fn runs(out: &mut [Transmit]) -> Vec<std::ops::Range<usize>> {
         gso_runs(out).into_vec()
+    }
+
+    /// A sink that calls back into the runtime from the callback (a pump
+    /// on the same shard, the device-wide queries, a receive pass) and then
+    /// tears it down as the verbs layer's device does when its last handle
+    /// goes (shutdown, drop): a callback run under any of the runtime's
+    /// locks would deadlock here.
+    struct Reenter {
+        rt: Mutex<Option<Arc<Runtime>>>,
+        qpn: u32,
+        seen: std::sync::atomic::AtomicUsize,
+    }
+
+    impl EventSink for Reenter {
+        fn event(&self, _ev: Event) {
+            self.seen.fetch_add(1, Ordering::SeqCst);
+            let rt = self.rt.lock().unwrap().take();
+            if let Some(rt) = rt {
+                rt.pump(self.qpn, |e, _| assert!(e.has_qp(self.qpn)));
+                assert_eq!(rt.qp_count(), 1);
+                let _ = (rt.stats(), rt.qp_summaries(), rt.next_timeout());
+                rt.try_progress();
+                rt.destroy_qp(self.qpn).unwrap();
+                rt.shutdown();
+                drop(rt);
+            }
+        }
+    }
+
+    #[test]
+    fn a_callback_may_reenter_the_runtime_and_drop_its_last_reference() {
+        use crate::ib::{QpAttrMask, QpState, QpType};
+        use crate::proto::cq::CompletionQueue;
+        use crate::proto::wr::{QpAttr, QpCap, RecvWr};
+        let mut ecfg = EngineConfig::new("127.0.0.1".parse().unwrap(), 0, crate::ib::Mtu::Mtu1024);
+        ecfg.id_seed = 7;
+        let cfg = RuntimeConfig { engine: ecfg, capture: None, busy_poll: false, faults: None };
+        let rt = Runtime::start(cfg, Memory::new()).unwrap();
+        let cq = Arc::new(CompletionQueue::new(1, 16));
+        let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        let init = QpInit {
+            qp_type: QpType::Rc,
+            pd: 1,
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            srq: None,
+            cap,
+            sq_sig_all: false,
+            scatter_to_cqe: false,
+        };
+        let qpn = rt.create_qp(init).unwrap();
+        let init_attr = QpAttr { qp_state: QpState::Init, port_num: 1, ..QpAttr::default() };
+        let mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
+        rt.pump(qpn, |e, now| e.modify_qp(now, qpn, &init_attr, mask)).unwrap();
+        rt.pump(qpn, |e, now| e.post_recv(now, qpn, RecvWr { wr_id: 1, sg_list: Default::default() })).unwrap();
+        let sink = Arc::new(Reenter { rt: Mutex::new(Some(rt.clone())), qpn, seen: Default::default() });
+        let dyn_sink: Arc<dyn EventSink> = sink.clone();
+        rt.set_sink(Arc::downgrade(&dyn_sink));
+        cq.arm(false);
+        let weak = Arc::downgrade(&rt);
+        // The flush completion's notification runs the sink in the thread
+        // that pumps, which then holds the last reference.
+        let pumping = rt.clone();
+        drop(rt);
+        let err = QpAttr { qp_state: QpState::Err, ..QpAttr::default() };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let worker = std::thread::spawn(move || {
+            pumping.pump(qpn, |e, now| e.modify_qp(now, qpn, &err, QpAttrMask::STATE)).unwrap();
+            drop(pumping);
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(Duration::from_secs(10)).expect("deadlock: a callback ran under a runtime lock");
+        worker.join().unwrap();
+        assert_eq!(sink.seen.load(Ordering::SeqCst), 1, "one completion notification");
+        assert!(weak.upgrade().is_none(), "the sink dropped the last reference");
     }
 
     const A: &str = "127.0.0.2:4791";

@@ -2,6 +2,21 @@
 //! rxe's order), dispatch to the responder or completer, round-robin
 //! transmission across queue pairs, timers and events; and the table of XRC
 //! SRQs by number that XRC requests name.
+//!
+//! Reception is two steps: [`check_datagram`] parses a datagram and checks
+//! its ICRC with nothing but the device's configuration (so a runtime runs
+//! it before taking any lock), and [`Engine::handle_received`] applies the
+//! checks that need the QP (rxe's order: QP, ICRC, type, P_Key, state,
+//! address) and hands the packet to it. An engine may hold all of a
+//! device's QPs or a shard of them: QPNs can be given by the caller
+//! ([`Engine::create_qp_at`]).
+//!
+//! Timers live in a binary heap keyed by (deadline, QPN, generation) with
+//! lazy deletion: re-arming a QP's timer pushes a new entry and makes the
+//! old one stale; stale entries are dropped when they reach the top (the
+//! top is never stale, so [`Engine::poll_timeout`] is a peek) or when they
+//! outnumber the live ones (a rebuild). A pass costs O(log n) per timer
+//! change, whatever the number of running timers.
 
 use super::qp::{Qp, QpInit};
 use super::srq::SharedRecvQueue;
@@ -10,9 +25,10 @@ use super::MemoryAccess;
 use super::{AfterSend, Ctx, Event, Stats, Transmit};
 use crate::ib::{Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result};
 use crate::wire::{self, icrc, IpInfo, OpFlags, Packet, Transport};
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -67,8 +83,18 @@ const FIRST_QPN: u32 = 0x11;
 /// Highest QPN (24 bits).
 const LAST_QPN: u32 = 0x00FF_FFFF;
 
+/// The QPN handed out after `qpn` (wrapping past the highest to the
+/// lowest).
+pub fn qpn_after(qpn: u32) -> u32 {
+    if qpn >= LAST_QPN {
+        FIRST_QPN
+    } else {
+        qpn + 1
+    }
+}
+
 /// The first QPN an engine seeded with `seed` hands out.
-fn first_qpn(seed: u64) -> u32 {
+pub fn first_qpn(seed: u64) -> u32 {
     let r = crate::mem::KeyRng::new(seed).next_u64();
     FIRST_QPN + (r % u64::from(LAST_QPN - FIRST_QPN + 1)) as u32
 }
@@ -92,9 +118,14 @@ pub struct Engine {
     /// assigned, so no peer can steer them into colliding.
     qps: FxHashMap<u32, Qp>,
     next_qpn: u32,
-    /// QPs with a timer running (retransmission, RNR or held ACK): finding the next
-    /// deadline visits these, not every QP (idle QPs cost nothing).
-    timed: FxHashSet<u32>,
+    /// Timer entries (deadline, QPN, generation), earliest on top; see the
+    /// module documentation. The top is never stale. A QP's timer is its
+    /// earliest of retransmission, RNR and held-ACK deadlines.
+    timers: BinaryHeap<Reverse<(Instant, u32, u64)>>,
+    /// QPs whose timer runs (the live entries in `timers`).
+    timed: usize,
+    /// The generation of the next timer entry.
+    timer_gen: u64,
     ready: Vec<u32>,
     active: VecDeque<u32>,
     events: VecDeque<Event>,
@@ -122,6 +153,88 @@ pub struct Engine {
     next_ipv4_id: u16,
 }
 
+/// How a received datagram's ICRC checked out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IcrcCheck {
+    /// With IP ID 0 (IPv6, or an IPv4 packet sent alone).
+    Zero,
+    /// With the ID of its place in a sender's GSO send.
+    GsoId,
+    /// With an ID solved for ([`EngineConfig::ipv4_any_id`]).
+    Solved,
+    /// With no ID tried: the packet is dropped (by the QP's engine, which
+    /// counts it).
+    Bad,
+}
+
+/// A received datagram parsed and checked by [`check_datagram`].
+#[derive(Debug)]
+pub struct Received<'a> {
+    pub src: SocketAddr,
+    pub data: &'a [u8],
+    /// None: malformed.
+    pub pkt: Option<Packet<'a>>,
+    /// The IP/UDP facts, with the IPv4 ID the ICRC verified with.
+    pub ip: IpInfo,
+    pub icrc: IcrcCheck,
+}
+
+/// The destination QPN of a RoCE datagram (BTH bytes 5..8), None if it is
+/// too short to have one: which engine shard handles it, read before any
+/// parsing.
+pub fn dest_qpn(data: &[u8]) -> Option<u32> {
+    let b = data.get(4..8)?;
+    Some(u32::from_be_bytes([b[0], b[1], b[2], b[3]]) & 0x00FF_FFFF)
+}
+
+/// Parses a received datagram and checks its ICRC, with nothing but the
+/// device's configuration: the expensive part of reception, run before
+/// any engine is locked. For IPv4, the ICRC is checked with the IP
+/// Identifications a uroce sender uses (segment k of a GSO send has ID k:
+/// see `wire::icrc::find_ipv4_id`; `next_id` is the ID tried first, one
+/// more than the last packet's, updated here), and with any ID when
+/// [`EngineConfig::ipv4_any_id`] says so. Packets for QP 0 (which the
+/// engine drops unseen) skip the ICRC.
+pub fn check_datagram<'a>(
+    cfg: &EngineConfig,
+    src: SocketAddr,
+    dst: IpAddr,
+    data: &'a [u8],
+    next_id: &mut u16,
+) -> Received<'a> {
+    let mut ip = IpInfo { src: src.ip(), dst, sport: src.port(), dport: cfg.port, ipv4_id: 0 };
+    let pkt = Packet::parse(data).ok();
+    let icrc = match &pkt {
+        None => IcrcCheck::Bad,
+        Some(p) if p.headers.bth.dest_qp == 0 => IcrcCheck::Bad,
+        Some(_) => match icrc::find_ipv4_id(&ip, data, *next_id) {
+            Some(0) => {
+                *next_id = 1;
+                IcrcCheck::Zero
+            }
+            Some(id) => {
+                *next_id = id.wrapping_add(1);
+                ip.ipv4_id = id;
+                IcrcCheck::GsoId
+            }
+            None => {
+                let solved = match (cfg.ipv4_any_id, ip.src) {
+                    (true, IpAddr::V4(_)) => icrc::solve_ipv4_id(&ip, data),
+                    _ => None,
+                };
+                match solved {
+                    Some(id) => {
+                        ip.ipv4_id = id;
+                        IcrcCheck::Solved
+                    }
+                    None => IcrcCheck::Bad,
+                }
+            }
+        },
+    };
+    Received { src, data, pkt, ip, icrc }
+}
+
 /// Most packet buffers kept for reuse: a full send window of MTU packets.
 const MAX_SPARE: usize = 512;
 
@@ -139,7 +252,9 @@ impl Engine {
             mem,
             qps: FxHashMap::default(),
             next_qpn,
-            timed: FxHashSet::default(),
+            timers: BinaryHeap::new(),
+            timed: 0,
+            timer_gen: 0,
             ready: Vec::new(),
             active: VecDeque::new(),
             events: VecDeque::new(),
@@ -213,17 +328,44 @@ impl Engine {
             app_active: self.app_active,
         };
         let r = f(qp, &mut ctx);
-        let armed = qp.next_timeout().is_some();
-        if armed != qp.timed {
-            qp.timed = armed;
-            if armed {
-                self.timed.insert(qpn);
-            } else {
-                self.timed.remove(&qpn);
+        let next = qp.next_timeout();
+        if next != qp.timer_key.map(|k| k.0) {
+            match (qp.timer_key.is_some(), next.is_some()) {
+                (false, true) => self.timed += 1,
+                (true, false) => self.timed -= 1,
+                _ => {}
             }
+            qp.timer_key = next.map(|t| {
+                self.timer_gen += 1;
+                self.timers.push(Reverse((t, qpn, self.timer_gen)));
+                (t, self.timer_gen)
+            });
+            self.prune_timers();
         }
         self.schedule();
         Some(r)
+    }
+
+    /// Whether a timer-heap entry is its QP's live one.
+    fn timer_live(&self, (t, qpn, gen): (Instant, u32, u64)) -> bool {
+        self.qps.get(&qpn).is_some_and(|q| q.timer_key == Some((t, gen)))
+    }
+
+    /// Drops stale entries from the top of the timer heap, and rebuilds it
+    /// when stale entries outnumber live ones (re-armed timers whose old
+    /// deadlines lie behind a live earlier one).
+    fn prune_timers(&mut self) {
+        if self.timers.len() > 2 * self.timed + 64 {
+            let heap = std::mem::take(&mut self.timers);
+            let live: Vec<_> = heap.into_vec().into_iter().filter(|e| self.timer_live(e.0)).collect();
+            self.timers = BinaryHeap::from(live);
+        }
+        while let Some(&Reverse(top)) = self.timers.peek() {
+            if self.timer_live(top) {
+                break;
+            }
+            self.timers.pop();
+        }
     }
 
     fn schedule(&mut self) {
@@ -261,6 +403,28 @@ impl Engine {
         self.insert_qp(|qpn| Ok(Qp::new_xrc_recv(qpn, xrcd, scatter_to_cqe)))
     }
 
+    /// Creates a QP with the number `qpn`, chosen by the caller (a runtime
+    /// that shards a device's QPs over engines). EBUSY if it is taken.
+    pub fn create_qp_at(&mut self, qpn: u32, init: QpInit) -> Result<()> {
+        self.insert_qp_at(qpn, |qpn| Qp::new(qpn, init))
+    }
+
+    /// [`Engine::create_xrc_recv_qp`] with the number `qpn`.
+    pub fn create_xrc_recv_qp_at(&mut self, qpn: u32, xrcd: u32, scatter_to_cqe: bool) -> Result<()> {
+        self.insert_qp_at(qpn, |qpn| Ok(Qp::new_xrc_recv(qpn, xrcd, scatter_to_cqe)))
+    }
+
+    fn insert_qp_at(&mut self, qpn: u32, make: impl FnOnce(u32) -> Result<Qp>) -> Result<()> {
+        if !(FIRST_QPN..=LAST_QPN).contains(&qpn) {
+            return Err(Error::inval("create_qp: QP number out of range"));
+        }
+        if self.qps.contains_key(&qpn) {
+            return Err(Error::new(crate::ib::Errno::EBUSY, "create_qp: QP number taken"));
+        }
+        self.qps.insert(qpn, make(qpn)?);
+        Ok(())
+    }
+
     /// Gives the next free QP number to `make` and keeps its QP.
     fn insert_qp(&mut self, make: impl FnOnce(u32) -> Result<Qp>) -> Result<u32> {
         if self.qps.len() >= 0x10000 {
@@ -274,6 +438,11 @@ impl Engine {
         self.next_qpn = if qpn >= LAST_QPN { FIRST_QPN } else { qpn + 1 };
         self.qps.insert(qpn, qp);
         Ok(qpn)
+    }
+
+    /// Whether a QP numbered `qpn` exists.
+    pub fn has_qp(&self, qpn: u32) -> bool {
+        self.qps.contains_key(&qpn)
     }
 
     /// Makes an XRC SRQ reachable by its number (`srq.handle`).
@@ -297,13 +466,12 @@ impl Engine {
 
     /// Whether some QP holds an ACK (see `proto::ack`).
     pub fn has_held_acks(&self) -> bool {
-        self.timed.iter().any(|q| self.qps.get(q).is_some_and(|q| q.resp.ack.is_held()))
+        self.qps.values().any(|q| q.resp.ack.is_held())
     }
 
     /// Sends every held ACK now (the device is closing).
     pub fn flush_acks(&mut self, now: Instant) {
-        let held: SmallVec<[u32; 8]> =
-            self.timed.iter().copied().filter(|q| self.qps.get(q).is_some_and(|q| q.resp.ack.is_held())).collect();
+        let held: SmallVec<[u32; 8]> = self.qps.values().filter(|q| q.resp.ack.is_held()).map(|q| q.qpn).collect();
         for qpn in held {
             self.with_qp(now, qpn, |qp, ctx| {
                 if qp.resp.release_held_ack() {
@@ -326,8 +494,11 @@ impl Engine {
 
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
         self.part_with_held_ack(qpn);
-        self.qps.remove(&qpn).ok_or_else(|| Error::inval("destroy_qp: no such QP"))?;
-        self.timed.remove(&qpn);
+        let qp = self.qps.remove(&qpn).ok_or_else(|| Error::inval("destroy_qp: no such QP"))?;
+        if qp.timer_key.is_some() {
+            self.timed -= 1;
+            self.prune_timers();
+        }
         if let Some(q) = self.qp_stats.remove(&qpn) {
             self.stats.add_qp_share(&q);
         }
@@ -390,23 +561,25 @@ impl Engine {
     }
 
     /// Handles one received UDP datagram: `src` is the sender, `dst` the
-    /// local address it was sent to. For IPv4, the ICRC is checked with the
-    /// IP Identifications a uroce sender uses (segment k of a GSO send has ID
-    /// k: see `wire::icrc::find_ipv4_id`), and with any ID when
-    /// [`EngineConfig::ipv4_any_id`] says so.
+    /// local address it was sent to. [`check_datagram`] then
+    /// [`Engine::handle_received`].
     pub fn handle_datagram(&mut self, now: Instant, src: SocketAddr, dst: IpAddr, data: &[u8]) {
+        let r = check_datagram(&self.cfg, src, dst, data, &mut self.next_ipv4_id);
+        self.handle_received(now, &r);
+    }
+
+    /// Handles a datagram that [`check_datagram`] parsed and checked: the
+    /// checks that need the QP, then the QP's work. An engine holding a
+    /// shard of the device's QPs gets the datagrams for its QPs (by
+    /// [`dest_qpn`]; those with none, any one engine).
+    pub fn handle_received(&mut self, now: Instant, r: &Received) {
+        let (src, data) = (r.src, r.data);
         self.stats.rx_packets += 1;
         self.stats.rx_bytes += data.len() as u64;
-        // Matched by reference: moving the parsed headers out of the
-        // `Result` was a 176-byte copy per packet.
-        let parsed = Packet::parse(data);
-        let pkt = match &parsed {
-            Ok(p) => p,
-            Err(_) => {
-                self.stats.rx_drop_malformed += 1;
-                self.log_drop(now, src, "malformed");
-                return;
-            }
+        let Some(pkt) = &r.pkt else {
+            self.stats.rx_drop_malformed += 1;
+            self.log_drop(now, src, "malformed");
+            return;
         };
         let bth = pkt.headers.bth;
         let Some(qp) = self.qps.get(&bth.dest_qp).filter(|_| bth.dest_qp != 0) else {
@@ -417,36 +590,21 @@ impl Engine {
                 // was destroyed: routine at teardown (counted, not a warning).
                 tracing::debug!(%src, qpn = bth.dest_qp, "dropped a response for a QP that no longer exists");
             } else if bth.dest_qp == crate::cm::GSI_QPN {
-                self.answer_without_cm(src, dst, pkt, data);
+                self.answer_without_cm(src, pkt, r.icrc != IcrcCheck::Bad);
             } else {
                 self.log_drop(now, src, "no such QP");
             }
             return;
         };
-        let mut ip = IpInfo { src: src.ip(), dst, sport: src.port(), dport: self.cfg.port, ipv4_id: 0 };
-        match icrc::find_ipv4_id(&ip, data, self.next_ipv4_id) {
-            Some(0) => self.next_ipv4_id = 1,
-            Some(id) => {
-                self.stats.rx_icrc_gso_id += 1;
-                self.next_ipv4_id = id + 1;
-                ip.ipv4_id = id;
-            }
-            None => {
-                let solved = match (self.cfg.ipv4_any_id, ip.src) {
-                    (true, IpAddr::V4(_)) => icrc::solve_ipv4_id(&ip, data),
-                    _ => None,
-                };
-                match solved {
-                    Some(id) => {
-                        self.stats.rx_icrc_solved_id += 1;
-                        ip.ipv4_id = id;
-                    }
-                    None => {
-                        self.stats.rx_drop_icrc += 1;
-                        self.log_drop(now, src, "bad ICRC");
-                        return;
-                    }
-                }
+        let ip = r.ip;
+        match r.icrc {
+            IcrcCheck::Zero => {}
+            IcrcCheck::GsoId => self.stats.rx_icrc_gso_id += 1,
+            IcrcCheck::Solved => self.stats.rx_icrc_solved_id += 1,
+            IcrcCheck::Bad => {
+                self.stats.rx_drop_icrc += 1;
+                self.log_drop(now, src, "bad ICRC");
+                return;
             }
         }
         let flags = bth.opcode.info().map_or(OpFlags::empty(), |i| i.flags);
@@ -495,14 +653,11 @@ impl Engine {
 
     /// A CM MAD to a device whose process runs no CM (no QP 1): answered
     /// as the kernel answers for an agent without state (`cm::gsi`).
-    fn answer_without_cm(&mut self, src: SocketAddr, dst: IpAddr, pkt: &Packet, data: &[u8]) {
-        let ip = IpInfo { src: src.ip(), dst, sport: src.port(), dport: self.cfg.port, ipv4_id: 0 };
+    fn answer_without_cm(&mut self, src: SocketAddr, pkt: &Packet, icrc_ok: bool) {
         let deth_ok = pkt.headers.deth.is_some_and(|d| d.qkey == crate::cm::GSI_QKEY);
         if pkt.headers.bth.opcode != wire::Opcode::UD_SEND_ONLY || !deth_ok {
             return;
         }
-        let icrc_ok = icrc::find_ipv4_id(&ip, data, self.next_ipv4_id).is_some()
-            || (self.cfg.ipv4_any_id && src.is_ipv4() && icrc::solve_ipv4_id(&ip, data).is_some());
         let Some(answer) = crate::cm::gsi::answer_unhandled(pkt.payload).filter(|_| icrc_ok) else { return };
         let h = crate::cm::gsi::mad_headers(self.gsi_psn);
         self.gsi_psn = (self.gsi_psn + 1) & 0xFF_FFFF;
@@ -582,26 +737,37 @@ impl Engine {
         !self.active.is_empty() || !self.gsi_out.is_empty()
     }
 
-    /// The earliest timer deadline, if any.
+    /// The earliest timer deadline, if any (the heap's top: O(1)).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timed.iter().filter_map(|q| self.qps.get(q)?.next_timeout()).min()
+        self.timers.peek().map(|e| e.0 .0)
     }
 
-    /// Fires every timer due at `now`.
+    /// Fires every timer due at `now`, earliest first (then by QPN).
     pub fn handle_timeout(&mut self, now: Instant) {
-        let mut due: SmallVec<[u32; 8]> = self
-            .timed
-            .iter()
-            .copied()
-            .filter(|q| self.qps.get(q).and_then(|q| q.next_timeout()).is_some_and(|t| t <= now))
-            .collect();
-        due.sort_unstable(); // in QPN order, whatever the set's
+        let mut due: SmallVec<[u32; 8]> = SmallVec::new();
+        while let Some(&Reverse(top)) = self.timers.peek() {
+            if top.0 > now {
+                break;
+            }
+            self.timers.pop();
+            if self.timer_live(top) {
+                due.push(top.1);
+            }
+        }
         for qpn in due {
+            // Its entry is gone: fired, the QP's timer is re-entered below
+            // (by `with_qp`) if it still runs.
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                if qp.timer_key.take().is_some() {
+                    self.timed -= 1;
+                }
+            }
             self.with_qp(now, qpn, |qp, ctx| {
                 qp.on_ack_timer(ctx);
                 qp.on_timer(ctx);
             });
         }
+        self.prune_timers();
     }
 
     pub fn poll_event(&mut self) -> Option<Event> {

@@ -35,7 +35,9 @@ mod stats;
 pub mod wr;
 
 pub use ack::{ack_hold_limit, ACK_HOLD_CAP, ACK_HOLD_FRACTION};
-pub use engine::{Engine, EngineConfig, QpSummary};
+pub use engine::{
+    check_datagram, dest_qpn, first_qpn, qpn_after, Engine, EngineConfig, IcrcCheck, QpSummary, Received, XrcSrqs,
+};
 pub use memory::{MemoryAccess, PayloadHold};
 pub use stats::Stats;
 

@@ -93,8 +93,9 @@ pub struct Qp {
     pub(crate) resp: super::responder::Responder,
     /// In the engine's list of QPs with something to send.
     pub(crate) queued: bool,
-    /// In the engine's set of QPs with a timer running.
-    pub(crate) timed: bool,
+    /// The engine's timer-heap entry of this QP: its deadline and
+    /// generation (an entry with another generation is stale).
+    pub(crate) timer_key: Option<(Instant, u64)>,
     /// SQD: the drained event is pending.
     pub(crate) sqd_notify_pending: bool,
     /// Unreliable sends' completions that wait for packets to reach the
@@ -158,7 +159,7 @@ impl Qp {
             req: Default::default(),
             resp: Default::default(),
             queued: false,
-            timed: false,
+            timer_key: None,
             sqd_notify_pending: false,
             after_send: None,
         })
@@ -184,7 +185,7 @@ impl Qp {
             req: Default::default(),
             resp: Default::default(),
             queued: false,
-            timed: false,
+            timer_key: None,
             sqd_notify_pending: false,
             after_send: None,
         }

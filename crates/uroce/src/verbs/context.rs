@@ -199,7 +199,7 @@ impl Context {
             rt: rt.clone(),
             mem,
             addr,
-            mtu: rt.engine().config().mtu,
+            mtu: rt.config().mtu,
             scatter_to_cqe: cfg.scatter_to_cqe,
             inline_recv: if cfg.cqe_size == 128 { 64 } else { 32 },
             next_handle: AtomicU32::new(1),
@@ -313,7 +313,7 @@ impl Context {
 
     /// The device's transport counters.
     pub fn stats(&self) -> Stats {
-        self.dev.rt.engine().stats()
+        self.dev.rt.stats()
     }
 
     /// Bytes pinned by memory registrations.

@@ -88,7 +88,7 @@ impl ProtectionDomain {
         if !av.is_global || av.dgid.is_zero() {
             return Err(Error::inval("create_ah: RoCE needs a GRH with a destination GID"));
         }
-        let populated = self.context().dev.rt.engine().config().gids.len();
+        let populated = self.context().dev.rt.config().gids.len();
         if let Some(e) = crate::ib::check_sgid_index(av.sgid_index.into(), populated, "create_ah") {
             return Err(e);
         }

@@ -99,10 +99,7 @@ fn devices_json() -> Value {
     let devs: Vec<Value> = live()
         .iter()
         .map(|d| {
-            let (stats, qp_count) = {
-                let e = d.rt.engine();
-                (e.stats(), e.qp_count())
-            };
+            let (stats, qp_count) = { (d.rt.stats(), d.rt.qp_count()) };
             json!({
                 "name": d.name,
                 "address": d.addr.ip().to_string(),
@@ -124,7 +121,7 @@ fn detail_json() -> Value {
     let devs: Vec<Value> = live()
         .iter()
         .map(|d| {
-            let qps = d.rt.engine().qp_summaries();
+            let qps = d.rt.qp_summaries();
             let qps: Vec<Value> = qps
                 .iter()
                 .map(|q| {

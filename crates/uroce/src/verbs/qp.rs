@@ -116,10 +116,12 @@ impl QueuePair {
         };
         // What the QP keeps of the attributes (an XRC_SEND QP has no receive side).
         let (qpn, cap, recv_cq, srq) = {
-            let mut e = pd.inner.ctx.dev.rt.engine();
-            let qpn = if gsi { e.create_gsi_qp(init)? } else { e.create_qp(init)? };
-            let q = e.qp(qpn).expect("just created");
-            (qpn, q.cap, q.recv_cq.clone(), q.srq.clone())
+            let rt = &pd.inner.ctx.dev.rt;
+            let qpn = if gsi { rt.create_gsi_qp(init)? } else { rt.create_qp(init)? };
+            rt.query(qpn, |e| {
+                let q = e.qp(qpn).expect("just created");
+                (qpn, q.cap, q.recv_cq.clone(), q.srq.clone())
+            })
         };
         pd.inner.ctx.dev.track_events(crate::proto::EventElement::Qp(qpn));
         Ok(QueuePair {
@@ -135,7 +137,7 @@ impl QueuePair {
 
     pub(crate) fn new_xrc_recv(xrcd: &Xrcd) -> Result<QueuePair> {
         let ctx = &xrcd.inner.ctx;
-        let qpn = ctx.dev.rt.engine().create_xrc_recv_qp(xrcd.number(), ctx.dev.scatter_to_cqe)?;
+        let qpn = ctx.dev.rt.create_xrc_recv_qp(xrcd.number(), ctx.dev.scatter_to_cqe)?;
         ctx.dev.track_events(crate::proto::EventElement::Qp(qpn));
         Ok(QueuePair {
             owner: Owner::Xrcd(xrcd.inner.clone()),
@@ -151,9 +153,9 @@ impl QueuePair {
     /// The transport state of the QP, for diagnostics (send queue, PSNs,
     /// responder state, timers).
     pub fn debug_state(&self) -> String {
-        let e = self.owner.ctx().dev.rt.engine();
-        let timer = e.poll_timeout().map(|t| t.saturating_duration_since(std::time::Instant::now()));
-        let q = e.qp(self.qpn).map(|q| q.debug_state()).unwrap_or_default();
+        let rt = &self.owner.ctx().dev.rt;
+        let timer = rt.next_timeout().map(|t| t.saturating_duration_since(std::time::Instant::now()));
+        let q = rt.query(self.qpn, |e| e.qp(self.qpn).map(|q| q.debug_state()).unwrap_or_default());
         format!("{q} | next timer in {timer:?}")
     }
 
@@ -171,14 +173,15 @@ impl QueuePair {
 
     /// `ibv_modify_qp`.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
-        self.owner.ctx().dev.rt.pump(|e, now| e.modify_qp(now, self.qpn, attr, mask))
+        self.owner.ctx().dev.rt.pump(self.qpn, |e, now| e.modify_qp(now, self.qpn, attr, mask))
     }
 
     /// `ibv_query_qp`: the current attributes.
     pub fn query(&self) -> QpAttr {
-        let e = self.owner.ctx().dev.rt.engine();
-        let qp = e.qp(self.qpn).expect("a live handle has a QP");
-        QpAttr { cap: qp.cap, cur_qp_state: qp.attr.qp_state, ..qp.attr }
+        self.owner.ctx().dev.rt.query(self.qpn, |e| {
+            let qp = e.qp(self.qpn).expect("a live handle has a QP");
+            QpAttr { cap: qp.cap, cur_qp_state: qp.attr.qp_state, ..qp.attr }
+        })
     }
 
     pub fn state(&self) -> QpState {
@@ -211,7 +214,7 @@ impl QueuePair {
         self.post_recv_with(|i, lim| wrs.next().map(|w| lim.check_room(i).map(|()| w)))
     }
 
-    /// Posts the send WRs `next` makes, under the device lock: `next(i,
+    /// Posts the send WRs `next` makes, under its shard's lock: `next(i,
     /// limits)` returns WR `i` of the list (None at its end) after checking
     /// it against the queue's [`QueueLimits`] as they stand, or the error
     /// that refuses it. The C ABI converts each WR there, so that nothing
@@ -222,7 +225,7 @@ impl QueuePair {
         mut next: impl FnMut(usize, &QueueLimits) -> Option<Result<SendWr>>,
     ) -> std::result::Result<(), (usize, Error)> {
         let qpn = self.qpn;
-        self.owner.ctx().dev.rt.pump(|e, now| {
+        self.owner.ctx().dev.rt.pump(qpn, |e, now| {
             let lim = match e.qp(qpn) {
                 Some(q) if q.send_cq.is_some() => QueueLimits {
                     free: (q.cap.max_send_wr as usize).saturating_sub(q.sq.len()),
@@ -245,7 +248,7 @@ impl QueuePair {
         mut next: impl FnMut(usize, &QueueLimits) -> Option<Result<RecvWr>>,
     ) -> std::result::Result<(), (usize, Error)> {
         let qpn = self.qpn;
-        self.owner.ctx().dev.rt.pump(|e, now| {
+        self.owner.ctx().dev.rt.pump(qpn, |e, now| {
             let lim = match e.qp(qpn) {
                 Some(q) if q.srq.is_none() && q.recv_cq.is_some() => QueueLimits {
                     free: (q.cap.max_recv_wr as usize).saturating_sub(q.rq.len()),
@@ -322,12 +325,9 @@ impl Drop for QueuePair {
     fn drop(&mut self) {
         // No event is delivered for it from now on (those not yet taken go).
         self.owner.ctx().dev.untrack_events(crate::proto::EventElement::Qp(self.qpn));
-        let rt = &self.owner.ctx().dev.rt;
-        // What it acknowledged leaves as it goes (an application often
-        // destroys its QPs right after its last receive, then exits): the
-        // engine queues the ACK it held, and the pump sends it.
-        let qpn = self.qpn;
-        let _ = rt.pump(|e, _| e.destroy_qp(qpn));
+        // What it acknowledged leaves as it goes (the engine queues the ACK
+        // it held; the runtime's pass sends it).
+        let _ = self.owner.ctx().dev.rt.destroy_qp(self.qpn);
     }
 }
 

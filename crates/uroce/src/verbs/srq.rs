@@ -39,7 +39,7 @@ impl SharedReceiveQueue {
             return Err(Error::new(Errno::ENOMEM, "create_srq: SRQ numbers (24 bits) exhausted"));
         }
         let queue = Arc::new(queue.with_xrc(XrcSrq { xrcd: xrcd.number(), cq: cq.ring.clone() }));
-        pd.inner.ctx.dev.rt.engine().register_xrc_srq(&queue);
+        pd.inner.ctx.dev.rt.register_xrc_srq(&queue);
         pd.inner.ctx.dev.track_events(crate::proto::EventElement::Srq(queue.handle));
         Ok(SharedReceiveQueue { queue, pd: pd.inner.clone(), _xrcd: Some(xrcd.inner.clone()) })
     }
@@ -143,7 +143,7 @@ impl Drop for SharedReceiveQueue {
     fn drop(&mut self) {
         self.pd.ctx.dev.untrack_events(crate::proto::EventElement::Srq(self.queue.handle));
         if self.queue.xrc.is_some() {
-            self.pd.ctx.dev.rt.engine().unregister_xrc_srq(self.queue.handle);
+            self.pd.ctx.dev.rt.unregister_xrc_srq(self.queue.handle);
         }
     }
 }
