@@ -96,6 +96,8 @@ struct RxState {
     batch: RecvBatch,
     /// The datagrams in its filled buffers: (buffer, offset, length, sender).
     got: Vec<(usize, usize, usize, SocketAddr)>,
+    /// LINK HOOK: packets taken out of the shared-memory rings.
+    shm: super::link::RxBuf,
 }
 
 /// The sending side's reusable storage.
@@ -149,6 +151,9 @@ pub struct Runtime {
     /// progress thread's to find).
     next_deadline: AtomicInstant,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// LINK HOOK: the same-host shared-memory link (see `io::link`); None
+    /// when off (`UROCE_LINK=udp`) or not available.
+    link: Option<super::link::Links>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -172,9 +177,16 @@ impl Runtime {
             Some(p) => Some(Capture::create(p)?),
             None => None,
         };
+        // LINK HOOK: advertise this device for same-host peers; peers ring
+        // our wake eventfd as their doorbell.
+        let link = super::link::Links::start(socket.local_addr(), wake.as_raw_fd())?;
         let rt = Arc::new(Runtime {
             engine: Mutex::new(Engine::new(cfg.engine, mem)),
-            rx: Mutex::new(RxState { batch: RecvBatch::new(RX_BATCH, 65536), got: Vec::with_capacity(RX_BATCH) }),
+            rx: Mutex::new(RxState {
+                batch: RecvBatch::new(RX_BATCH, 65536),
+                got: Vec::with_capacity(RX_BATCH),
+                shm: Default::default(),
+            }),
             socket,
             tx: Mutex::new(TxState { expect_answer: true, ..TxState::default() }),
             wake,
@@ -189,6 +201,7 @@ impl Runtime {
             held_due: AtomicInstant::default(),
             next_deadline: AtomicInstant::default(),
             thread: Mutex::new(None),
+            link,
         });
         let weak = Arc::downgrade(&rt);
         let handle = std::thread::Builder::new().name("uroce-progress".into()).spawn(move || progress_loop(weak))?;
@@ -198,6 +211,12 @@ impl Runtime {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.socket.local_addr()
+    }
+
+    /// LINK HOOK: per-peer medium and counters of the shared-memory link
+    /// (empty when it is off).
+    pub fn link_stats(&self) -> Vec<super::link::LinkStats> {
+        self.link.as_ref().map(|l| l.stats()).unwrap_or_default()
     }
 
     pub fn set_sink(&self, sink: Weak<dyn EventSink>) {
@@ -330,8 +349,15 @@ impl Runtime {
             self.record_sent(&out[r.clone()]);
         }
         let segs: SmallVec<[Datagram; 8]> = out.iter().map(|t| Datagram::new(t.parts())).collect();
-        let groups: SmallVec<[(SocketAddr, &[Datagram]); 8]> =
-            runs.into_iter().map(|r| (out[r.start].dst, &segs[r])).collect();
+        // LINK HOOK: a run for a linked peer goes through its ring instead.
+        let groups: SmallVec<[(SocketAddr, &[Datagram]); 8]> = runs
+            .into_iter()
+            .filter(|r| !self.link.as_ref().is_some_and(|l| l.send(&out[r.clone()])))
+            .map(|r| (out[r.start].dst, &segs[r]))
+            .collect();
+        if groups.is_empty() {
+            return;
+        }
         self.send_with_retry(&groups);
     }
 
@@ -451,10 +477,15 @@ impl Runtime {
     /// Receives what the socket holds and runs the engine on it, on due
     /// timers and on held ACKs; `now` is the caller's recent clock reading.
     fn receive(&self, rx: &mut RxState, now: Instant, hold_acks: bool) -> bool {
-        let RxState { batch, got } = rx;
+        let RxState { batch, got, shm } = rx;
         got.clear();
         if let Err(e) = self.socket.recv_batch(batch) {
             tracing::debug!("receive failed: {e}");
+        }
+        // LINK HOOK: also take what the shared-memory rings hold.
+        shm.clear();
+        if let Some(l) = &self.link {
+            l.drain(shm);
         }
         let held = if hold_acks { Held::HoldNew } else { Held::Flush };
         // A pass for held ACKs alone only when they are to go: while they
@@ -480,16 +511,20 @@ impl Runtime {
         }
         let guard = self.capturing.load(Ordering::Acquire).then(|| self.capture.read().unwrap());
         if let Some(c) = guard.as_deref().and_then(|c| c.as_ref()) {
-            for &(b, off, n, from) in got.iter() {
+            let udp = got.iter().map(|&(b, off, n, from)| (from, &batch.bytes(b)[off..off + n]));
+            // LINK HOOK: packets by memory get the same synthesized headers.
+            for (from, data) in udp.chain(shm.iter()) {
                 let mut ip =
                     IpInfo { src: from.ip(), dst: local.ip(), sport: from.port(), dport: local.port(), ipv4_id: 0 };
                 // The pcap needs the real ID for the ICRC to check out.
-                let data = &batch.bytes(b)[off..off + n];
                 ip.ipv4_id = crate::wire::icrc::find_ipv4_id(&ip, data, 0).unwrap_or(0);
                 c.record(&ip, data);
             }
         }
         drop(guard);
+        if let Some(l) = self.link.as_ref().filter(|_| !got.is_empty()) {
+            l.count_udp_rx(got.iter().map(|&(_, _, n, from)| (from, n)));
+        }
         if let Some(f) = &self.faults {
             // Through the fault layer: owned copies, some dropped, held back,
             // duplicated or corrupted.
@@ -498,9 +533,12 @@ impl Runtime {
             for &(b, off, n, from) in got.iter() {
                 f.receive(now, from, &batch.bytes(b)[off..off + n], &mut owned);
             }
+            for (from, data) in shm.iter() {
+                f.receive(now, from, data, &mut owned);
+            }
             let due = self.next_deadline.load(Ordering::Relaxed).is_some_and(|t| t <= now);
             if owned.is_empty() && !due && !send_held {
-                return !got.is_empty();
+                return !got.is_empty() || !shm.is_empty();
             }
             self.pump_with(held, |e, now| {
                 for (from, data) in &owned {
@@ -513,18 +551,21 @@ impl Runtime {
             return true;
         }
         let due = self.next_deadline.load(Ordering::Relaxed).is_some_and(|t| t <= now);
-        if got.is_empty() && !due && !send_held {
+        if got.is_empty() && shm.is_empty() && !due && !send_held {
             return false;
         }
         self.pump_with(held, |e, now| {
             for &(b, off, n, from) in got.iter() {
                 e.handle_datagram(now, from, local.ip(), &batch.bytes(b)[off..off + n]);
             }
+            for (from, data) in shm.iter() {
+                e.handle_datagram(now, from, local.ip(), data);
+            }
             if e.poll_timeout().is_some_and(|t| t <= now) {
                 e.handle_timeout(now);
             }
         });
-        !got.is_empty()
+        !got.is_empty() || !shm.is_empty()
     }
 
     /// Counters of the fault layer, when one is configured.
@@ -570,6 +611,14 @@ impl Runtime {
             }
             timeout
         };
+        // LINK HOOK: a sleep that nobody else's polling covers is announced
+        // in the rings (producers then ring the wake eventfd); packets
+        // already there cancel it.
+        let link_sleeps = !self.busy_poll && !app_polling && self.link.is_some();
+        let timeout = match &self.link {
+            Some(l) if link_sleeps && l.sleep() => Duration::ZERO,
+            _ => timeout,
+        };
         if !self.busy_poll {
             let mut fds = [
                 libc::pollfd { fd: self.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
@@ -580,6 +629,9 @@ impl Runtime {
             // SAFETY: fds is a valid array of at least `nfds` pollfd; ts a valid timespec.
             unsafe { libc::ppoll(fds.as_mut_ptr(), nfds, &ts, std::ptr::null()) };
             self.sleeping_until.store(None, Ordering::Release);
+            if let Some(l) = self.link.as_ref().filter(|_| link_sleeps) {
+                l.woke(); // LINK HOOK
+            }
             if fds[0].revents != 0 {
                 let mut v: u64 = 0;
                 // SAFETY: reads 8 bytes into a valid u64 from our eventfd.
