@@ -617,6 +617,10 @@ impl Runtime {
         let link_sleeps = !self.busy_poll && !app_polling && self.link.is_some();
         let timeout = match &self.link {
             Some(l) if link_sleeps && l.sleep() => Duration::ZERO,
+            Some(l) if !link_sleeps => {
+                l.woke(); // a poller finds the packets: no doorbell
+                timeout
+            }
             _ => timeout,
         };
         if !self.busy_poll {

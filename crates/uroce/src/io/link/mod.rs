@@ -5,8 +5,9 @@
 //! medium changes, so every transport rule and check applies unchanged.
 //!
 //! This module owns the per-device link hub ([`Links`]): the advertised
-//! Unix socket and the thread that accepts and makes links
-//! ([`discovery`]), the table of peers (by UDP address: linked, being
+//! Unix socket and the thread that accepts links and watches their sockets
+//! ([`discovery`]; a sender links to a new peer itself, before its first
+//! packet), the table of peers (by UDP address: linked, being
 //! linked, or UDP), the rings ([`ring`]) and their counters. The runtime
 //! calls it at three points: sending a run of packets for one destination
 //! ([`Links::send`]: false means "send it by UDP"), receiving
@@ -62,10 +63,18 @@ impl Mode {
 /// How long a peer found not to advertise (or refusing) stays on UDP
 /// before it is looked up again.
 const RETRY: Duration = Duration::from_secs(1);
-/// Longest a setup exchange waits on the other side.
+/// Longest the accepting side of a setup waits on the other.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest a sender waits for the peer's answer when it links (a stopped
+/// peer costs this once per RETRY).
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(100);
 /// Peers tracked at most (beyond: UDP, uncounted).
 const MAX_PEERS: usize = 4096;
+/// After packets came by memory, the progress thread looks for more this
+/// long before it sleeps ...
+const SPIN: Duration = Duration::from_micros(30);
+/// ... if they came this recently.
+const SPIN_AFTER_RX: Duration = Duration::from_micros(200);
 /// Packets taken out of the rings per receive pass at most.
 pub const RX_MAX: usize = 256;
 const HELLO: &[u8; 8] = b"UROCELK1";
@@ -179,7 +188,7 @@ fn write_packet(t: &Transmit, dst: *mut u8) -> bool {
 enum State {
     /// Never looked up.
     Unknown,
-    /// The hub is setting up a link; UDP meanwhile.
+    /// A sender is setting up a link; UDP meanwhile (other threads).
     Pending,
     /// UDP until then (not advertised, refused, or its link died).
     Udp(Instant),
@@ -200,16 +209,36 @@ struct Inner {
     listener: OwnedFd,
     /// Our doorbell as given to peers: the runtime's wake eventfd.
     doorbell: OwnedFd,
-    /// Wakes the hub thread (requests, shutdown).
+    /// Wakes the hub thread (a broken link, shutdown).
     hub_wake: OwnedFd,
     peers: RwLock<FxHashMap<SocketAddr, Arc<Peer>>>,
     links: RwLock<Vec<Arc<Link>>>,
-    requests: Mutex<Vec<SocketAddr>>,
     shutdown: AtomicBool,
     warned: Mutex<FxHashSet<SocketAddr>>,
+    /// When a receive pass last found packets in a ring.
+    rx_at: AtomicInstant,
 }
 
-/// The link hub of one device (see the module docs).
+/// An `Instant` in an atomic (nanoseconds since a process-wide origin).
+#[derive(Default)]
+struct AtomicInstant(AtomicU64);
+
+impl AtomicInstant {
+    fn origin() -> Instant {
+        static O: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *O.get_or_init(Instant::now)
+    }
+    fn store(&self, t: Instant, o: Ordering) {
+        self.0.store(t.saturating_duration_since(Self::origin()).as_nanos() as u64, o);
+    }
+    fn load(&self, o: Ordering) -> Instant {
+        Self::origin() + Duration::from_nanos(self.0.load(o))
+    }
+}
+
+/// The link hub of one device (see the module docs). Its thread accepts
+/// links and watches their sockets; a sender links to a new destination
+/// itself, before its first packet.
 pub struct Links {
     inner: Arc<Inner>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -308,9 +337,9 @@ impl Links {
             hub_wake: eventfd()?,
             peers: RwLock::default(),
             links: RwLock::default(),
-            requests: Mutex::default(),
             shutdown: AtomicBool::new(false),
             warned: Mutex::default(),
+            rx_at: AtomicInstant::default(),
         });
         let i = inner.clone();
         let thread = std::thread::Builder::new().name("uroce-link".into()).spawn(move || i.hub_loop());
@@ -325,26 +354,32 @@ impl Links {
 
     /// Sends a run of packets that all go to one destination through its
     /// link, if it has one; false: the caller sends them by UDP (counted
-    /// here). A destination seen for the first time is looked up in the
-    /// background (UDP meanwhile).
+    /// here). A destination seen for the first time (or again RETRY after it
+    /// was found on UDP) is linked first if it advertises itself.
     pub fn send(&self, pkts: &[Transmit]) -> bool {
         let Some(first) = pkts.first() else { return true };
         let dst = first.dst;
         let Some(peer) = self.inner.peer(dst) else { return false };
-        let link = {
+        let mut link = None;
+        for _ in 0..2 {
             let mut st = peer.state.lock().unwrap();
             match &*st {
-                State::Link(l) if !l.dead.load(Ordering::Relaxed) => Some(l.clone()),
-                State::Pending | State::Link(_) => None,
-                State::Udp(at) if Instant::now() < *at => None,
+                State::Link(l) if !l.dead.load(Ordering::Relaxed) => link = Some(l.clone()),
+                State::Pending | State::Link(_) => {}
+                State::Udp(at) if Instant::now() < *at => {}
                 State::Udp(_) | State::Unknown => {
+                    // Linked before the first packet goes (in this thread:
+                    // the peer's hub answers; a peer that does not advertise
+                    // costs one look into the directory per RETRY), so that
+                    // no packet overtakes another by changing medium.
                     *st = State::Pending;
                     drop(st);
-                    self.inner.request(dst);
-                    None
+                    self.inner.connect_to(dst);
+                    continue;
                 }
             }
-        };
+            break;
+        }
         if let Some(l) = link {
             match l.send(pkts) {
                 Ok(()) => return true,
@@ -378,6 +413,7 @@ impl Links {
             match r {
                 Ok(0) => {}
                 Ok(n) => {
+                    self.inner.rx_at.store(Instant::now(), Ordering::Relaxed);
                     add(&l.c.shm_rx_packets, n as u64);
                     add(&l.c.shm_rx_bytes, bytes);
                 }
@@ -405,6 +441,21 @@ impl Links {
     /// returns whether packets already wait (then it must not sleep).
     pub fn sleep(&self) -> bool {
         let links = self.inner.links.read().unwrap();
+        if links.is_empty() {
+            return false;
+        }
+        if self.inner.rx_at.load(Ordering::Relaxed).elapsed() < SPIN_AFTER_RX {
+            // Packets came by memory just now: more are likely within
+            // microseconds. Looking for them costs no system call, where
+            // sleeping costs the peer a doorbell and us a wake-up each.
+            let t = Instant::now();
+            while t.elapsed() < SPIN {
+                if links.iter().any(|l| l.rx.lock().unwrap().pending().map_or(true, |n| n > 0)) {
+                    return true;
+                }
+                std::hint::spin_loop();
+            }
+        }
         let mut waiting = false;
         for l in links.iter() {
             waiting |= l.rx.lock().unwrap().sleep();
@@ -486,11 +537,6 @@ impl Inner {
         )
     }
 
-    fn request(&self, dst: SocketAddr) {
-        self.requests.lock().unwrap().push(dst);
-        discovery::ring(self.hub_wake.as_raw_fd());
-    }
-
     /// A ring broke its rules: the link goes (by the hub), UDP meanwhile.
     fn broken(&self, l: &Arc<Link>, e: ring::Corrupt) {
         if !l.dead.swap(true, Ordering::Relaxed) {
@@ -532,17 +578,6 @@ impl Inner {
                 let mut v = 0u64;
                 // SAFETY: reads 8 bytes into a valid u64 from our eventfd.
                 unsafe { libc::read(self.hub_wake.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-            }
-            let reqs = std::mem::take(&mut *self.requests.lock().unwrap());
-            for dst in reqs {
-                // In its own thread: two devices that link to each other at
-                // once each wait on the other's answer, which their hubs
-                // give while they accept.
-                let me = self.clone();
-                let t = std::thread::Builder::new().name("uroce-link-setup".into()).spawn(move || me.connect_to(dst));
-                if let Err(e) = t {
-                    self.not_linked(dst, &e.to_string());
-                }
             }
             if fds[1].revents != 0 {
                 loop {
@@ -597,7 +632,7 @@ impl Inner {
             self.set_state(dst, State::Udp(Instant::now() + RETRY));
             return;
         }
-        let s = match discovery::connect(&self.dir, &name, SETUP_TIMEOUT) {
+        let s = match discovery::connect(&self.dir, &name, CONNECT_TIMEOUT) {
             Ok(s) => s,
             Err(e) => {
                 // A socket file left by a device that is gone.
