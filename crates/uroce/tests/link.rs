@@ -241,3 +241,51 @@ fn kill_9_of_a_linked_peer_mid_transfer_gives_retry_exceeded() {
     assert!(err.contains("RetryExc"), "the survivor's WRITE failed with RETRY_EXC_ERR:\n{out}{err}");
     assert!(took < Duration::from_secs(5), "within the retry budget (took {took:?})");
 }
+
+/// Resident memory of process `pid` in KiB (0 once it is gone).
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_stopped_peer_fills_its_ring_then_the_survivor_times_out_without_growing() {
+    if link_off() {
+        skip!("UROCE_LINK=udp turns the link off");
+    }
+    let env = [("UROCE_PEER_BW_MS", "20000"), ("UROCE_PEER_TIMEOUT", "12"), ("UROCE_PEER_RETRY", "3")];
+    let (mut server, client, _) = spawn_pair(4, &env, false);
+    let mut so = server.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let t = Instant::now();
+    while !String::from_utf8_lossy(&seen).contains("1 MiB RDMA WRITE verified") {
+        assert!(t.elapsed() < Duration::from_secs(30), "the server never got the WRITE");
+        let mut b = [0u8; 256];
+        let n = so.read(&mut b).unwrap();
+        assert!(n > 0, "server ended early: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&b[..n]);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: signals to our own child by its pid.
+    unsafe { libc::kill(server.id() as i32, libc::SIGSTOP) };
+    let stopped = Instant::now();
+    let rss_at_stop = rss_kib(client.id());
+    let mut peak = rss_at_stop;
+    let mut client = client;
+    while client.try_wait().unwrap().is_none() && stopped.elapsed() < Duration::from_secs(10) {
+        peak = peak.max(rss_kib(client.id()));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let took = stopped.elapsed();
+    let (ok, out, err) = finish(client, Duration::from_secs(5));
+    // SAFETY: as above.
+    unsafe { libc::kill(server.id() as i32, libc::SIGKILL) };
+    let _ = server.wait();
+    assert!(!ok, "the client cannot succeed with its peer stopped:\n{out}{err}");
+    assert!(err.contains("RetryExc"), "the survivor's WRITE failed with RETRY_EXC_ERR:\n{out}{err}");
+    assert!(took < Duration::from_secs(5), "within the retry budget (took {took:?})");
+    assert!(peak < rss_at_stop + 32 * 1024, "no memory growth while the peer is stopped: {rss_at_stop} -> {peak} KiB");
+}
