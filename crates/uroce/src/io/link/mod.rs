@@ -618,11 +618,20 @@ impl Inner {
         tracing::info!(peer = %l.peer, pid = l.pid, "shared-memory link closed");
     }
 
+    /// Adds a link: its ring is drained from now on, and it carries what
+    /// we send to its peer unless another live link already does (two
+    /// devices that link to each other at once get two links; switching
+    /// rings mid-stream would reorder packets).
     fn register(&self, l: Arc<Link>) {
         add(&l.c.links_made, 1);
         self.links.write().unwrap().push(l.clone());
         tracing::info!(peer = %l.peer, pid = l.pid, "shared-memory link up");
-        self.set_state(l.peer, State::Link(l));
+        if let Some(p) = self.peer(l.peer) {
+            let mut st = p.state.lock().unwrap();
+            if !matches!(&*st, State::Link(x) if !x.dead.load(Ordering::Relaxed)) {
+                *st = State::Link(l);
+            }
+        }
     }
 
     fn connect_to(&self, dst: SocketAddr) {
