@@ -68,6 +68,8 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest a sender waits for the peer's answer when it links (a stopped
 /// peer costs this once per RETRY).
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(100);
+/// Longest a closed link waits to be read out (its consumer may be gone).
+const CLOSE_DRAIN: Duration = Duration::from_millis(500);
 /// Peers tracked at most (beyond: UDP, uncounted).
 const MAX_PEERS: usize = 4096;
 /// After packets came by memory, the progress thread looks for more this
@@ -126,11 +128,20 @@ struct Link {
     c: Arc<Counters>,
     /// Broken (the ring was found corrupt); the hub drops it.
     dead: AtomicBool,
+    /// The peer closed its end (it exited): nothing more is sent on the
+    /// link, and the hub drops it once what the peer wrote before (its last
+    /// ACKs, say) has been read.
+    closed: AtomicBool,
+    closed_since: AtomicInstant,
     /// Last: the rings point into it.
     _map: Mapping,
 }
 
 impl Link {
+    fn closed_at_least(&self, d: Duration) -> bool {
+        self.closed_since.load(Ordering::Relaxed).elapsed() >= d
+    }
+
     /// Copies the packets into the peer's ring; a packet that finds the
     /// ring full is dropped (counted). Err: the ring is corrupt.
     fn send(&self, pkts: &[Transmit]) -> Result<(), ring::Corrupt> {
@@ -364,7 +375,9 @@ impl Links {
         for _ in 0..2 {
             let mut st = peer.state.lock().unwrap();
             match &*st {
-                State::Link(l) if !l.dead.load(Ordering::Relaxed) => link = Some(l.clone()),
+                State::Link(l) if !l.dead.load(Ordering::Relaxed) && !l.closed.load(Ordering::Relaxed) => {
+                    link = Some(l.clone())
+                }
                 State::Pending | State::Link(_) => {}
                 State::Udp(at) if Instant::now() < *at => {}
                 State::Udp(_) | State::Unknown => {
@@ -564,13 +577,17 @@ impl Inner {
     fn hub_loop(self: Arc<Self>) {
         while !self.shutdown.load(Ordering::SeqCst) {
             let links: Vec<Arc<Link>> = self.links.read().unwrap().clone();
+            let (open, closing): (Vec<&Arc<Link>>, Vec<&Arc<Link>>) =
+                links.iter().partition(|l| !l.closed.load(Ordering::Relaxed));
             let mut fds: Vec<libc::pollfd> = [self.hub_wake.as_raw_fd(), self.listener.as_raw_fd()]
                 .into_iter()
-                .chain(links.iter().map(|l| l.sock.as_raw_fd()))
+                .chain(open.iter().map(|l| l.sock.as_raw_fd()))
                 .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
                 .collect();
+            // Closed links are looked at again soon: dropped once read out.
+            let wait = if closing.is_empty() { 1000 } else { 5 };
             // SAFETY: `fds` is a valid array of its length.
-            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1000) };
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait) };
             if self.shutdown.load(Ordering::SeqCst) {
                 break;
             }
@@ -591,8 +608,16 @@ impl Inner {
                     }
                 }
             }
-            for (l, p) in links.iter().zip(&fds[2..]) {
-                if l.dead.load(Ordering::Relaxed) || (p.revents != 0 && peer_gone(&l.sock)) {
+            for (l, p) in open.iter().zip(&fds[2..]) {
+                if l.dead.load(Ordering::Relaxed) {
+                    self.remove(l);
+                } else if p.revents != 0 && peer_gone(&l.sock) {
+                    self.close(l);
+                }
+            }
+            for l in closing {
+                let unread = l.rx.lock().unwrap().pending().unwrap_or(0);
+                if l.dead.load(Ordering::Relaxed) || unread == 0 || l.closed_at_least(CLOSE_DRAIN) {
                     self.remove(l);
                 }
             }
@@ -605,16 +630,30 @@ impl Inner {
         }
     }
 
-    /// Drops a link: its traffic goes by UDP from now on; the rings are
-    /// unmapped when the last pass using them ends.
-    fn remove(&self, l: &Arc<Link>) {
-        self.links.write().unwrap().retain(|x| !Arc::ptr_eq(x, l));
+    /// The peer is gone: nothing more goes on the link; our progress
+    /// thread is woken to read what the peer wrote before it went.
+    fn close(&self, l: &Arc<Link>) {
+        l.closed_since.store(Instant::now(), Ordering::Relaxed);
+        l.closed.store(true, Ordering::Relaxed);
+        self.to_udp(l);
+        discovery::ring(self.doorbell.as_raw_fd());
+    }
+
+    /// Its peer's traffic goes by UDP from now on (if `l` carried it).
+    fn to_udp(&self, l: &Arc<Link>) {
         if let Some(p) = self.peers.read().unwrap().get(&l.peer) {
             let mut st = p.state.lock().unwrap();
             if matches!(&*st, State::Link(x) if Arc::ptr_eq(x, l)) {
                 *st = State::Udp(Instant::now() + RETRY);
             }
         }
+    }
+
+    /// Drops a link: its traffic goes by UDP from now on; the rings are
+    /// unmapped when the last pass using them ends.
+    fn remove(&self, l: &Arc<Link>) {
+        self.links.write().unwrap().retain(|x| !Arc::ptr_eq(x, l));
+        self.to_udp(l);
         tracing::info!(peer = %l.peer, pid = l.pid, "shared-memory link closed");
     }
 
@@ -628,7 +667,8 @@ impl Inner {
         tracing::info!(peer = %l.peer, pid = l.pid, "shared-memory link up");
         if let Some(p) = self.peer(l.peer) {
             let mut st = p.state.lock().unwrap();
-            if !matches!(&*st, State::Link(x) if !x.dead.load(Ordering::Relaxed)) {
+            let live = |x: &Link| !x.dead.load(Ordering::Relaxed) && !x.closed.load(Ordering::Relaxed);
+            if !matches!(&*st, State::Link(x) if live(x)) {
                 *st = State::Link(l);
             }
         }
@@ -699,6 +739,8 @@ impl Inner {
             doorbell: fds.remove(0),
             c: self.counters_for(dst)?,
             dead: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            closed_since: AtomicInstant::default(),
             _map: map,
         }))
     }
@@ -743,6 +785,8 @@ impl Inner {
             doorbell: fds.remove(1),
             c: self.counters_for(from)?,
             dead: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            closed_since: AtomicInstant::default(),
             _map: map,
         }))
     }
