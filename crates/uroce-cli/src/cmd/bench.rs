@@ -22,6 +22,7 @@
 //! Everything polls the CQ busily, which drives the device in this thread.
 
 mod ctrl;
+mod link;
 mod rdma;
 mod report;
 mod udp;
@@ -50,6 +51,7 @@ pub struct Args {
 }
 
 #[derive(clap::Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once: boxing buys nothing
 enum Role {
     /// Serve one client: the RDMA peer and the UDP baseline peers.
     Server {
@@ -159,6 +161,15 @@ pub struct Opts {
     /// UDP port of both devices (loopback mode; 0: a free one).
     #[arg(long, default_value_t = 0)]
     port: u16,
+    /// The medium between same-host devices (`UROCE_LINK`): udp, shm or
+    /// auto; several (e.g. `udp,shm`) run every point with each in turn,
+    /// add a memcpy baseline of the same sizes and compare them.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    link: Vec<link::LinkArg>,
+    /// Loopback mode: run the server's device in this process (a thread)
+    /// instead of a child process.
+    #[arg(long)]
+    in_process: bool,
 }
 
 /// One test point.
@@ -207,8 +218,12 @@ impl Spec {
 
 pub fn run(a: Args) -> ExitCode {
     let r = match a.role {
-        None => local(&a.opts),
-        Some(Role::Client { server, addr, opts }) => parse_server(&server).and_then(|s| client(&opts, s, addr, None)),
+        None if !a.opts.link.is_empty() => link::compare(&a.opts),
+        None => local(&a.opts).map(drop),
+        Some(Role::Client { server, addr, opts }) => {
+            link::set_env(&opts);
+            parse_server(&server).and_then(|s| client(&opts, s, addr, None)).map(drop)
+        }
         Some(Role::Server { addr, tcp_port, port, wait }) => server(addr, tcp_port, port, wait),
     };
     match r {
@@ -231,6 +246,11 @@ fn parse_server(s: &str) -> Res<SocketAddr> {
 // ---------------------------------------------------------------- server
 
 fn server(addr: Option<IpAddr>, tcp_port: u16, port: u16, wait: u64) -> Res<()> {
+    server_with(addr, tcp_port, port, wait, |_| {})
+}
+
+/// The server; `ready` gets the control channel's TCP port once it listens.
+fn server_with(addr: Option<IpAddr>, tcp_port: u16, port: u16, wait: u64, ready: impl FnOnce(u16)) -> Res<()> {
     let mut cfg = DeviceConfig::from_env()?;
     if addr.is_some() {
         cfg.addr = addr;
@@ -244,6 +264,7 @@ fn server(addr: Option<IpAddr>, tcp_port: u16, port: u16, wait: u64) -> Res<()> 
     let l = TcpListener::bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), tcp_port))?;
     // One line, the port last: `uroce bench` reads it from its child.
     println!("uroce bench server: device {} at {}, tcp port {}", ctx.name(), ctx.local_addr(), l.local_addr()?.port());
+    ready(l.local_addr()?.port());
     l.set_nonblocking(true)?;
     let deadline = Instant::now() + Duration::from_secs(wait);
     let stream = loop {
@@ -314,10 +335,24 @@ fn free_port(a: IpAddr, b: IpAddr) -> Res<u16> {
     Err("no free UDP port on loopback".into())
 }
 
-fn local(opts: &Opts) -> Res<()> {
+fn local(opts: &Opts) -> Res<Vec<report::Row>> {
     let (cip, sip) = (IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
     points(opts)?; // report bad options before spawning anything
     let port = if opts.port != 0 { opts.port } else { free_port(cip, sip)? };
+    if opts.in_process {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let srv = std::thread::Builder::new().name("bench-server".into()).spawn(move || {
+            if let Err(e) = server_with(Some(sip), 0, port, 30, |p| {
+                let _ = tx.send(p);
+            }) {
+                eprintln!("uroce bench: server: {e}");
+            }
+        })?;
+        let tcp = rx.recv_timeout(Duration::from_secs(30)).map_err(|_| "the in-process server did not start")?;
+        let r = client(opts, SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), tcp), Some(cip), Some(port));
+        let _ = srv.join();
+        return r;
+    }
     let exe = std::env::current_exe()?;
     let child = Command::new(exe)
         .args(["bench", "server", "--addr", &sip.to_string(), "--port", &port.to_string()])
@@ -384,7 +419,7 @@ fn segment(size: usize, mtu: usize) -> usize {
     size.min(mtu) + 12 + 4
 }
 
-fn client(opts: &Opts, server: SocketAddr, addr: Option<IpAddr>, port: Option<u16>) -> Res<()> {
+fn client(opts: &Opts, server: SocketAddr, addr: Option<IpAddr>, port: Option<u16>) -> Res<Vec<report::Row>> {
     let specs = points(opts)?;
     let mut ctrl = Ctrl::new(connect(server)?, CTRL_TIMEOUT)?;
     let hello = ctrl.recv()?;
@@ -435,12 +470,15 @@ fn client(opts: &Opts, server: SocketAddr, addr: Option<IpAddr>, port: Option<u1
         }
     }
     report::header();
+    let mut rows = Vec::new();
     for spec in &specs {
         let p = point(&mut ctrl, &ctx, &pd, spec, opts.iters)?;
         let row = rep.add(spec, p, segment(spec.size, mtu));
         report::row(&row);
+        rows.push(row);
     }
     ctrl.call(&json!({ "cmd": "bye" }))?;
+    link::print_media(&ctx);
     if let Some(f) = &opts.csv {
         std::fs::write(f, rep.csv()).map_err(|e| format!("{}: {e}", f.display()))?;
         println!("wrote {}", f.display());
@@ -450,7 +488,7 @@ fn client(opts: &Opts, server: SocketAddr, addr: Option<IpAddr>, port: Option<u1
         std::fs::write(f, serde_json::to_string_pretty(&v)? + "\n").map_err(|e| format!("{}: {e}", f.display()))?;
         println!("wrote {}", f.display());
     }
-    Ok(())
+    Ok(rows)
 }
 
 /// The local address the kernel would send from to reach `to`.

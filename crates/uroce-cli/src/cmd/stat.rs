@@ -193,6 +193,7 @@ fn table(procs: &[Value], qps: bool) -> String {
         let pid = p["pid"].to_string();
         for d in p["devices"].as_array().into_iter().flatten() {
             o.push_str(&row(&pid, d["name"].as_str().unwrap_or("?"), &d["stats"], &d["odp"]));
+            o.push_str(&link_lines(&d["links"]));
             if qps {
                 for q in d["qps"].as_array().into_iter().flatten() {
                     let g = |k: &str| q["stats"][k].as_u64().unwrap_or(0);
@@ -236,6 +237,32 @@ fn table(procs: &[Value], qps: bool) -> String {
     }
     if procs.is_empty() {
         o.push_str("(no process is using uroce)\n");
+    }
+    o
+}
+
+/// One line per peer of a device: the medium (the same-host shared-memory
+/// link or UDP) and the packets and bytes each carried.
+fn link_lines(links: &Value) -> String {
+    let mut o = String::new();
+    for l in links.as_array().into_iter().flatten() {
+        let g = |k: &str| counter(&l[k]);
+        let pid = l["pid"].as_u64().map(|p| format!(" pid {p}")).unwrap_or_default();
+        o.push_str(&format!(
+            "{:>8}   link -> {} by {}{pid}: memory tx {} ({} B) rx {} ({} B), udp tx {} ({} B) rx {} ({} B), ring-full drops {}\n",
+            "",
+            l["peer"].as_str().unwrap_or("?"),
+            l["medium"].as_str().unwrap_or("?"),
+            g("shm_tx_packets"),
+            g("shm_tx_bytes"),
+            g("shm_rx_packets"),
+            g("shm_rx_bytes"),
+            g("udp_tx_packets"),
+            g("udp_tx_bytes"),
+            g("udp_rx_packets"),
+            g("udp_rx_bytes"),
+            g("ring_full_drops"),
+        ));
     }
     o
 }
@@ -420,6 +447,27 @@ pub fn run(a: Args) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_table_shows_each_peer_by_medium() {
+        let procs = vec![json!({ "pid": 7, "devices": [{
+            "name": "uroce0", "stats": { "tx_packets": 5 }, "odp": {},
+            "links": [
+                { "peer": "127.0.0.2:4791", "medium": "shm", "pid": 8, "shm_tx_packets": 40, "shm_tx_bytes": 4000,
+                  "udp_tx_packets": 2, "udp_tx_bytes": 200 },
+                { "peer": "10.0.0.9:4791", "medium": "udp", "pid": null, "udp_rx_packets": 3, "udp_rx_bytes": 60 },
+            ],
+        }]})];
+        let t = table(&procs, false);
+        assert!(
+            t.contains("link -> 127.0.0.2:4791 by shm pid 8: memory tx 40 (4000 B) rx 0 (0 B), udp tx 2 (200 B)"),
+            "{t}"
+        );
+        assert!(
+            t.contains("link -> 10.0.0.9:4791 by udp: memory tx 0 (0 B) rx 0 (0 B), udp tx 0 (0 B) rx 3 (60 B)"),
+            "{t}"
+        );
+    }
 
     #[test]
     fn rdma_layout_of_devices_and_odp_regions() {

@@ -50,7 +50,21 @@ pub fn dropin_command(prog: impl AsRef<std::ffi::OsStr>, addr: &str) -> Command 
 
 /// Waits at most `limit` for a child to exit; whether it succeeded, and its
 /// output (a child still running then is killed, and the output says so).
+///
+/// Its pipes are read while it runs: a child that writes more than a pipe
+/// holds (64 KiB: valgrind's leak report, say) would otherwise block on the
+/// write and never exit.
 pub fn wait_output(mut child: Child, what: &str, limit: Duration) -> (bool, String) {
+    fn drain(r: Option<impl std::io::Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    }
+    let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
     let t = Instant::now();
     let st = loop {
         if let Some(st) = child.try_wait().unwrap() {
@@ -62,8 +76,9 @@ pub fn wait_output(mut child: Child, what: &str, limit: Duration) -> (bool, Stri
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let _ = child.wait();
+    let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    let text = String::from_utf8_lossy(&out).to_string() + &String::from_utf8_lossy(&err);
     match st {
         Some(st) => (st.success(), text),
         None => (false, format!("{what} did not finish in {limit:?}: {text}")),

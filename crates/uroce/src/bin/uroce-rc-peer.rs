@@ -10,7 +10,9 @@
 //! values must run 0, 1, 2, … however often the fabric made it resend); `UROCE_PEER_TIMEOUT` / `UROCE_PEER_RETRY` set the QP's ACK
 //! timeout exponent and retry count (default 14 / 7: seven retries of 67 ms);
 //! `UROCE_PEER_BW_MS=N` makes the client then stream 64 KiB RDMA WRITEs
-//! (16 in flight) for N ms and print their bandwidth.
+//! (16 in flight) for N ms and print their bandwidth. At the end each side
+//! prints, per peer, the medium (shared-memory link or UDP) and its
+//! packet counters.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -172,6 +174,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     if server && bw_ms > 0 {
         println!("server: stats {:?}", ctx.stats());
+    }
+    // Which medium carried the packets (the same-host link's tests read it).
+    for l in ctx.link_stats() {
+        let c: Vec<String> = l.counters.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let who = if server { "server" } else { "client" };
+        println!("{who}: link to {} by {} pid {:?} {}", l.peer, l.medium, l.pid, c.join(" "));
     }
     Ok(())
 }

@@ -12,6 +12,7 @@
 
 pub mod capture;
 pub mod faults;
+pub mod link;
 pub mod netdev;
 mod runtime;
 mod shard;

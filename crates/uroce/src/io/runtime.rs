@@ -71,6 +71,8 @@ struct RxState {
     /// The IPv4 ID the next datagram likely carries (see
     /// [`check_datagram`]).
     next_ipv4_id: u16,
+    /// LINK HOOK: packets taken out of the shared-memory rings.
+    shm: super::link::RxBuf,
 }
 
 pub struct Runtime {
@@ -103,6 +105,9 @@ pub struct Runtime {
     /// When an application thread last polled for completions.
     app_poll_at: AtomicInstant,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// LINK HOOK: the same-host shared-memory link (see `io::link`); None
+    /// when off (`UROCE_LINK=udp`) or not available.
+    link: Option<super::link::Links>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -127,6 +132,9 @@ impl Runtime {
             None => None,
         };
         let shards = (0..SHARDS).map(|_| Shard::new(Engine::new(cfg.engine.clone(), mem.clone()))).collect();
+        // LINK HOOK: advertise this device for same-host peers; peers ring
+        // our wake eventfd as their doorbell.
+        let link = super::link::Links::start(socket.local_addr(), wake.as_raw_fd())?;
         let rt = Arc::new(Runtime {
             next_qpn: AtomicU32::new(first_qpn(cfg.engine.id_seed)),
             cfg: cfg.engine,
@@ -138,6 +146,7 @@ impl Runtime {
                 got: Vec::with_capacity(RX_BATCH),
                 order: Vec::new(),
                 next_ipv4_id: 1,
+                shm: Default::default(),
             }),
             socket,
             wake,
@@ -150,6 +159,7 @@ impl Runtime {
             sleeping_until: AtomicInstant::default(),
             app_poll_at: AtomicInstant::default(),
             thread: Mutex::new(None),
+            link,
         });
         let weak = Arc::downgrade(&rt);
         let handle = std::thread::Builder::new().name("uroce-progress".into()).spawn(move || progress_loop(weak))?;
@@ -159,6 +169,12 @@ impl Runtime {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.socket.local_addr()
+    }
+
+    /// LINK HOOK: per-peer medium and counters of the shared-memory link
+    /// (empty when it is off).
+    pub fn link_stats(&self) -> Vec<super::link::LinkStats> {
+        self.link.as_ref().map(|l| l.stats()).unwrap_or_default()
     }
 
     pub fn set_sink(&self, sink: Weak<dyn EventSink>) {
@@ -369,8 +385,15 @@ impl Runtime {
             self.record_sent(&out[r.clone()]);
         }
         let segs: SmallVec<[Datagram; 8]> = out.iter().map(|t| Datagram::new(t.parts())).collect();
-        let groups: SmallVec<[(SocketAddr, &[Datagram]); 8]> =
-            runs.into_iter().map(|r| (out[r.start].dst, &segs[r])).collect();
+        // LINK HOOK: a run for a linked peer goes through its ring instead.
+        let groups: SmallVec<[(SocketAddr, &[Datagram]); 8]> = runs
+            .into_iter()
+            .filter(|r| !self.link.as_ref().is_some_and(|l| l.send(&out[r.clone()])))
+            .map(|r| (out[r.start].dst, &segs[r]))
+            .collect();
+        if groups.is_empty() {
+            return;
+        }
         self.send_with_retry(&groups);
     }
 
@@ -499,16 +522,21 @@ impl Runtime {
         self.deadlines.iter().any(|d| d.is_due(now))
     }
 
-    /// Receives what the socket holds and runs the engines on it and on due
-    /// timers; `now` is the caller's recent clock reading, `app_active`
-    /// whether an application thread is there to answer what arrives.
-    /// Events go to `events`, for the caller to deliver once it released
-    /// `rx`.
+    /// Receives what the socket holds and the shared-memory rings, and runs
+    /// the engines on it and on due timers; `now` is the caller's recent
+    /// clock reading, `app_active` whether an application thread is there to
+    /// answer what arrives. Events go to `events`, for the caller to deliver
+    /// once it released `rx`.
     fn receive(&self, rx: &mut RxState, now: Instant, app_active: bool, events: &mut Vec<Event>) -> bool {
-        let RxState { batch, got, order, next_ipv4_id } = rx;
+        let RxState { batch, got, order, next_ipv4_id, shm } = rx;
         got.clear();
         if let Err(e) = self.socket.recv_batch(batch) {
             tracing::debug!("receive failed: {e}");
+        }
+        // LINK HOOK: also take what the shared-memory rings hold.
+        shm.clear();
+        if let Some(l) = &self.link {
+            l.drain(shm);
         }
         let local = self.socket.local_addr();
         for (b, r) in batch.filled().iter().enumerate() {
@@ -527,16 +555,20 @@ impl Runtime {
         }
         let guard = self.capturing.load(Ordering::Acquire).then(|| self.capture.read().unwrap());
         if let Some(c) = guard.as_deref().and_then(|c| c.as_ref()) {
-            for &(b, off, n, from) in got.iter() {
+            let udp = got.iter().map(|&(b, off, n, from)| (from, &batch.bytes(b)[off..off + n]));
+            // LINK HOOK: packets by memory get the same synthesized headers.
+            for (from, data) in udp.chain(shm.iter()) {
                 let mut ip =
                     IpInfo { src: from.ip(), dst: local.ip(), sport: from.port(), dport: local.port(), ipv4_id: 0 };
                 // The pcap needs the real ID for the ICRC to check out.
-                let data = &batch.bytes(b)[off..off + n];
                 ip.ipv4_id = crate::wire::icrc::find_ipv4_id(&ip, data, 0).unwrap_or(0);
                 c.record(&ip, data);
             }
         }
         drop(guard);
+        if let Some(l) = self.link.as_ref().filter(|_| !got.is_empty()) {
+            l.count_udp_rx(got.iter().map(|&(_, _, n, from)| (from, n)));
+        }
         let due = self.timer_due(now);
         if let Some(f) = &self.faults {
             // Through the fault layer: owned copies, some dropped, held back,
@@ -546,20 +578,26 @@ impl Runtime {
             for &(b, off, n, from) in got.iter() {
                 f.receive(now, from, &batch.bytes(b)[off..off + n], &mut owned);
             }
+            for (from, data) in shm.iter() {
+                f.receive(now, from, data, &mut owned);
+            }
             if owned.is_empty() && !due {
-                return !got.is_empty();
+                return !got.is_empty() || !shm.is_empty();
             }
             let items: Vec<(SocketAddr, &[u8])> = owned.iter().map(|(from, d)| (*from, &d[..])).collect();
             self.deliver(now, &items, order, next_ipv4_id, app_active, events);
             return true;
         }
-        if got.is_empty() && !due {
+        if got.is_empty() && shm.is_empty() && !due {
             return false;
         }
-        let items: SmallVec<[(SocketAddr, &[u8]); 8]> =
-            got.iter().map(|&(b, off, n, from)| (from, &batch.bytes(b)[off..off + n])).collect();
+        let items: SmallVec<[(SocketAddr, &[u8]); 8]> = got
+            .iter()
+            .map(|&(b, off, n, from)| (from, &batch.bytes(b)[off..off + n]))
+            .chain(shm.iter())
+            .collect();
         self.deliver(now, &items, order, next_ipv4_id, app_active, events);
-        !got.is_empty()
+        !got.is_empty() || !shm.is_empty()
     }
 
     /// Hands received datagrams to their shards: grouped by shard (a stable
@@ -658,6 +696,18 @@ impl Runtime {
                 self.sleeping_until.store(Some(now + timeout), Ordering::SeqCst);
             }
         }
+        // LINK HOOK: a sleep that nobody else's polling covers is announced
+        // in the rings (producers then ring the wake eventfd); packets
+        // already there cancel it.
+        let link_sleeps = !self.busy_poll && !app_polling && self.link.is_some();
+        let timeout = match &self.link {
+            Some(l) if link_sleeps && l.sleep() => Duration::ZERO,
+            Some(l) if !link_sleeps => {
+                l.woke(); // a poller finds the packets: no doorbell
+                timeout
+            }
+            _ => timeout,
+        };
         if !self.busy_poll {
             let mut fds = [
                 libc::pollfd { fd: self.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
@@ -668,6 +718,9 @@ impl Runtime {
             // SAFETY: fds is a valid array of at least `nfds` pollfd; ts a valid timespec.
             unsafe { libc::ppoll(fds.as_mut_ptr(), nfds, &ts, std::ptr::null()) };
             self.sleeping_until.store(None, Ordering::SeqCst);
+            if let Some(l) = self.link.as_ref().filter(|_| link_sleeps) {
+                l.woke(); // LINK HOOK
+            }
             if fds[0].revents != 0 {
                 let mut v: u64 = 0;
                 // SAFETY: reads 8 bytes into a valid u64 from our eventfd.

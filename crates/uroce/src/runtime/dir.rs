@@ -140,6 +140,14 @@ pub struct SafeDir {
     path: PathBuf,
 }
 
+impl AsRawFd for SafeDir {
+    /// The verified descriptor (for `*at` calls and `/proc/self/fd/N/name`
+    /// paths relative to it).
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
 impl SafeDir {
     /// Creates `path` (mode per `access`; its parents as usual) unless it
     /// exists, then opens it without following a link and checks it: owned

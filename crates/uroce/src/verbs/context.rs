@@ -316,6 +316,12 @@ impl Context {
         self.dev.rt.stats()
     }
 
+    /// Per peer: whether it is reached by the same-host shared-memory link
+    /// or by UDP, and the packets and bytes each carried (see `io::link`).
+    pub fn link_stats(&self) -> Vec<crate::io::link::LinkStats> {
+        self.dev.rt.link_stats()
+    }
+
     /// Bytes pinned by memory registrations.
     /// The device's ODP counters (all its ODP regions, past ones included).
     pub fn odp_stats(&self) -> crate::mem::OdpStats {

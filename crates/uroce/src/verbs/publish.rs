@@ -90,6 +90,23 @@ fn odp_json(s: &crate::mem::OdpStats) -> Value {
     Value::Object(s.fields().iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<Map<_, _>>())
 }
 
+/// Per peer: the medium (`shm` while the same-host link is up, else
+/// `udp`), the peer's pid while linked, and packets and bytes by each.
+fn links_json(links: &[crate::io::link::LinkStats]) -> Value {
+    Value::Array(
+        links
+            .iter()
+            .map(|l| {
+                let mut m: Map<String, Value> = l.counters.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+                m.insert("peer".into(), json!(l.peer.to_string()));
+                m.insert("medium".into(), json!(l.medium));
+                m.insert("pid".into(), json!(l.pid));
+                Value::Object(m)
+            })
+            .collect(),
+    )
+}
+
 fn live() -> Vec<Arc<DeviceShared>> {
     devices().lock().unwrap().iter().filter_map(Weak::upgrade).collect()
 }
@@ -110,6 +127,7 @@ fn devices_json() -> Value {
                 "odp": odp_json(&d.mem.odp_stats()),
                 "pinned_bytes": d.mem.pinned_bytes(),
                 "qp_count": qp_count,
+                "links": links_json(&d.rt.link_stats()),
             })
         })
         .collect();

@@ -1,0 +1,866 @@
+//! The same-host link: when both ends of a packet's path are uroce devices
+//! of this host, network namespace and user, packets travel through a pair
+//! of shared-memory rings instead of a UDP socket. The packets are exactly
+//! those the engine makes for UDP (headers, PSNs, ACKs, ICRC); only the
+//! medium changes, so every transport rule and check applies unchanged.
+//!
+//! This module owns the per-device link hub ([`Links`]): the advertised
+//! Unix socket and the thread that accepts links and watches their sockets
+//! ([`discovery`]; a sender links to a new peer itself, before its first
+//! packet), the table of peers (by UDP address: linked, being
+//! linked, or UDP), the rings ([`ring`]) and their counters. The runtime
+//! calls it at three points: sending a run of packets for one destination
+//! ([`Links::send`]: false means "send it by UDP"), receiving
+//! ([`Links::drain`]) and going to sleep ([`Links::sleep`] /
+//! [`Links::woke`]); a peer's doorbell is the runtime's own wake eventfd.
+//!
+//! Choice per peer (`UROCE_LINK`): `udp` never links; `auto` (the default)
+//! links to every peer that advertises itself in this user's runtime
+//! directory and answers, and uses UDP for every other (another host,
+//! user or namespace, rxe, a raw socket), quietly; `shm` does the same but
+//! refuses to start a device whose socket cannot be advertised and says on
+//! stderr when linking to an advertising peer fails. A link whose peer
+//! closes its socket (exits, is killed) or breaks the ring's rules is
+//! dropped at once; its traffic goes back to UDP, where a dead peer's QPs
+//! time out as they would have.
+
+pub mod discovery;
+pub mod ring;
+
+use crate::proto::Transmit;
+use discovery::Mapping;
+use ring::{Consumer, Geometry, Producer, RingMem};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+/// Which medium same-host peers use (`UROCE_LINK`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Udp,
+    Auto,
+    Shm,
+}
+
+impl Mode {
+    /// `UROCE_LINK`: `udp`, `shm` or `auto` (unset or empty: auto).
+    pub fn from_env() -> io::Result<Mode> {
+        match std::env::var("UROCE_LINK").unwrap_or_default().as_str() {
+            "" | "auto" => Ok(Mode::Auto),
+            "udp" | "off" => Ok(Mode::Udp),
+            "shm" | "on" => Ok(Mode::Shm),
+            v => {
+                Err(io::Error::new(io::ErrorKind::InvalidInput, format!("UROCE_LINK={v:?}: expected udp, shm or auto")))
+            }
+        }
+    }
+}
+
+/// How long a peer found not to advertise (or refusing) stays on UDP
+/// before it is looked up again.
+const RETRY: Duration = Duration::from_secs(1);
+/// Longest the accepting side of a setup waits on the other.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest a sender waits for the peer's answer when it links (a stopped
+/// peer costs this once per RETRY).
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(100);
+/// Longest a closed link waits to be read out (its consumer may be gone).
+const CLOSE_DRAIN: Duration = Duration::from_millis(500);
+/// Peers tracked at most (beyond: UDP, uncounted).
+const MAX_PEERS: usize = 4096;
+/// After packets came by memory, the progress thread looks for more this
+/// long before it sleeps ...
+const SPIN: Duration = Duration::from_micros(30);
+/// ... if they came this recently.
+const SPIN_AFTER_RX: Duration = Duration::from_micros(200);
+/// Packets taken out of the rings per receive pass at most.
+pub const RX_MAX: usize = 256;
+const HELLO: &[u8; 8] = b"UROCELK1";
+const OK: &[u8; 8] = b"UROCEOK1";
+
+/// Per-peer traffic counters.
+#[derive(Debug, Default)]
+struct Counters {
+    shm_tx_packets: AtomicU64,
+    shm_tx_bytes: AtomicU64,
+    shm_rx_packets: AtomicU64,
+    shm_rx_bytes: AtomicU64,
+    udp_tx_packets: AtomicU64,
+    udp_tx_bytes: AtomicU64,
+    udp_rx_packets: AtomicU64,
+    udp_rx_bytes: AtomicU64,
+    /// Packets dropped because the peer's ring was full (a slow or stopped
+    /// peer); the transport retransmits them as after a UDP drop.
+    ring_full_drops: AtomicU64,
+    /// Links made with this peer (a new one after a peer restarted).
+    links_made: AtomicU64,
+}
+
+fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// One peer's link state and counters, as `uroce stat --links` shows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkStats {
+    pub peer: SocketAddr,
+    /// `shm` while linked, else `udp`.
+    pub medium: &'static str,
+    /// The peer process (while linked).
+    pub pid: Option<u32>,
+    pub counters: Vec<(&'static str, u64)>,
+}
+
+/// One established link: the mapping of its two rings, this side's ends of
+/// them, the peer's doorbell and the socket whose closing says the peer is
+/// gone.
+struct Link {
+    peer: SocketAddr,
+    pid: u32,
+    sock: OwnedFd,
+    tx: Mutex<Producer>,
+    rx: Mutex<Consumer>,
+    doorbell: OwnedFd,
+    c: Arc<Counters>,
+    /// Broken (the ring was found corrupt); the hub drops it.
+    dead: AtomicBool,
+    /// The peer closed its end (it exited): nothing more is sent on the
+    /// link, and the hub drops it once what the peer wrote before (its last
+    /// ACKs, say) has been read.
+    closed: AtomicBool,
+    closed_since: AtomicInstant,
+    /// Last: the rings point into it.
+    _map: Mapping,
+}
+
+impl Link {
+    fn closed_at_least(&self, d: Duration) -> bool {
+        self.closed_since.load(Ordering::Relaxed).elapsed() >= d
+    }
+
+    /// Copies the packets into the peer's ring; a packet that finds the
+    /// ring full is dropped (counted). Err: the ring is corrupt.
+    fn send(&self, pkts: &[Transmit]) -> Result<(), ring::Corrupt> {
+        let mut p = self.tx.lock().unwrap();
+        let (mut n, mut bytes, mut dropped) = (0, 0, 0);
+        for t in pkts {
+            let len = t.len();
+            if p.push(len, |dst| write_packet(t, dst))? {
+                n += 1;
+                bytes += len as u64;
+            } else {
+                dropped += 1;
+            }
+        }
+        if p.publish() {
+            discovery::ring(self.doorbell.as_raw_fd());
+        }
+        drop(p);
+        add(&self.c.shm_tx_packets, n);
+        add(&self.c.shm_tx_bytes, bytes);
+        if dropped > 0 {
+            add(&self.c.ring_full_drops, dropped);
+        }
+        Ok(())
+    }
+}
+
+/// Writes packet `t` (`t.len()` bytes) at `dst`; false if its payload,
+/// sent in place from the application's memory, is no longer readable
+/// (the packet is dropped, as the kernel refuses to send it over UDP).
+fn write_packet(t: &Transmit, dst: *mut u8) -> bool {
+    match &t.in_place {
+        None => {
+            // SAFETY: `dst` has room for t.len() == data.len() bytes.
+            unsafe { std::ptr::copy_nonoverlapping(t.data.as_ptr(), dst, t.data.len()) };
+            true
+        }
+        Some(p) => {
+            let (at, n) = (p.at(), p.bytes.len());
+            // SAFETY: `dst` has room for data.len() + n bytes; the in-place
+            // bytes lie in registered memory, read with the fault-tolerant
+            // copy (the application may have unmapped them).
+            unsafe {
+                std::ptr::copy_nonoverlapping(t.data.as_ptr(), dst, at);
+                if crate::mem::safe::copy(dst.add(at), p.bytes.addr() as *const u8, n) != 0 {
+                    return false;
+                }
+                std::ptr::copy_nonoverlapping(t.data.as_ptr().add(at), dst.add(at + n), t.data.len() - at);
+            }
+            true
+        }
+    }
+}
+
+enum State {
+    /// Never looked up.
+    Unknown,
+    /// A sender is setting up a link; UDP meanwhile (other threads).
+    Pending,
+    /// UDP until then (not advertised, refused, or its link died).
+    Udp(Instant),
+    Link(Arc<Link>),
+}
+
+struct Peer {
+    state: Mutex<State>,
+    c: Arc<Counters>,
+}
+
+struct Inner {
+    local: SocketAddr,
+    mode: Mode,
+    ns: u64,
+    dir: crate::runtime::SafeDir,
+    name: String,
+    listener: OwnedFd,
+    /// Our doorbell as given to peers: the runtime's wake eventfd.
+    doorbell: OwnedFd,
+    /// Wakes the hub thread (a broken link, shutdown).
+    hub_wake: OwnedFd,
+    peers: RwLock<FxHashMap<SocketAddr, Arc<Peer>>>,
+    links: RwLock<Vec<Arc<Link>>>,
+    shutdown: AtomicBool,
+    warned: Mutex<FxHashSet<SocketAddr>>,
+    /// When a receive pass last found packets in a ring.
+    rx_at: AtomicInstant,
+}
+
+/// An `Instant` in an atomic (nanoseconds since a process-wide origin).
+#[derive(Default)]
+struct AtomicInstant(AtomicU64);
+
+impl AtomicInstant {
+    fn origin() -> Instant {
+        static O: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *O.get_or_init(Instant::now)
+    }
+    fn store(&self, t: Instant, o: Ordering) {
+        self.0.store(t.saturating_duration_since(Self::origin()).as_nanos() as u64, o);
+    }
+    fn load(&self, o: Ordering) -> Instant {
+        Self::origin() + Duration::from_nanos(self.0.load(o))
+    }
+}
+
+/// The link hub of one device (see the module docs). Its thread accepts
+/// links and watches their sockets; a sender links to a new destination
+/// itself, before its first packet.
+pub struct Links {
+    inner: Arc<Inner>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Links {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Links").field("local", &self.inner.local).field("mode", &self.inner.mode).finish()
+    }
+}
+
+/// Packets taken out of the rings by one receive pass: their bytes, one
+/// after the other, and (sender, offset, length) of each.
+#[derive(Debug, Default)]
+pub struct RxBuf {
+    data: Vec<u8>,
+    pkts: Vec<(SocketAddr, usize, usize)>,
+}
+
+impl RxBuf {
+    pub fn clear(&mut self) {
+        self.data.clear();
+        self.pkts.clear();
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pkts.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.pkts.len()
+    }
+
+    /// The packets with their senders' UDP addresses.
+    pub fn iter(&self) -> impl Iterator<Item = (SocketAddr, &[u8])> + '_ {
+        self.pkts.iter().map(|&(from, off, len)| (from, &self.data[off..off + len]))
+    }
+}
+
+fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd has no memory preconditions.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn dup(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl on a descriptor the caller keeps open for the call.
+    let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if d < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(d) })
+}
+
+impl Links {
+    /// Advertises the device at `local` and starts its hub, per
+    /// `UROCE_LINK`: `Ok(None)` when links are off (or, in `auto`, cannot
+    /// be advertised: said at debug level); `Err` only in `shm` mode or
+    /// for a bad `UROCE_LINK`. `wake` is the runtime's wake eventfd, given
+    /// to peers as this device's doorbell.
+    pub fn start(local: SocketAddr, wake: RawFd) -> io::Result<Option<Links>> {
+        let mode = Mode::from_env()?;
+        if mode == Mode::Udp || local.ip().is_unspecified() {
+            return Ok(None);
+        }
+        match Self::advertise(local, wake, mode) {
+            Ok(l) => Ok(Some(l)),
+            Err(e) if mode == Mode::Shm => {
+                Err(io::Error::new(e.kind(), format!("UROCE_LINK=shm: cannot advertise the shared-memory link: {e}")))
+            }
+            Err(e) => {
+                tracing::debug!("shared-memory link off for {local}: {e}");
+                Ok(None)
+            }
+        }
+    }
+
+    fn advertise(local: SocketAddr, wake: RawFd, mode: Mode) -> io::Result<Links> {
+        let dir = discovery::links_dir().map_err(io::Error::other)?;
+        let ns = discovery::netns();
+        let name = discovery::socket_name(ns, local);
+        let listener = discovery::listen(&dir, &name)?;
+        let inner = Arc::new(Inner {
+            local,
+            mode,
+            ns,
+            dir,
+            name,
+            listener,
+            doorbell: dup(wake)?,
+            hub_wake: eventfd()?,
+            peers: RwLock::default(),
+            links: RwLock::default(),
+            shutdown: AtomicBool::new(false),
+            warned: Mutex::default(),
+            rx_at: AtomicInstant::default(),
+        });
+        let i = inner.clone();
+        let thread = std::thread::Builder::new().name("uroce-link".into()).spawn(move || i.hub_loop());
+        match thread {
+            Ok(t) => Ok(Links { inner, thread: Some(t) }),
+            Err(e) => {
+                let _ = inner.dir.remove(&inner.name);
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends a run of packets that all go to one destination through its
+    /// link, if it has one; false: the caller sends them by UDP (counted
+    /// here). A destination seen for the first time (or again RETRY after it
+    /// was found on UDP) is linked first if it advertises itself.
+    pub fn send(&self, pkts: &[Transmit]) -> bool {
+        let Some(first) = pkts.first() else { return true };
+        let dst = first.dst;
+        let Some(peer) = self.inner.peer(dst) else { return false };
+        let mut link = None;
+        for _ in 0..2 {
+            let mut st = peer.state.lock().unwrap();
+            match &*st {
+                State::Link(l) if !l.dead.load(Ordering::Relaxed) && !l.closed.load(Ordering::Relaxed) => {
+                    link = Some(l.clone())
+                }
+                State::Pending | State::Link(_) => {}
+                State::Udp(at) if Instant::now() < *at => {}
+                State::Udp(_) | State::Unknown => {
+                    // Linked before the first packet goes (in this thread:
+                    // the peer's hub answers; a peer that does not advertise
+                    // costs one look into the directory per RETRY), so that
+                    // no packet overtakes another by changing medium.
+                    *st = State::Pending;
+                    drop(st);
+                    self.inner.connect_to(dst);
+                    continue;
+                }
+            }
+            break;
+        }
+        if let Some(l) = link {
+            match l.send(pkts) {
+                Ok(()) => return true,
+                Err(e) => self.inner.broken(&l, e),
+            }
+        }
+        add(&peer.c.udp_tx_packets, pkts.len() as u64);
+        add(&peer.c.udp_tx_bytes, pkts.iter().map(|t| t.len() as u64).sum());
+        false
+    }
+
+    /// Takes what the peers' rings hold (at most [`RX_MAX`] packets) into
+    /// `buf`, which the caller cleared.
+    pub fn drain(&self, buf: &mut RxBuf) {
+        let links = self.inner.links.read().unwrap();
+        for l in links.iter() {
+            let room = RX_MAX.saturating_sub(buf.pkts.len());
+            if room == 0 {
+                break;
+            }
+            let Ok(mut c) = l.rx.try_lock() else { continue };
+            let RxBuf { data, pkts } = buf;
+            let mut at = data.len();
+            let (peer, mut bytes) = (l.peer, 0u64);
+            let r = c.drain(room, data, |len| {
+                pkts.push((peer, at, len));
+                at += len;
+                bytes += len as u64;
+            });
+            drop(c);
+            match r {
+                Ok(0) => {}
+                Ok(n) => {
+                    self.inner.rx_at.store(Instant::now(), Ordering::Relaxed);
+                    add(&l.c.shm_rx_packets, n as u64);
+                    add(&l.c.shm_rx_bytes, bytes);
+                }
+                Err(e) => self.inner.broken(l, e),
+            }
+        }
+    }
+
+    /// Counts packets received by UDP from known peers.
+    pub fn count_udp_rx(&self, pkts: impl Iterator<Item = (SocketAddr, usize)>) {
+        let peers = self.inner.peers.read().unwrap();
+        if peers.is_empty() {
+            return;
+        }
+        for (from, len) in pkts {
+            if let Some(p) = peers.get(&from) {
+                add(&p.c.udp_rx_packets, 1);
+                add(&p.c.udp_rx_bytes, len as u64);
+            }
+        }
+    }
+
+    /// Before the progress thread sleeps: marks this side asleep in every
+    /// ring (producers then ring the doorbell, the runtime's wake eventfd);
+    /// returns whether packets already wait (then it must not sleep).
+    pub fn sleep(&self) -> bool {
+        let links = self.inner.links.read().unwrap();
+        if links.is_empty() {
+            return false;
+        }
+        if self.inner.rx_at.load(Ordering::Relaxed).elapsed() < SPIN_AFTER_RX {
+            // Packets came by memory just now: more are likely within
+            // microseconds. Looking for them costs no system call, where
+            // sleeping costs the peer a doorbell and us a wake-up each.
+            let t = Instant::now();
+            while t.elapsed() < SPIN {
+                if links.iter().any(|l| l.rx.lock().unwrap().pending().map_or(true, |n| n > 0)) {
+                    return true;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        let mut waiting = false;
+        for l in links.iter() {
+            waiting |= l.rx.lock().unwrap().sleep();
+        }
+        waiting
+    }
+
+    /// After the sleep: producers stop ringing.
+    pub fn woke(&self) {
+        for l in self.inner.links.read().unwrap().iter() {
+            l.rx.lock().unwrap().wake();
+        }
+    }
+
+    /// Per peer: medium, process and counters.
+    pub fn stats(&self) -> Vec<LinkStats> {
+        let peers = self.inner.peers.read().unwrap();
+        let mut v: Vec<LinkStats> = peers
+            .iter()
+            .map(|(a, p)| {
+                let (medium, pid) = match &*p.state.lock().unwrap() {
+                    State::Link(l) => ("shm", Some(l.pid)),
+                    _ => ("udp", None),
+                };
+                let c = &p.c;
+                let f = |x: &AtomicU64| x.load(Ordering::Relaxed);
+                LinkStats {
+                    peer: *a,
+                    medium,
+                    pid,
+                    counters: vec![
+                        ("shm_tx_packets", f(&c.shm_tx_packets)),
+                        ("shm_tx_bytes", f(&c.shm_tx_bytes)),
+                        ("shm_rx_packets", f(&c.shm_rx_packets)),
+                        ("shm_rx_bytes", f(&c.shm_rx_bytes)),
+                        ("udp_tx_packets", f(&c.udp_tx_packets)),
+                        ("udp_tx_bytes", f(&c.udp_tx_bytes)),
+                        ("udp_rx_packets", f(&c.udp_rx_packets)),
+                        ("udp_rx_bytes", f(&c.udp_rx_bytes)),
+                        ("ring_full_drops", f(&c.ring_full_drops)),
+                        ("links_made", f(&c.links_made)),
+                    ],
+                }
+            })
+            .collect();
+        v.sort_by_key(|s| s.peer);
+        v
+    }
+}
+
+impl Drop for Links {
+    fn drop(&mut self) {
+        self.inner.shutdown.store(true, Ordering::SeqCst);
+        discovery::ring(self.inner.hub_wake.as_raw_fd());
+        if let Some(t) = self.thread.take() {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// The peer entry for `dst`, created if absent (`None` past
+    /// [`MAX_PEERS`]).
+    fn peer(&self, dst: SocketAddr) -> Option<Arc<Peer>> {
+        if let Some(p) = self.peers.read().unwrap().get(&dst) {
+            return Some(p.clone());
+        }
+        let mut peers = self.peers.write().unwrap();
+        if peers.len() >= MAX_PEERS && !peers.contains_key(&dst) {
+            return None;
+        }
+        Some(
+            peers
+                .entry(dst)
+                .or_insert_with(|| Arc::new(Peer { state: Mutex::new(State::Unknown), c: Arc::default() }))
+                .clone(),
+        )
+    }
+
+    /// A ring broke its rules: the link goes (by the hub), UDP meanwhile.
+    fn broken(&self, l: &Arc<Link>, e: ring::Corrupt) {
+        if !l.dead.swap(true, Ordering::Relaxed) {
+            tracing::warn!(peer = %l.peer, pid = l.pid, "dropping the shared-memory link: {e}");
+            discovery::ring(self.hub_wake.as_raw_fd());
+        }
+    }
+
+    fn set_state(&self, dst: SocketAddr, s: State) {
+        if let Some(p) = self.peer(dst) {
+            *p.state.lock().unwrap() = s;
+        }
+    }
+
+    /// Says once per peer why it is not linked: on stderr when links are
+    /// forced on, else at debug level.
+    fn not_linked(&self, dst: SocketAddr, why: &str) {
+        self.set_state(dst, State::Udp(Instant::now() + RETRY));
+        if self.mode == Mode::Shm && self.warned.lock().unwrap().insert(dst) {
+            eprintln!("uroce: UROCE_LINK=shm: no shared-memory link from {} to {dst} (using UDP): {why}", self.local);
+        }
+        tracing::debug!(peer = %dst, "no shared-memory link: {why}");
+    }
+
+    fn hub_loop(self: Arc<Self>) {
+        while !self.shutdown.load(Ordering::SeqCst) {
+            let links: Vec<Arc<Link>> = self.links.read().unwrap().clone();
+            let (open, closing): (Vec<&Arc<Link>>, Vec<&Arc<Link>>) =
+                links.iter().partition(|l| !l.closed.load(Ordering::Relaxed));
+            let mut fds: Vec<libc::pollfd> = [self.hub_wake.as_raw_fd(), self.listener.as_raw_fd()]
+                .into_iter()
+                .chain(open.iter().map(|l| l.sock.as_raw_fd()))
+                .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
+                .collect();
+            // Closed links are looked at again soon: dropped once read out.
+            let wait = if closing.is_empty() { 1000 } else { 5 };
+            // SAFETY: `fds` is a valid array of its length.
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait) };
+            if self.shutdown.load(Ordering::SeqCst) {
+                break;
+            }
+            if fds[0].revents != 0 {
+                let mut v = 0u64;
+                // SAFETY: reads 8 bytes into a valid u64 from our eventfd.
+                unsafe { libc::read(self.hub_wake.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            }
+            if fds[1].revents != 0 {
+                loop {
+                    match discovery::accept(&self.listener, SETUP_TIMEOUT) {
+                        Ok(Some(s)) => self.accept_from(s),
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::debug!("link accept: {e}");
+                            break;
+                        }
+                    }
+                }
+            }
+            for (l, p) in open.iter().zip(&fds[2..]) {
+                if l.dead.load(Ordering::Relaxed) {
+                    self.remove(l);
+                } else if p.revents != 0 && peer_gone(&l.sock) {
+                    self.close(l);
+                }
+            }
+            for l in closing {
+                let unread = l.rx.lock().unwrap().pending().unwrap_or(0);
+                if l.dead.load(Ordering::Relaxed) || unread == 0 || l.closed_at_least(CLOSE_DRAIN) {
+                    self.remove(l);
+                }
+            }
+        }
+        // Unlinked first: no new peer finds a socket nobody accepts on.
+        let _ = self.dir.remove(&self.name);
+        self.links.write().unwrap().clear();
+        for p in self.peers.read().unwrap().values() {
+            *p.state.lock().unwrap() = State::Udp(Instant::now() + RETRY);
+        }
+    }
+
+    /// The peer is gone: nothing more goes on the link; our progress
+    /// thread is woken to read what the peer wrote before it went.
+    fn close(&self, l: &Arc<Link>) {
+        l.closed_since.store(Instant::now(), Ordering::Relaxed);
+        l.closed.store(true, Ordering::Relaxed);
+        self.to_udp(l);
+        discovery::ring(self.doorbell.as_raw_fd());
+    }
+
+    /// Its peer's traffic goes by UDP from now on (if `l` carried it).
+    fn to_udp(&self, l: &Arc<Link>) {
+        if let Some(p) = self.peers.read().unwrap().get(&l.peer) {
+            let mut st = p.state.lock().unwrap();
+            if matches!(&*st, State::Link(x) if Arc::ptr_eq(x, l)) {
+                *st = State::Udp(Instant::now() + RETRY);
+            }
+        }
+    }
+
+    /// Drops a link: its traffic goes by UDP from now on; the rings are
+    /// unmapped when the last pass using them ends.
+    fn remove(&self, l: &Arc<Link>) {
+        self.links.write().unwrap().retain(|x| !Arc::ptr_eq(x, l));
+        self.to_udp(l);
+        tracing::info!(peer = %l.peer, pid = l.pid, "shared-memory link closed");
+    }
+
+    /// Adds a link: its ring is drained from now on, and it carries what
+    /// we send to its peer unless another live link already does (two
+    /// devices that link to each other at once get two links; switching
+    /// rings mid-stream would reorder packets).
+    fn register(&self, l: Arc<Link>) {
+        add(&l.c.links_made, 1);
+        self.links.write().unwrap().push(l.clone());
+        tracing::info!(peer = %l.peer, pid = l.pid, "shared-memory link up");
+        if let Some(p) = self.peer(l.peer) {
+            let mut st = p.state.lock().unwrap();
+            let live = |x: &Link| !x.dead.load(Ordering::Relaxed) && !x.closed.load(Ordering::Relaxed);
+            if !matches!(&*st, State::Link(x) if live(x)) {
+                *st = State::Link(l);
+            }
+        }
+    }
+
+    fn connect_to(&self, dst: SocketAddr) {
+        let name = discovery::socket_name(self.ns, dst);
+        if dst == self.local || !self.dir.contains(&name) {
+            // Not a uroce device of this user, host and namespace.
+            self.set_state(dst, State::Udp(Instant::now() + RETRY));
+            return;
+        }
+        let s = match discovery::connect(&self.dir, &name, CONNECT_TIMEOUT) {
+            Ok(s) => s,
+            Err(e) => {
+                // A socket file left by a device that is gone.
+                tracing::debug!(peer = %dst, "link connect: {e}");
+                self.set_state(dst, State::Udp(Instant::now() + RETRY));
+                return;
+            }
+        };
+        match self.handshake_connect(s, dst) {
+            Ok(l) => self.register(l),
+            Err(e) => self.not_linked(dst, &e.to_string()),
+        }
+    }
+
+    fn check_cred(&self, s: &OwnedFd) -> io::Result<u32> {
+        let (pid, uid) = discovery::peer_cred(s)?;
+        let me = crate::runtime::dir::euid();
+        if uid != me {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("peer process {pid} runs as uid {uid}, not {me}"),
+            ));
+        }
+        Ok(pid)
+    }
+
+    fn counters_for(&self, dst: SocketAddr) -> io::Result<Arc<Counters>> {
+        self.peer(dst).map(|p| p.c.clone()).ok_or_else(|| io::Error::other("too many peers"))
+    }
+
+    /// The connecting side: makes the rings and sends them with its
+    /// doorbell; the ring `0` is ours to write.
+    fn handshake_connect(&self, s: OwnedFd, dst: SocketAddr) -> io::Result<Arc<Link>> {
+        let pid = self.check_cred(&s)?;
+        let geo = Geometry::LINK;
+        let size = 2 * geo.bytes();
+        let mfd = discovery::sealed_memfd(size)?;
+        let map = Mapping::new(&mfd, size)?;
+        let (r0, r1) = rings(&map, geo)?;
+        r0.init();
+        r1.init();
+        send_hello(&s, HELLO, self.local, &[mfd.as_raw_fd(), self.doorbell.as_raw_fd()])?;
+        let mut buf = [0u8; 64];
+        let (n, mut fds) = discovery::recv_with_fds(&s, &mut buf)?;
+        if n < OK.len() || buf[..OK.len()] != OK[..] || fds.len() != 1 || !discovery::is_eventfd(&fds[0]) {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "the peer refused or sent a bad answer"));
+        }
+        discovery::set_nonblocking(&s)?;
+        Ok(Arc::new(Link {
+            peer: dst,
+            pid,
+            sock: s,
+            tx: Mutex::new(Producer::new(r0)),
+            rx: Mutex::new(Consumer::new(r1)),
+            doorbell: fds.remove(0),
+            c: self.counters_for(dst)?,
+            dead: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            closed_since: AtomicInstant::default(),
+            _map: map,
+        }))
+    }
+
+    fn accept_from(&self, s: OwnedFd) {
+        match self.handshake_accept(s) {
+            Ok(l) => self.register(l),
+            Err(e) => tracing::warn!("refused a shared-memory link: {e}"),
+        }
+    }
+
+    /// The accepting side: checks what came and answers with its doorbell;
+    /// the ring `1` is ours to write.
+    fn handshake_accept(&self, s: OwnedFd) -> io::Result<Arc<Link>> {
+        let bad = |why: &str| io::Error::new(io::ErrorKind::InvalidData, why.to_string());
+        let pid = self.check_cred(&s)?;
+        let mut buf = [0u8; 96];
+        let (n, mut fds) = discovery::recv_with_fds(&s, &mut buf)?;
+        let from = parse_hello(&buf[..n]).ok_or_else(|| bad("bad hello"))?;
+        if fds.len() != 2 || from == self.local {
+            return Err(bad("bad hello"));
+        }
+        let geo = Geometry::LINK;
+        let size = 2 * geo.bytes();
+        discovery::check_memfd(&fds[0], size).map_err(bad)?;
+        if !discovery::is_eventfd(&fds[1]) {
+            return Err(bad("the doorbell is not an eventfd"));
+        }
+        let map = Mapping::new(&fds[0], size)?;
+        let (r0, r1) = rings(&map, geo)?;
+        if !r0.has_magic() || !r1.has_magic() {
+            return Err(bad("rings not initialised"));
+        }
+        send_hello(&s, OK, self.local, &[self.doorbell.as_raw_fd()])?;
+        discovery::set_nonblocking(&s)?;
+        Ok(Arc::new(Link {
+            peer: from,
+            pid,
+            sock: s,
+            tx: Mutex::new(Producer::new(r1)),
+            rx: Mutex::new(Consumer::new(r0)),
+            doorbell: fds.remove(1),
+            c: self.counters_for(from)?,
+            dead: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            closed_since: AtomicInstant::default(),
+            _map: map,
+        }))
+    }
+}
+
+/// The two rings of a link's mapping.
+fn rings(map: &Mapping, geo: Geometry) -> io::Result<(RingMem, RingMem)> {
+    if map.size() < 2 * geo.bytes() {
+        return Err(io::Error::other("mapping too small"));
+    }
+    // SAFETY: the mapping holds both rings (checked above), page-aligned,
+    // and outlives them (the Link drops the mapping last).
+    let r = unsafe { (RingMem::new(map.base(), geo), RingMem::new(map.base().add(geo.bytes()), geo)) };
+    match r {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => Err(io::Error::other("bad ring geometry")),
+    }
+}
+
+/// `magic`, the geometry, and our UDP address (as text).
+fn send_hello(s: &OwnedFd, magic: &[u8; 8], local: SocketAddr, fds: &[RawFd]) -> io::Result<()> {
+    let geo = Geometry::LINK;
+    let addr = local.to_string();
+    let mut m = Vec::with_capacity(80);
+    m.extend_from_slice(magic);
+    m.extend_from_slice(&(geo.nslots as u32).to_le_bytes());
+    m.extend_from_slice(&(geo.slot as u32).to_le_bytes());
+    m.push(addr.len() as u8);
+    m.extend_from_slice(addr.as_bytes());
+    discovery::send_with_fds(s, &m, fds)
+}
+
+/// The sender's UDP address from a hello of the expected geometry.
+fn parse_hello(m: &[u8]) -> Option<SocketAddr> {
+    let geo = Geometry::LINK;
+    if m.len() < 17 || m[..8] != HELLO[..] {
+        return None;
+    }
+    let nslots = u32::from_le_bytes(m[8..12].try_into().ok()?) as usize;
+    let slot = u32::from_le_bytes(m[12..16].try_into().ok()?) as usize;
+    let len = m[16] as usize;
+    if nslots != geo.nslots || slot != geo.slot || m.len() != 17 + len {
+        return None;
+    }
+    std::str::from_utf8(&m[17..]).ok()?.parse().ok()
+}
+
+/// Whether the peer closed its end (it exited or was killed).
+fn peer_gone(s: &OwnedFd) -> bool {
+    let mut b = [0u8; 16];
+    // SAFETY: reads into a valid buffer; the socket is non-blocking.
+    let n = unsafe { libc::recv(s.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
+    n == 0 || (n < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EAGAIN))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_round_trip_and_refusals() {
+        let a: SocketAddr = "127.0.0.7:4791".parse().unwrap();
+        let mut m = Vec::new();
+        m.extend_from_slice(HELLO);
+        m.extend_from_slice(&(Geometry::LINK.nslots as u32).to_le_bytes());
+        m.extend_from_slice(&(Geometry::LINK.slot as u32).to_le_bytes());
+        let s = a.to_string();
+        m.push(s.len() as u8);
+        m.extend_from_slice(s.as_bytes());
+        assert_eq!(parse_hello(&m), Some(a));
+        assert_eq!(parse_hello(&m[..m.len() - 1]), None, "truncated");
+        let mut bad = m.clone();
+        bad[8] ^= 1;
+        assert_eq!(parse_hello(&bad), None, "another geometry");
+        assert_eq!(parse_hello(&m[..10]), None);
+    }
+}
