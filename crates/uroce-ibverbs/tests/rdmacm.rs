@@ -333,6 +333,73 @@ fn rping_between_two_namespaces_over_ipv6() {
     rping_across(&p, v6.0, v6.1);
 }
 
+/// The other rdmacm-utils programs between two namespaces (two hosts):
+/// ucmatose with 4 RC connections, udaddy (UD through SIDR), the
+/// synchronous rdma_server/rdma_client, and cmtime's 20 connections.
+#[test]
+fn rdmacm_utils_between_two_namespaces() {
+    let progs = ["ucmatose", "udaddy", "rdma_server", "rdma_client", "cmtime"];
+    if let Some(missing) = progs.iter().find(|p| !have(p)) {
+        skip!("{missing} is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let Some(p) = netns::Pair::new("rdmacm_utils_between_two_namespaces", "rcu", 20, None) else { return };
+    let (ip_a, ip_b) = (p.ip_a.clone(), p.ip_b.clone());
+    let lib = dropin_dir();
+    let run = |ns: &str, ip: &str, prog: &str, args: &[&str]| {
+        let mut c = p.exec(ns, prog, args);
+        c.env("LD_LIBRARY_PATH", &lib).env("UROCE_ADDR", ip);
+        Reap(Some(c.spawn().unwrap()))
+    };
+    let listening = |prog: &str| {
+        // The server listens once its device is up in namespace b and a
+        // moment has passed (as `device_up` on one host).
+        let want = format!("{:08X}:12B7", u32::from_le_bytes(ip_b.parse::<std::net::Ipv4Addr>().unwrap().octets()));
+        let t = Instant::now();
+        loop {
+            let out = Command::new("ip").args(["netns", "exec", &p.b, "cat", "/proc/net/udp"]).output().unwrap();
+            if String::from_utf8_lossy(&out.stdout).contains(&want) {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "{prog} server did not open its device");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    // (server program, server args, client program, client args, server exits, what both print)
+    let cases: [(&str, Vec<&str>, &str, Vec<&str>, bool, &str); 4] = [
+        (
+            "ucmatose",
+            vec!["-b", &ip_b, "-p", "7481", "-c", "4"],
+            "ucmatose",
+            vec!["-s", &ip_b, "-p", "7481", "-c", "4"],
+            true,
+            "return status 0",
+        ),
+        ("udaddy", vec!["-b", &ip_b], "udaddy", vec!["-s", &ip_b], true, "return status 0"),
+        ("rdma_server", vec!["-s", &ip_b, "-p", "7483"], "rdma_client", vec!["-s", &ip_b, "-p", "7483"], true, "end 0"),
+        (
+            "cmtime",
+            vec!["-b", &ip_b, "-p", "7484", "-c", "20"],
+            "cmtime",
+            vec!["-s", &ip_b, "-p", "7484", "-c", "20"],
+            false,
+            "connect",
+        ),
+    ];
+    for (sprog, sargs, cprog, cargs, server_exits, want) in cases {
+        let mut s = run(&p.b, &ip_b, sprog, &sargs);
+        listening(sprog);
+        let mut c = run(&p.a, &ip_a, cprog, &cargs);
+        let (ok, cout) = c.wait(cprog, Duration::from_secs(60));
+        let (sok, sout) = s.wait(sprog, if server_exits { Duration::from_secs(30) } else { Duration::from_millis(1) });
+        assert!(ok && cout.contains(want), "{cprog}: {cout}\nserver: {sout}");
+        if server_exits {
+            assert!(sok && sout.contains(want), "{sprog}: {sout}");
+        }
+    }
+}
+
 /// rping -C 100 -v: server in namespace b at `ip_b`, client in a at `ip_a`.
 fn rping_across(p: &netns::Pair, ip_a: &str, ip_b: &str) {
     let lib = dropin_dir();
