@@ -493,6 +493,33 @@ fn perftest_client_of_a_killed_server_flushes() {
     assert!(t.elapsed() < Duration::from_secs(20), "{:?}: {out}", t.elapsed());
 }
 
+/// 100 rping connections in a row, each a new client process, to one
+/// persistent server (`-P`), with 2 % of the packets lost on both sides:
+/// every connection establishes, verifies its data and tears down (the CM
+/// retransmits lost MADs after its response timeout, 4.3 s as the kernel's
+/// rdma_cm; about 40 s in all on a 2-core VM).
+#[test]
+fn rping_100_connections_in_a_row_with_loss() {
+    if !have("rping") {
+        skip!("rping is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let mut sc = dropin_command("rping", "127.0.0.181");
+    sc.env("UROCE_FAULTS", "loss=0.02,seed=7");
+    let server = Reap(Some(sc.args(["-s", "-P", "-a", "127.0.0.181", "-p", "7480"]).spawn().unwrap()));
+    assert!(device_up("127.0.0.181"));
+    let started = Instant::now();
+    for i in 0..100 {
+        let mut cc = dropin_command("rping", "127.0.0.182");
+        cc.env("UROCE_FAULTS", format!("loss=0.02,seed={}", 1000 + i));
+        let mut c = Reap(Some(cc.args(["-c", "-a", "127.0.0.181", "-p", "7480", "-C", "2", "-V"]).spawn().unwrap()));
+        let (ok, out) = c.wait("rping client", Duration::from_secs(60));
+        assert!(ok, "connection {i} (after {:?}): {out}", started.elapsed());
+        assert!(started.elapsed() < Duration::from_secs(300), "100 connections took over 5 minutes");
+    }
+    drop(server); // killed: a persistent server serves until then
+}
+
 /// With 5 % of the received packets dropped on both sides, rping still
 /// connects, verifies its data and tears down (lost MADs are recovered by
 /// the CM's retransmission, lost data packets by RC's).
