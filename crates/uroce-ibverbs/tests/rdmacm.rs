@@ -367,7 +367,8 @@ fn rdmacm_utils_between_two_namespaces() {
         std::thread::sleep(Duration::from_millis(300));
     };
     // (server program, server args, client program, client args, server exits, what both print)
-    let cases: [(&str, Vec<&str>, &str, Vec<&str>, bool, &str); 4] = [
+    type Case<'a> = (&'a str, Vec<&'a str>, &'a str, Vec<&'a str>, bool, &'a str);
+    let cases: [Case; 4] = [
         (
             "ucmatose",
             vec!["-b", &ip_b, "-p", "7481", "-c", "4"],
