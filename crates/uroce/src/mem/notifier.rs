@@ -26,10 +26,10 @@
 //! fixed-size events**: no allocation or free, no logging, no callback, no
 //! other lock, no system call but the reader's `read(2)`. A drain copies the
 //! events into a buffer allocated when the notifier opened (`State::batch`),
-//! lets the ring go, and only then allocates, takes region locks and logs,
-//! under the state lock, which the reader never takes. The ring is a static,
-//! so the reader does not even wait for the notifier's one-time
-//! initialisation. `tests/odp_notifier.rs` holds a stand-in for the arena
+//! lets the ring go, and only then allocates and takes region locks, under
+//! the state lock, which the reader never takes (and logs after that). The
+//! ring is a static, so the reader does not even wait for the notifier's
+//! one-time initialisation. `tests/odp_notifier.rs` holds a stand-in for the arena
 //! lock in its global allocator and checks that `munmap` still returns.
 //!
 //! The userfaultfd ABI is declared here (a few constants and two structs from
@@ -297,11 +297,11 @@ pub(crate) fn watch(start: u64, end: u64) -> bool {
     } else {
         // File-backed mappings without WP_ASYNC, or a range another
         // userfaultfd owns: accesses stay correct, only the counters miss
-        // invalidations of this range.
-        tracing::debug!(
-            "ODP: cannot watch {start:#x}..{end:#x} for invalidations: {}",
-            std::io::Error::last_os_error()
-        );
+        // invalidations of this range. Logged after the state lock is
+        // released (every ODP access of every shard takes it).
+        let e = std::io::Error::last_os_error();
+        drop(st);
+        tracing::debug!("ODP: cannot watch {start:#x}..{end:#x} for invalidations: {e}");
         false
     }
 }
