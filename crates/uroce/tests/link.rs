@@ -6,6 +6,8 @@
 //! same-host peer, UDP to a peer in another network namespace.
 
 mod common;
+// netns brings its own copy of skip (for the tests that use only it).
+#[allow(clippy::duplicate_mod)]
 mod netns;
 #[macro_use]
 mod skip;
