@@ -72,7 +72,8 @@ echo "== pass 2 of 2: UROCE_LINK=udp (every packet by UDP)"
 # (The tests of the link itself, crates/uroce/tests/link.rs, need it on: pass 1 runs them.)
 link_tests=(two_devices_of_one_process_link_and_captures_see_every_packet two_processes_link_and_verify_their_data
             a_peer_of_another_user_is_not_linked kill_9_of_a_linked_peer_mid_transfer_gives_retry_exceeded
-            a_stopped_peer_fills_its_ring_then_the_survivor_times_out_without_growing)
+            a_stopped_peer_fills_its_ring_then_the_survivor_times_out_without_growing
+            one_device_uses_memory_to_a_same_host_peer_and_udp_to_a_namespace_peer_at_once)
 UROCE_LINK=udp cargo test --workspace --tests --no-fail-fast -- --show-output \
     $(printf -- '--skip %s ' "${link_tests[@]}") >"$log2" 2>&1 || status=1
 # Its log in full only where something failed; else each binary's result line.
