@@ -897,12 +897,11 @@ impl Pair {
         self.send_wcs.iter().find(|w| w.status != WcStatus::Success)
     }
 
-    /// The index of the first work request that did not succeed: failed or
-    /// flushed (`wrs.len()` if none). A local error completes its work
-    /// request before the flushes of older ones still in flight.
+    /// The index of the first work request that failed (`wrs.len()` if
+    /// none). Send completions come in posting order: every one after it
+    /// is flushed.
     fn first_error(&self) -> usize {
-        let failed = self.send_wcs.iter().filter(|w| w.status != WcStatus::Success);
-        failed.map(|w| w.wr_id as usize).min().unwrap_or(self.plan.wrs.len())
+        self.first_failure().map_or(self.plan.wrs.len(), |w| w.wr_id as usize)
     }
 
     /// Every work request has its completion: the signaled ones before the
@@ -1735,32 +1734,29 @@ impl Pair {
         let hit: Vec<(usize, Side)> = hits.iter().flatten().copied().collect();
         let resp_in_err = self.responder_in_err(nodes);
         // Completions: the signaled ones before the first failure succeed,
-        // every one from it on completes (the rest flushed), in order.
-        // (A local error completes its request `e` before the flushes of
-        // the older ones still in flight, from `f` on.)
+        // every one from it on completes (the rest flushed), in posting
+        // order. (A request that fails locally while older ones are in
+        // flight completes after them.)
         let f = self.first_error();
         let mut want: Vec<(u64, WcStatus)> =
             (0..f).filter(|&i| wrs[i].signaled).map(|i| (i as u64, WcStatus::Success)).collect();
-        let e = self.first_failure().map(|w| (w.wr_id as usize, w.status));
-        if let Some((e, status)) = e {
-            want.push((e as u64, status));
-            want.extend((f..n).filter(|&i| i != e).map(|i| (i as u64, WcStatus::WrFlushErr)));
+        let failed = self.first_failure().map(|w| w.status);
+        if let Some(status) = failed {
+            want.push((f as u64, status));
+            want.extend((f + 1..n).map(|i| (i as u64, WcStatus::WrFlushErr)));
         }
         let got: Vec<(u64, WcStatus)> = self.send_wcs.iter().map(|w| (w.wr_id, w.status)).collect();
         if got != want {
             return Err(format!("send completions {got:?}, expected {want:?}"));
         }
-        if let Some((e, status)) = e {
-            if status != WcStatus::LocProtErr && e != f {
-                return Err(format!("request {e} failed with {status:?} before request {f} completed"));
-            }
-            let explained = hit.iter().any(|&(i, side)| i == e && side.status() == status)
+        if let Some(status) = failed {
+            let explained = hit.iter().any(|&(i, side)| i == f && side.status() == status)
                 || (status == WcStatus::RetryExcErr && resp_in_err && !hit.is_empty());
             if !explained {
                 return Err(format!(
-                    "request {e} ({:?}) failed with {status:?}; the memory failed {hit:?} (request, side); responder \
+                    "request {f} ({:?}) failed with {status:?}; the memory failed {hit:?} (request, side); responder \
                      in ERR: {resp_in_err}",
-                    wrs[e].op
+                    wrs[f].op
                 ));
             }
             tally.mem_failed += 1;

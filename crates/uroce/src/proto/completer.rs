@@ -63,6 +63,9 @@ impl Qp {
         let mut progress = false;
         let mut result = Acked::Fine;
         while let Some(w) = self.sq.front() {
+            if w.failed.is_some() {
+                break; // completed by forward_progress, with its status
+            }
             if w.wr.opcode.is_local() {
                 if !w.started {
                     break;

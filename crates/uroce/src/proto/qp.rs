@@ -53,6 +53,10 @@ pub(crate) struct SendWqe {
     pub started: bool,
     pub first_psn: u32,
     pub last_psn: u32,
+    /// It failed locally (its status) while older requests were still
+    /// unacknowledged: it completes with that status once they have
+    /// completed, as send completions come in posting order.
+    pub failed: Option<WcStatus>,
 }
 
 impl SendWqe {
@@ -560,7 +564,7 @@ impl Qp {
             }
         }
         let signaled = self.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
-        let wqe = SendWqe { wr, len, signaled, started: false, first_psn: 0, last_psn: 0 };
+        let wqe = SendWqe { wr, len, signaled, started: false, first_psn: 0, last_psn: 0, failed: None };
         if state == QpState::Err {
             let wc = Wc::new(wqe.wr.wr_id, WcStatus::WrFlushErr, wqe.wc_opcode(), self.qpn);
             self.deliver_send(ctx, wc);

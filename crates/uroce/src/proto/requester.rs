@@ -98,6 +98,12 @@ impl Qp {
         // executed (seen again after a rewind) are skipped.
         loop {
             let w = self.sq.get(self.req.cursor)?;
+            // A request that failed locally waits for the older ones to
+            // complete: nothing at or after it is sent (older ones may
+            // still be sent again after a rewind).
+            if w.failed.is_some() {
+                return None;
+            }
             if !w.wr.opcode.is_local() {
                 break;
             }
@@ -365,7 +371,8 @@ impl Qp {
         self.complete_local_head(ctx);
     }
 
-    /// Completes executed local WQEs at the head of the send queue.
+    /// Completes executed local WQEs at the head of the send queue, then a
+    /// WQE that failed locally if it is the head now.
     pub(crate) fn complete_local_head(&mut self, ctx: &mut Ctx) {
         while self.sq.front().is_some_and(|w| w.wr.opcode.is_local() && w.started) {
             let w = self.pop_head().unwrap();
@@ -374,17 +381,30 @@ impl Qp {
                 self.deliver_send(ctx, wc);
             }
         }
+        if let Some(status) = self.sq.front().and_then(|w| w.failed) {
+            self.complete_head_error(ctx, status);
+        }
     }
 
-    /// A WQE failed locally before transmission: complete it with `status`
-    /// and move the QP to ERR.
+    /// The WQE at the cursor failed locally (before or while it was sent).
+    /// Send completions come in posting order, so it completes with
+    /// `status`, and the QP moves to ERR (flushing the rest), once every
+    /// older request has completed: at once if none is outstanding, or
+    /// when the last older one is acknowledged. Meanwhile nothing from it
+    /// on is sent. (rxe up to Linux 6.4 did the same: the requester marks
+    /// the WQE in error and its completer reaches it in queue order, after
+    /// the ACKs of the older ones; a failure of an older one, its retries
+    /// exhausted, say, flushes this one with the rest.)
     pub(crate) fn local_error(&mut self, ctx: &mut Ctx, status: WcStatus) {
         let cursor = self.req.cursor;
-        if let Some(w) = self.sq.remove(cursor) {
-            let wc = Wc::new(w.wr.wr_id, status, w.wc_opcode(), self.qpn);
-            self.deliver_send(ctx, wc);
+        match self.sq.get_mut(cursor) {
+            Some(w) => w.failed = Some(status),
+            None => return self.fail(ctx, None),
         }
-        self.fail(ctx, None);
+        if cursor > 0 {
+            tracing::debug!(qpn = self.qpn, ?status, older = cursor, "local error behind unacknowledged requests");
+        }
+        self.complete_local_head(ctx);
     }
 
     /// Go-back-N: resume transmission at the oldest unacknowledged PSN.
