@@ -298,6 +298,16 @@ impl Gid {
             None => std::net::IpAddr::V6(v6),
         }
     }
+    /// Whether this GID stands for `ip`: `self.to_ip() == ip`, without
+    /// building the address (a check made on every received packet).
+    #[inline]
+    pub fn is_ip(self, ip: std::net::IpAddr) -> bool {
+        match ip {
+            std::net::IpAddr::V4(v4) => self.0 == v4.to_ipv6_mapped().octets(),
+            // A v4-mapped GID stands for an IPv4 address, never this one.
+            std::net::IpAddr::V6(v6) => self.0 == v6.octets() && v6.to_ipv4_mapped().is_none(),
+        }
+    }
     pub fn is_zero(self) -> bool {
         self.0 == [0; 16]
     }
@@ -356,6 +366,20 @@ pub const MAX_RD_ATOMIC: u32 = 128;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn is_ip_is_to_ip_compared() {
+        let ips: Vec<std::net::IpAddr> = ["192.168.1.2", "192.168.1.3", "::ffff:192.168.1.2", "fe80::1", "::1", "::"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        for &g in &ips {
+            let gid = Gid::from_ip(g);
+            for &ip in &ips {
+                assert_eq!(gid.is_ip(ip), gid.to_ip() == ip, "GID of {g}, address {ip}");
+            }
+        }
+    }
 
     #[test]
     fn gid_roundtrip_v4_and_v6() {

@@ -2,9 +2,13 @@
 //! one host exchange their packets through shared rings instead of UDP —
 //! in one process and between processes — and fall back to UDP for a peer
 //! of another user, with `UROCE_LINK=udp`, and when the peer dies (whose
-//! QPs then time out as over UDP).
+//! QPs then time out as over UDP), and use both media at once: memory to a
+//! same-host peer, UDP to a peer in another network namespace.
 
 mod common;
+// netns brings its own copy of skip (for the tests that use only it).
+#[allow(clippy::duplicate_mod)]
+mod netns;
 #[macro_use]
 mod skip;
 
@@ -288,4 +292,100 @@ fn a_stopped_peer_fills_its_ring_then_the_survivor_times_out_without_growing() {
     assert!(err.contains("RetryExc"), "the survivor's WRITE failed with RETRY_EXC_ERR:\n{out}{err}");
     assert!(took < Duration::from_secs(5), "within the retry budget (took {took:?})");
     assert!(peak < rss_at_stop + 32 * 1024, "no memory growth while the peer is stopped: {rss_at_stop} -> {peak} KiB");
+}
+
+/// Runs `f` on a thread that entered the network namespace `ns` (made by
+/// `ip netns add`): a device opened there binds its socket in it.
+fn in_netns<R: Send + 'static>(ns: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let f_ns = std::fs::File::open(&path).unwrap();
+        // SAFETY: setns on a descriptor we own; it changes only this
+        // thread's network namespace.
+        let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f_ns), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+/// One QP of `x` connected to `peer`'s QP.
+fn qp_to(x: &End, peer: &End, psn: u32) -> QueuePair {
+    let qp = x.pd.create_qp(&QpInitAttr::rc(&x.cq, &x.cq)).unwrap();
+    qp.connect_rc(&peer.ctx.query_gid(0).unwrap(), peer.qp.qp_num(), psn, psn + 1).unwrap();
+    peer.qp.connect_rc(&x.ctx.query_gid(0).unwrap(), qp.qp_num(), psn + 1, psn).unwrap();
+    qp
+}
+
+#[test]
+fn one_device_uses_memory_to_a_same_host_peer_and_udp_to_a_namespace_peer_at_once() {
+    if link_off() {
+        skip!("UROCE_LINK=udp turns the link off");
+    }
+    // x (10.77.71.1) and y (10.77.71.3) share namespace a; z (10.77.71.2)
+    // is in namespace b, behind the veth pair.
+    let Some(p) = netns::Pair::new("mixed", "mx", 71, None) else { return };
+    assert!(netns::sh(&["ip", "-n", &p.a, "addr", "add", "10.77.71.3/24", "dev", &p.va]));
+    let open = |name: &str, ip: [u8; 4]| {
+        let cfg = DeviceConfig::at(name, std::net::IpAddr::from(ip), 4791);
+        end(Context::open(&cfg).unwrap())
+    };
+    let (x, y) = in_netns(&p.a, move || (open("mixed-x", [10, 77, 71, 1]), open("mixed-y", [10, 77, 71, 3])));
+    let z = in_netns(&p.b, move || open("mixed-z", [10, 77, 71, 2]));
+    let (to_y, to_z) = (qp_to(&x, &y, 1000), qp_to(&x, &z, 2000));
+
+    const LEN: usize = 256 * 1024;
+    let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let (y_mr, z_mr) = (y.pd.register(vec![0u8; LEN], rw).unwrap(), z.pd.register(vec![0u8; LEN], rw).unwrap());
+    let src: Vec<u8> = (0..2 * LEN).map(|i| (i as u32).wrapping_mul(2654435761).to_be_bytes()[1]).collect();
+    let x_mr = x.pd.register(src.clone(), rw).unwrap();
+    // A WRITE to each peer, both in flight at once; both verified.
+    let round = |n: usize| {
+        let off = n % LEN;
+        for (i, (qp, mr)) in [(&to_y, &y_mr), (&to_z, &z_mr)].into_iter().enumerate() {
+            let mut w = wr(i as u64, WrOpcode::RdmaWrite, x_mr.sge(off, LEN as u32));
+            w.remote_addr = mr.iova();
+            w.rkey = mr.rkey();
+            qp.post_send(&w).unwrap();
+        }
+        let mut got = Vec::new();
+        let t = Instant::now();
+        while got.len() < 2 {
+            assert!(t.elapsed() < T, "round {n}: completions {got:?}");
+            got.extend(x.cq.wait(2 - got.len(), T).unwrap());
+        }
+        assert!(got.iter().all(|wc| wc.status == WcStatus::Success), "round {n}: {got:?}");
+        assert!(y_mr.to_vec() == src[off..off + LEN], "round {n}: the same-host peer's data");
+        assert!(z_mr.to_vec() == src[off..off + LEN], "round {n}: the namespace peer's data");
+    };
+    // The first packets to y go by UDP while the link is made.
+    round(0);
+    let t = Instant::now();
+    while !counters(&x.ctx, &y.ctx).is_some_and(|(l, _)| l) {
+        assert!(t.elapsed() < Duration::from_secs(5), "no link to y within 5 s: {:?}", x.ctx.link_stats());
+        round(1);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (_, y0) = counters(&x.ctx, &y.ctx).unwrap();
+    let z0 = counters(&x.ctx, &z.ctx).map(|(_, c)| c).unwrap_or_default();
+    for n in 0..16 {
+        round(1 + n * 4099);
+    }
+    let (y_linked, y1) = counters(&x.ctx, &y.ctx).unwrap();
+    let (z_linked, z1) = counters(&x.ctx, &z.ctx).expect("x counts its traffic to z");
+    assert!(y_linked, "x reaches y by memory: {:?}", x.ctx.link_stats());
+    assert!(!z_linked, "x reaches z (another namespace) by UDP: {:?}", x.ctx.link_stats());
+    let per_write = (LEN / 1024) as u64;
+    assert!(y1["shm_tx_packets"] - y0["shm_tx_packets"] >= 16 * per_write, "to y by memory: {y1:?}");
+    assert_eq!(y1["udp_tx_packets"], y0["udp_tx_packets"], "nothing to y by UDP once linked: {y1:?}");
+    assert!(z1["udp_tx_packets"] - z0.get("udp_tx_packets").unwrap_or(&0) >= 16 * per_write, "to z by UDP: {z1:?}");
+    assert_eq!(z1["shm_tx_packets"], 0, "nothing to z by memory: {z1:?}");
+    let (_, z_side) = counters(&z.ctx, &x.ctx).expect("z counts its traffic from x");
+    assert!(
+        z_side["udp_rx_packets"] >= 16 * per_write && z_side["shm_rx_packets"] == 0,
+        "z got x's packets by UDP: {z_side:?}"
+    );
+    drop((to_y, to_z, x_mr, y_mr, z_mr));
+    drop((x, y, z));
 }

@@ -73,7 +73,18 @@ struct RxState {
     next_ipv4_id: u16,
     /// LINK HOOK: packets taken out of the shared-memory rings.
     shm: super::link::RxBuf,
+    /// LINK HOOK: when the socket was last read (see [`UDP_QUIET`]).
+    udp_read_at: Instant,
 }
+
+/// LINK HOOK: while packets come by memory (a ring delivered within the
+/// last 200 µs) and the socket was empty when last read, a receive pass
+/// reads it again only once this long has passed: an empty `recvmsg` is a
+/// system call per pass, and a stream over the link makes many passes (an
+/// application that polls its CQ, one each poll). A datagram arriving
+/// meanwhile waits at most this long; once one is found, the socket is
+/// read every pass until it is empty again.
+const UDP_QUIET: Duration = Duration::from_micros(20);
 
 pub struct Runtime {
     cfg: EngineConfig,
@@ -147,6 +158,7 @@ impl Runtime {
                 order: Vec::new(),
                 next_ipv4_id: 1,
                 shm: Default::default(),
+                udp_read_at: Instant::now(),
             }),
             socket,
             wake,
@@ -528,15 +540,22 @@ impl Runtime {
     /// answer what arrives. Events go to `events`, for the caller to deliver
     /// once it released `rx`.
     fn receive(&self, rx: &mut RxState, now: Instant, app_active: bool, events: &mut Vec<Event>) -> bool {
-        let RxState { batch, got, order, next_ipv4_id, shm } = rx;
+        let RxState { batch, got, order, next_ipv4_id, shm, udp_read_at } = rx;
         got.clear();
-        if let Err(e) = self.socket.recv_batch(batch) {
-            tracing::debug!("receive failed: {e}");
-        }
         // LINK HOOK: also take what the shared-memory rings hold.
         shm.clear();
+        let mut linked = false;
         if let Some(l) = &self.link {
             l.drain(shm);
+            linked = !shm.is_empty() || l.active(now);
+        }
+        if linked && batch.was_empty() && now.saturating_duration_since(*udp_read_at) < UDP_QUIET {
+            batch.skip();
+        } else {
+            *udp_read_at = now;
+            if let Err(e) = self.socket.recv_batch(batch) {
+                tracing::debug!("receive failed: {e}");
+            }
         }
         let local = self.socket.local_addr();
         for (b, r) in batch.filled().iter().enumerate() {

@@ -428,6 +428,16 @@ impl RecvBatch {
         }
     }
 
+    /// A pass that does not read the socket: nothing filled.
+    pub fn skip(&mut self) {
+        self.filled.clear();
+    }
+
+    /// Whether the last read found the socket empty.
+    pub fn was_empty(&self) -> bool {
+        self.was_empty
+    }
+
     /// What the last receive filled, a buffer each, in order.
     pub fn filled(&self) -> &[Received] {
         &self.filled

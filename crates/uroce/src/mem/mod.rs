@@ -550,6 +550,87 @@ impl Memory {
         Ok(())
     }
 
+    /// The one-packet fast path of [`Memory::resolve`] followed by a copy:
+    /// when `key` names a plain region of pinned host memory, runs
+    /// `copy(host address)` under the key table's read lock, after the same
+    /// checks in the same order (key, protection domain, access, bounds),
+    /// without building a span. The read lock keeps the region registered
+    /// for the copy as a span would (deregistration removes the key under
+    /// the write lock), at no reference-count traffic. `None`: not such a
+    /// region (window, indirect, ODP or peer memory, or an empty access);
+    /// the caller resolves a span instead. `copy` must not block or take
+    /// this table's lock (it runs a fault-tolerant memory copy).
+    #[inline]
+    pub(crate) fn with_host_range<R>(
+        &self,
+        key: u32,
+        pd: u32,
+        iova: u64,
+        len: u64,
+        want: Want,
+        copy: impl FnOnce(usize) -> std::result::Result<R, AccessError>,
+    ) -> Option<std::result::Result<R, AccessError>> {
+        if len == 0 || key >> 8 >= MW_INDEX_BASE {
+            return None;
+        }
+        let keys = self.keys.read().unwrap();
+        let Some(mr) = keys.lookup(key) else { return Some(Err(AccessError::BadKey)) };
+        if mr.pd != pd {
+            return Some(Err(AccessError::WrongPd));
+        }
+        let Backing::Host { addr, .. } = &mr.backing else { return None };
+        if !mr.access.contains(want.required()) {
+            return Some(Err(AccessError::Permission));
+        }
+        // As `MemoryRegion::span`: the range lies inside the region.
+        let off = match iova.checked_sub(mr.iova) {
+            Some(off) if off.checked_add(len).is_some_and(|end| end <= mr.length) => off,
+            _ => return Some(Err(AccessError::Range)),
+        };
+        Some(copy(addr + off as usize))
+    }
+
+    /// Checks a remote write of `data` at `iova` through `key` (region or
+    /// window) for QP `qpn` of protection domain `pd`, then copies it:
+    /// [`Memory::resolve_remote`] and [`Span::write`] in one call, without
+    /// a span for a plain host region (see [`Memory::with_host_range`]).
+    pub fn write_remote(&self, key: u32, pd: u32, qpn: u32, iova: u64, data: &[u8]) -> std::result::Result<(), AccessError> {
+        let fast = self.with_host_range(key, pd, iova, data.len() as u64, Want::RemoteWrite, |host| {
+            // SAFETY: `host..host + data.len()` lies inside a registered,
+            // pinned region (checked above), which stays registered while
+            // the key table's read lock is held. The application may have
+            // unmapped or protected it since: the copy is fault-tolerant.
+            match unsafe { safe::copy(host as *mut u8, data.as_ptr(), data.len()) } {
+                0 => Ok(()),
+                _ => Err(AccessError::Fault),
+            }
+        });
+        match fast {
+            Some(r) => r,
+            None => self.resolve_remote(key, pd, qpn, iova, data.len() as u64, Want::RemoteWrite)?.write(0, data),
+        }
+    }
+
+    /// Checks a local read of `out.len()` bytes at `iova` through `key` for
+    /// protection domain `pd`, then copies them into `out`:
+    /// [`Memory::resolve`] and [`Span::read`] in one call, without a span
+    /// for a plain host region (see [`Memory::with_host_range`]).
+    pub fn read_local(&self, key: u32, pd: u32, iova: u64, out: &mut [u8]) -> std::result::Result<(), AccessError> {
+        let len = out.len();
+        let fast = self.with_host_range(key, pd, iova, len as u64, Want::LocalRead, |host| {
+            // SAFETY: as in `write_remote`; the destination is an exclusive
+            // Rust slice.
+            match unsafe { safe::copy(out.as_mut_ptr(), host as *const u8, len) } {
+                0 => Ok(()),
+                _ => Err(AccessError::Fault),
+            }
+        });
+        match fast {
+            Some(r) => r,
+            None => self.resolve(key, pd, iova, len as u64, Want::LocalRead)?.read(0, out),
+        }
+    }
+
     /// Checks a remote access (an rkey from the wire) for QP `qpn` of
     /// protection domain `pd`: a region key or a window key.
     pub fn resolve_remote(

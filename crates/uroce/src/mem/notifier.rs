@@ -16,6 +16,22 @@
 //! Threads that need current state (an ODP access, a statistics read) drain
 //! the ring and apply the events to the subscribed regions.
 //!
+//! # The reader's lock
+//!
+//! The reader reads each event under the ring lock (so that whoever drains
+//! after `munmap` returned finds the event), so a thread blocked in `munmap`
+//! waits for every holder of that lock. The unmapping thread may hold any
+//! lock of its own — the allocator's arena lock above all, when `free` trims
+//! the heap — so **nothing runs under the ring lock but copies of
+//! fixed-size events**: no allocation or free, no logging, no callback, no
+//! other lock, no system call but the reader's `read(2)`. A drain copies the
+//! events into a buffer allocated when the notifier opened (`State::batch`),
+//! lets the ring go, and only then allocates and takes region locks, under
+//! the state lock, which the reader never takes (and logs after that). The
+//! ring is a static, so the reader does not even wait for the notifier's
+//! one-time initialisation. `tests/odp_notifier.rs` holds a stand-in for the arena
+//! lock in its global allocator and checks that `munmap` still returns.
+//!
 //! The userfaultfd ABI is declared here (a few constants and two structs from
 //! `<linux/userfaultfd.h>`): the `userfaultfd` crate would need libclang at
 //! build time for its bindings.
@@ -23,7 +39,7 @@
 use super::odp::OdpRegion;
 use super::rangeset::RangeSet;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
 const UFFD_API: u64 = 0xAA;
 const UFFD_USER_MODE_ONLY: libc::c_int = 1;
@@ -86,16 +102,27 @@ struct Ring {
     overflow: bool,
 }
 
+/// Events read and not yet applied. Its lock is the one a thread blocked
+/// in `munmap` waits for: only fixed-size copies run under it (module docs).
+static RING_LOCK: Mutex<Ring> =
+    Mutex::new(Ring { events: [Event { start: 0, end: 0, unmapped: false }; RING], len: 0, overflow: false });
+
+/// The ring lock, even if a holder panicked (its state is a plain array).
+fn ring() -> MutexGuard<'static, Ring> {
+    RING_LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 struct Notifier {
     fd: OwnedFd,
-    ring: Mutex<Ring>,
     state: Mutex<State>,
 }
 
-#[derive(Default)]
 struct State {
     watched: RangeSet,
     subscribers: Vec<Weak<OdpRegion>>,
+    /// Where a drain copies the ring's events to, allocated once, so that
+    /// the copy under the ring lock allocates nothing.
+    batch: Box<[Event; RING]>,
 }
 
 fn notifier() -> Option<&'static Notifier> {
@@ -133,17 +160,14 @@ fn open() -> std::io::Result<Notifier> {
     if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
+    let state = State { watched: RangeSet::new(), subscribers: Vec::new(), batch: Box::new([Event::default(); RING]) };
     let reader = fd.try_clone()?;
     std::thread::Builder::new().name("uroce-odp-notifier".into()).spawn(move || read_events(reader))?;
-    Ok(Notifier {
-        fd,
-        ring: Mutex::new(Ring { events: [Event::default(); RING], len: 0, overflow: false }),
-        state: Mutex::new(State::default()),
-    })
+    Ok(Notifier { fd, state: Mutex::new(state) })
 }
 
 /// The reader thread: blocks in read(2) and queues events. It must stay
-/// allocation-free (see the module docs).
+/// allocation-free and take no lock but the ring's (see the module docs).
 fn read_events(fd: OwnedFd) {
     let mut msgs = [UffdMsg::default(); 16];
     loop {
@@ -160,8 +184,7 @@ fn read_events(fd: OwnedFd) {
             }
             return;
         }
-        let Some(notifier) = notifier() else { return };
-        let mut ring = notifier.ring.lock().unwrap();
+        let mut ring = ring();
         // SAFETY: reads whole `uffd_msg`s into an array of exactly that size.
         let n =
             unsafe { libc::read(fd.as_raw_fd(), msgs.as_mut_ptr() as *mut libc::c_void, std::mem::size_of_val(&msgs)) };
@@ -212,21 +235,24 @@ pub(crate) fn subscribe(r: &Arc<OdpRegion>) {
 pub(crate) fn drain() {
     let Some(n) = notifier() else { return };
     let mut st = n.state.lock().unwrap();
-    apply_pending(n, &mut st);
+    apply_pending(&mut st);
 }
 
 /// The body of [`drain`], with the state lock held.
-fn apply_pending(n: &Notifier, st: &mut State) {
-    let (events, overflow) = {
-        let mut ring = n.ring.lock().unwrap();
-        if ring.len == 0 && !ring.overflow {
+fn apply_pending(st: &mut State) {
+    // Under the ring lock: a copy into the preallocated batch, nothing else
+    // (no allocation, no logging, no other lock; see the module docs).
+    let (count, overflow) = {
+        let mut ring = ring();
+        let count = ring.len;
+        if count == 0 && !ring.overflow {
             return;
         }
-        let out: Vec<Event> = ring.events[..ring.len].to_vec();
-        let o = ring.overflow;
+        st.batch[..count].copy_from_slice(&ring.events[..count]);
+        let overflow = ring.overflow;
         ring.len = 0;
         ring.overflow = false;
-        (out, o)
+        (count, overflow)
     };
     let subs: Vec<Arc<OdpRegion>> = st.subscribers.iter().filter_map(Weak::upgrade).collect();
     if overflow {
@@ -235,7 +261,7 @@ fn apply_pending(n: &Notifier, st: &mut State) {
             s.invalidate_all();
         }
     }
-    for e in events {
+    for e in &st.batch[..count] {
         if e.unmapped {
             st.watched.remove(e.start, e.end);
         }
@@ -257,7 +283,7 @@ pub(crate) fn watch(start: u64, end: u64) -> bool {
     // back from `mmap`. (The kernel holds `munmap` until the reader thread
     // has read the event, which it then puts in the ring: what remains is
     // the reader's few instructions between the two.)
-    apply_pending(n, &mut st);
+    apply_pending(&mut st);
     if st.watched.contains(start, end) {
         return true;
     }
@@ -271,11 +297,11 @@ pub(crate) fn watch(start: u64, end: u64) -> bool {
     } else {
         // File-backed mappings without WP_ASYNC, or a range another
         // userfaultfd owns: accesses stay correct, only the counters miss
-        // invalidations of this range.
-        tracing::debug!(
-            "ODP: cannot watch {start:#x}..{end:#x} for invalidations: {}",
-            std::io::Error::last_os_error()
-        );
+        // invalidations of this range. Logged after the state lock is
+        // released (every ODP access of every shard takes it).
+        let e = std::io::Error::last_os_error();
+        drop(st);
+        tracing::debug!("ODP: cannot watch {start:#x}..{end:#x} for invalidations: {e}");
         false
     }
 }

@@ -133,19 +133,39 @@ impl CompletionQueue {
 
     /// Pops up to `out.len()` completions into `out`; returns how many.
     /// An overrun queue reports EIO.
+    ///
+    /// An inline-received message is scattered after the queue's lock is
+    /// released: the copy may block (an ODP page fault, a peer client) and
+    /// the lock is the one every QP completing into this queue needs, under
+    /// its shard's locks (see "Locks" in docs/architecture.md).
     pub fn poll(&self, out: &mut [Wc]) -> Result<usize> {
-        let mut g = self.inner.lock().unwrap();
-        if g.overrun && g.ring.is_empty() {
-            return Err(Error::new(Errno::EIO, "completion queue overrun"));
+        let mut filled = 0;
+        loop {
+            let scatter = {
+                let mut g = self.inner.lock().unwrap();
+                if filled == 0 && g.overrun && g.ring.is_empty() {
+                    return Err(Error::new(Errno::EIO, "completion queue overrun"));
+                }
+                let mut scatter = None;
+                while filled < out.len() {
+                    let Some(e) = g.ring.pop_front() else { break };
+                    if e.inline.is_some() {
+                        scatter = Some(e);
+                        break;
+                    }
+                    out[filled] = e.wc;
+                    filled += 1;
+                }
+                scatter
+            };
+            let Some(e) = scatter else { return Ok(filled) };
+            out[filled] = self.deliver(e);
+            filled += 1;
         }
-        let n = out.len().min(g.ring.len());
-        for (slot, e) in out.iter_mut().zip(g.ring.drain(..n)) {
-            *slot = self.deliver(e);
-        }
-        Ok(n)
     }
 
-    /// Pops one completion, if any.
+    /// Pops one completion, if any (scattered, like [`Self::poll`]'s, with
+    /// the lock released).
     pub fn poll_one(&self) -> Option<Wc> {
         let e = self.inner.lock().unwrap().ring.pop_front()?;
         Some(self.deliver(e))
@@ -219,9 +239,120 @@ impl CompletionQueue {
 mod tests {
     use super::*;
     use crate::ib::WcOpcode;
+    use crate::proto::memory::{AccessError, Atomic, BindError, BindRequest, Layout, PayloadHold, Span};
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
 
     fn wc(id: u64, status: WcStatus) -> Wc {
         Wc::new(id, status, WcOpcode::Send, 1)
+    }
+
+    /// Memory whose writes wait until the test lets them go (a copy that
+    /// blocks: an ODP page fault, a peer client).
+    #[derive(Debug)]
+    struct SlowMemory {
+        inner: Arc<crate::mem::Memory>,
+        entered: std::sync::atomic::AtomicBool,
+        release: std::sync::atomic::AtomicBool,
+    }
+
+    impl MemoryAccess for SlowMemory {
+        fn resolve(&self, key: u32, pd: u32, iova: u64, len: u64, want: Want) -> std::result::Result<Span, AccessError> {
+            MemoryAccess::resolve(&*self.inner, key, pd, iova, len, want)
+        }
+        fn resolve_remote(
+            &self,
+            key: u32,
+            pd: u32,
+            qpn: u32,
+            iova: u64,
+            len: u64,
+            want: Want,
+        ) -> std::result::Result<Span, AccessError> {
+            MemoryAccess::resolve_remote(&*self.inner, key, pd, qpn, iova, len, want)
+        }
+        fn write(&self, span: &Span, offset: usize, data: &[u8]) -> std::result::Result<(), AccessError> {
+            self.entered.store(true, Ordering::SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !self.release.load(Ordering::SeqCst) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            MemoryAccess::write(&*self.inner, span, offset, data)
+        }
+        fn read(&self, span: &Span, offset: usize, out: &mut [u8]) -> std::result::Result<(), AccessError> {
+            MemoryAccess::read(&*self.inner, span, offset, out)
+        }
+        fn atomic(&self, span: &Span, op: Atomic) -> std::result::Result<u64, AccessError> {
+            MemoryAccess::atomic(&*self.inner, span, op)
+        }
+        fn pin_for_send(&self, span: Span) -> std::result::Result<PayloadHold, Span> {
+            MemoryAccess::pin_for_send(&*self.inner, span)
+        }
+        fn bind_mw(&self, qp_pd: u32, qpn: u32, r: &BindRequest) -> std::result::Result<u32, BindError> {
+            MemoryAccess::bind_mw(&*self.inner, qp_pd, qpn, r)
+        }
+        fn umr(&self, key: u32, pd: u32, layout: Layout) -> std::result::Result<(), BindError> {
+            MemoryAccess::umr(&*self.inner, key, pd, layout)
+        }
+        fn invalidate(&self, key: u32, pd: u32, qpn: u32) -> std::result::Result<(), BindError> {
+            MemoryAccess::invalidate(&*self.inner, key, pd, qpn)
+        }
+    }
+
+    #[test]
+    fn a_blocking_inline_scatter_does_not_hold_the_queue_lock() {
+        let inner = crate::mem::Memory::new();
+        let mut buf = Box::new([0u8; 64]);
+        let at = buf.as_mut_ptr();
+        // SAFETY: `buf` outlives the region (deregistered below).
+        let mr = unsafe { inner.register(1, at as usize, 64, 0, crate::ib::Access::LOCAL_WRITE, None) }.unwrap();
+        let slow = Arc::new(SlowMemory { inner: inner.clone(), entered: false.into(), release: false.into() });
+        let cq = Arc::new(CompletionQueue::with_inline(1, 8, Some(slow.clone() as Arc<dyn MemoryAccess>), 64));
+        let mut data = [0u8; MAX_INLINE_RECV];
+        data[..4].copy_from_slice(b"uroc");
+        let sges: SmallVec<[Sge; 2]> = [Sge { addr: 0, length: 64, lkey: mr.key }].into_iter().collect();
+        cq.push_inline(wc(1, WcStatus::Success), false, InlineRecv { len: 4, data, pd: 1, sges });
+        let poller = {
+            let cq = cq.clone();
+            std::thread::spawn(move || {
+                let mut out = [wc(0, WcStatus::Success); 1];
+                let n = cq.poll(&mut out).unwrap();
+                (n, out[0].wr_id, out[0].status)
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !slow.entered.load(Ordering::SeqCst) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(slow.entered.load(Ordering::SeqCst), "the poll reached the scatter");
+        // Another QP completes into the queue (under its shard's locks, in
+        // the device) while the scatter blocks.
+        let pushed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let pusher = {
+            let (cq, pushed) = (cq.clone(), pushed.clone());
+            std::thread::spawn(move || {
+                cq.push(wc(2, WcStatus::Success), false);
+                pushed.store(true, Ordering::SeqCst);
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !pushed.load(Ordering::SeqCst) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let pushed_while_blocked = pushed.load(Ordering::SeqCst);
+        slow.release.store(true, Ordering::SeqCst);
+        pusher.join().unwrap();
+        assert_eq!(poller.join().unwrap(), (1, 1, WcStatus::Success));
+        assert!(pushed_while_blocked, "a completion waited for another poll's blocking scatter");
+        // SAFETY: the scatter wrote through `at`, which points into `buf`.
+        assert_eq!(unsafe { std::ptr::read(at as *const [u8; 4]) }, *b"uroc");
+        let mut out = [wc(0, WcStatus::Success); 4];
+        assert_eq!(cq.poll(&mut out).unwrap(), 1);
+        assert_eq!(out[0].wr_id, 2);
+        let key = mr.key;
+        drop(mr);
+        inner.deregister(key).unwrap();
+        drop(buf);
     }
 
     #[test]

@@ -634,7 +634,7 @@ impl Engine {
             self.stats.rx_drop_state += 1;
             return;
         }
-        if qp.qp_type != QpType::Ud && qp.attr.ah_attr.dgid.to_ip() != ip.src {
+        if qp.qp_type != QpType::Ud && !qp.attr.ah_attr.dgid.is_ip(ip.src) {
             self.stats.rx_drop_addr += 1;
             self.log_drop(now, src, "source address does not match the QP's address vector");
             return;

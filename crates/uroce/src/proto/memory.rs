@@ -52,6 +52,22 @@ pub trait MemoryAccess: Send + Sync + Debug {
     /// Copies from `offset` within `span` into `out`.
     fn read(&self, span: &Span, offset: usize, out: &mut [u8]) -> Result<(), AccessError>;
 
+    /// Checks a remote write of `data` at `iova` (as `resolve_remote` with
+    /// [`Want::RemoteWrite`]) and copies it there (as `write`): one packet's
+    /// WRITE in one call, which an implementation may answer without
+    /// building a span.
+    fn write_remote(&self, key: u32, pd: u32, qpn: u32, iova: u64, data: &[u8]) -> Result<(), AccessError> {
+        let span = self.resolve_remote(key, pd, qpn, iova, data.len() as u64, Want::RemoteWrite)?;
+        self.write(&span, 0, data)
+    }
+
+    /// Checks a local read of `out.len()` bytes at `iova` (as `resolve`
+    /// with [`Want::LocalRead`]) and copies them into `out` (as `read`).
+    fn read_local(&self, key: u32, pd: u32, iova: u64, out: &mut [u8]) -> Result<(), AccessError> {
+        let span = self.resolve(key, pd, iova, out.len() as u64, Want::LocalRead)?;
+        self.read(&span, 0, out)
+    }
+
     /// Runs an atomic on the 8 bytes at the span's start.
     fn atomic(&self, span: &Span, op: Atomic) -> Result<u64, AccessError>;
 
@@ -181,6 +197,16 @@ impl MemoryAccess for Memory {
         span.read(offset, out)
     }
 
+    #[inline]
+    fn write_remote(&self, key: u32, pd: u32, qpn: u32, iova: u64, data: &[u8]) -> Result<(), AccessError> {
+        Memory::write_remote(self, key, pd, qpn, iova, data)
+    }
+
+    #[inline]
+    fn read_local(&self, key: u32, pd: u32, iova: u64, out: &mut [u8]) -> Result<(), AccessError> {
+        Memory::read_local(self, key, pd, iova, out)
+    }
+
     fn atomic(&self, span: &Span, op: Atomic) -> Result<u64, AccessError> {
         match op {
             Atomic::CompareSwap { compare, swap } => span.compare_swap(compare, swap),
@@ -251,6 +277,60 @@ pub fn for_each_sge_piece(
 mod tests {
     use super::*;
     use crate::ib::Access;
+
+    /// The one-call copies (`write_remote`, `read_local`) answer every
+    /// access exactly as a resolved span does: the same checks, the same
+    /// error, and nothing copied when a check fails.
+    #[test]
+    fn one_call_copies_check_as_spans_do() {
+        let mem = Memory::default();
+        let mut buf = vec![0u8; 64];
+        let addr = buf.as_mut_ptr() as usize;
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        // SAFETY: `buf` outlives the regions (the memory is dropped first).
+        let (k, ro) = unsafe {
+            (
+                mem.register_host(1, addr, 64, 0x1000, rw, None).unwrap().key,
+                mem.register_host(1, addr, 64, 0x1000, Access::LOCAL_WRITE, None).unwrap().key,
+            )
+        };
+        let m: &dyn MemoryAccess = &mem;
+        let data = [0xA5u8; 16];
+        // (key, pd, iova, len)
+        let cases = [
+            (k, 1, 0x1000, 16, None),
+            (k, 1, 0x1000 + 48, 16, None),
+            (k ^ 1, 1, 0x1000, 16, Some(AccessError::BadKey)),
+            (0, 1, 0x1000, 16, Some(AccessError::BadKey)),
+            (k, 2, 0x1000, 16, Some(AccessError::WrongPd)),
+            (ro, 1, 0x1000, 16, Some(AccessError::Permission)),
+            (k, 1, 0x1000 + 49, 16, Some(AccessError::Range)),
+            (k, 1, 0xFFF, 16, Some(AccessError::Range)),
+            (k, 1, u64::MAX, 16, Some(AccessError::Range)),
+        ];
+        for (key, pd, iova, len, err) in cases {
+            buf.iter_mut().for_each(|b| *b = 0);
+            let spans = m.resolve_remote(key, pd, 7, iova, len, Want::RemoteWrite).and_then(|s| m.write(&s, 0, &data));
+            let one = m.write_remote(key, pd, 7, iova, &data);
+            assert_eq!(one, spans, "WRITE key {key:#x} pd {pd} iova {iova:#x}");
+            assert_eq!(one.err(), err);
+            let written = buf.iter().filter(|&&b| b == 0xA5).count();
+            assert_eq!(written, if err.is_none() { 16 } else { 0 }, "iova {iova:#x}");
+            let mut out = [0u8; 16];
+            let spans = m.resolve(key, pd, iova, len, Want::LocalRead).and_then(|s| m.read(&s, 0, &mut out));
+            let one = m.read_local(key, pd, iova, &mut out);
+            assert_eq!(one, spans, "READ key {key:#x} pd {pd} iova {iova:#x}");
+            if err.is_none() {
+                assert_eq!(out, data);
+            }
+        }
+        // An empty access needs no valid key (as `resolve`).
+        assert_eq!(m.write_remote(0, 1, 7, 0, &[]), Ok(()));
+        assert_eq!(m.read_local(0, 1, 0, &mut []), Ok(()));
+        // A deregistered key copies nothing.
+        mem.deregister(k).unwrap();
+        assert_eq!(m.write_remote(k, 1, 7, 0x1000, &data), Err(AccessError::BadKey));
+    }
 
     #[test]
     fn sge_pieces_cover_the_message() {

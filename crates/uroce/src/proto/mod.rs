@@ -260,6 +260,13 @@ impl Ctx<'_> {
         Ok(Transmit { dst: SocketAddr::new(dst, self.cfg.port), data, in_place: None })
     }
 
+    /// Whether a payload of `len` bytes would be sent in place (see
+    /// [`Ctx::build_from`]); a copied one may be read straight from its key
+    /// ([`MemoryAccess::read_local`]).
+    pub fn sends_in_place(&self, len: u64) -> bool {
+        self.cfg.send_in_place && len >= IN_PLACE_MIN as u64
+    }
+
     /// Builds one packet to `dst` whose payload is all of `span`: sent in
     /// place when the engine may and the span is one run of pinned host
     /// memory of at least [`IN_PLACE_MIN`] bytes, else copied (through

@@ -243,6 +243,10 @@ impl Qp {
         let mem = ctx.mem;
         let wr = &wqe.wr;
         let built = match (&wr.inline, wr.sg_list.as_slice()) {
+            // One SGE copied into the packet: checked and read in one call.
+            (None, [sge]) if chunk > 0 && !ctx.sends_in_place(chunk) => {
+                ctx.build(dst_ip, &h, chunk as usize, |buf| mem.read_local(sge.lkey, pd, sge.addr + off, buf))
+            }
             // One SGE: its span, sent in place where it can be.
             (None, [sge]) if chunk > 0 => mem
                 .resolve(sge.lkey, pd, sge.addr + off, chunk, Want::LocalRead)

@@ -470,6 +470,15 @@ impl Qp {
                 return Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::InvalidRequest) });
             }
             let pd = self.remote_pd();
+            // A whole WRITE ONLY without immediate (nothing else to check
+            // before memory): the range is checked and written in one call.
+            if flags.contains(F::LAST) && h.imm.is_none() && pkt.payload.len() as u64 == reth.dma_len as u64 {
+                self.resp.write = None;
+                return match ctx.mem.write_remote(reth.rkey, pd, self.qpn, reth.va, pkt.payload) {
+                    Ok(()) => Ok(()),
+                    Err(_) => Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::RemoteAccess) }),
+                };
+            }
             match ctx.mem.resolve_remote(reth.rkey, pd, self.qpn, reth.va, reth.dma_len as u64, Want::RemoteWrite) {
                 Ok(span) => checked = Some(span),
                 Err(_) => return Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::RemoteAccess) }),

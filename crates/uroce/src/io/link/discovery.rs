@@ -37,11 +37,16 @@ pub fn links_dir() -> Result<SafeDir, crate::runtime::Refused> {
     rt.subdir("links", Some(Access::Private))
 }
 
-/// This process's network namespace (its inode; 0 if unknown). Devices of
+/// The calling thread's network namespace (its inode; 0 if unknown): the
+/// one a device opened here binds its socket in, which is not the
+/// process's when the thread entered another with `setns`. Devices of
 /// different namespaces never link, even with a shared runtime directory.
 pub fn netns() -> u64 {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino())
+    ["/proc/thread-self/ns/net", "/proc/self/ns/net"]
+        .iter()
+        .find_map(|p| std::fs::metadata(p).ok())
+        .map_or(0, |m| m.ino())
 }
 
 /// The socket's name for a device at `addr` in namespace `ns`.

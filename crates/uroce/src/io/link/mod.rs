@@ -435,6 +435,12 @@ impl Links {
         }
     }
 
+    /// Whether a ring delivered packets lately (within the spin window
+    /// after which the progress thread would sleep).
+    pub fn active(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.inner.rx_at.load(Ordering::Relaxed)) < SPIN_AFTER_RX
+    }
+
     /// Counts packets received by UDP from known peers.
     pub fn count_udp_rx(&self, pkts: impl Iterator<Item = (SocketAddr, usize)>) {
         let peers = self.inner.peers.read().unwrap();
