@@ -12,7 +12,9 @@
 //! server answers with its own and plays the peer until the client's `end`.
 //! The server also hosts the peers of the raw UDP baselines (`udp`): GSO/GRO
 //! streaming with the datagram size uroce sends, and a 64-byte busy-poll
-//! ping-pong.
+//! ping-pong; with `--floor`, also the floor under a 64-byte WRITE's half
+//! round trip (`floor`: RoCE-shaped datagrams and their ACK, no transport),
+//! so that the latency rows' ratio to it comes from the same run.
 //!
 //! Bandwidth: `--tx-depth` WRs outstanding per QP, QPs round-robin, one WR
 //! in 16 signaled; Gb/s of message payload and M messages/s. Latency:
@@ -22,6 +24,7 @@
 //! Everything polls the CQ busily, which drives the device in this thread.
 
 mod ctrl;
+mod floor;
 mod link;
 mod rdma;
 mod report;
@@ -149,6 +152,12 @@ pub struct Opts {
     /// Skip the raw UDP baselines.
     #[arg(long)]
     no_baseline: bool,
+    /// Latency: also measure the floor under a 64 B WRITE's half round trip
+    /// over UDP (a RoCE WRITE datagram ping-pong with its ACK, no transport
+    /// work; see `benches/udp_floor.rs`) before and after the points, and
+    /// print each WRITE latency divided by it.
+    #[arg(long)]
+    floor: bool,
     /// Seconds of each UDP baseline measurement.
     #[arg(long, default_value_t = 0.5)]
     baseline_secs: f64,
@@ -293,6 +302,7 @@ fn server_with(addr: Option<IpAddr>, tcp_port: u16, port: u16, wait: u64, ready:
             "rdma" => rdma::serve(&mut ctrl, &ctx, &pd, &msg),
             "udp_stream" => udp::serve_stream(&mut ctrl, ip),
             "udp_pingpong" => udp::serve_pingpong(&mut ctrl, ip),
+            "udp_floor" => floor::serve(&mut ctrl, ip),
             "bye" => return ctrl.send(&json!({ "ok": true })),
             other => Err(format!("unknown command {other:?}").into()),
         };
@@ -469,6 +479,11 @@ fn client(opts: &Opts, server: SocketAddr, addr: Option<IpAddr>, port: Option<u1
             rep.pingpong = Some(p);
         }
     }
+    let want_floor = opts.floor && specs.iter().any(|s| s.metric == Metric::Lat && s.op == Op::Write);
+    let mut floors = Vec::new();
+    if want_floor {
+        floors.push(floor_once(&mut ctrl, cip, sip, opts.baseline_secs, "before the points")?);
+    }
     report::header();
     let mut rows = Vec::new();
     for spec in &specs {
@@ -476,6 +491,21 @@ fn client(opts: &Opts, server: SocketAddr, addr: Option<IpAddr>, port: Option<u1
         let row = rep.add(spec, p, segment(spec.size, mtu));
         report::row(&row);
         rows.push(row);
+    }
+    if want_floor {
+        floors.push(floor_once(&mut ctrl, cip, sip, opts.baseline_secs, "after the points")?);
+        let f = floors.iter().sum::<f64>() / floors.len() as f64;
+        for r in rows.iter().filter(|r| r.metric == "lat" && r.op == "write") {
+            println!(
+                "floor ratio: {} B WRITE half round trip {:.2} us / floor {:.2} us (mean of {:.2} and {:.2}) = {:.2}x",
+                r.size,
+                r.result,
+                f,
+                floors[0],
+                floors[1],
+                r.result / f
+            );
+        }
     }
     ctrl.call(&json!({ "cmd": "bye" }))?;
     link::print_media(&ctx);
@@ -489,6 +519,17 @@ fn client(opts: &Opts, server: SocketAddr, addr: Option<IpAddr>, port: Option<u1
         println!("wrote {}", f.display());
     }
     Ok(rows)
+}
+
+/// One `--floor` measurement: the median half round trip in µs, printed.
+fn floor_once(ctrl: &mut Ctrl, cip: IpAddr, sip: IpAddr, secs: f64, when: &str) -> Res<f64> {
+    let p = floor::pingpong(ctrl, cip, sip, secs)?;
+    println!(
+        "floor ({when}): RoCE 64 B WRITE datagram + ACK ping-pong over UDP, no transport: half round trip {:.2} us (p99 {:.2} us)",
+        p.half_median_us(),
+        percentile(&p.rtt_us, 99.0) / 2.0
+    );
+    Ok(p.half_median_us())
 }
 
 /// The local address the kernel would send from to reach `to`.
