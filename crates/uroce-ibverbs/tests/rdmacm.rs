@@ -513,9 +513,15 @@ fn rping_100_connections_in_a_row_with_loss() {
     for i in 0..100 {
         let mut cc = dropin_command("rping", "127.0.0.182");
         cc.env("UROCE_FAULTS", format!("loss=0.02,seed={}", 1000 + i));
-        let mut c = Reap(Some(cc.args(["-c", "-a", "127.0.0.181", "-p", "7480", "-C", "2", "-V"]).spawn().unwrap()));
+        let mut c =
+            Reap(Some(cc.args(["-c", "-a", "127.0.0.181", "-p", "7480", "-C", "2", "-V", "-v"]).spawn().unwrap()));
         let (ok, out) = c.wait("rping client", Duration::from_secs(60));
-        assert!(ok, "connection {i} (after {:?}): {out}", started.elapsed());
+        // rping's own teardown race: its CM thread may read the event
+        // channel again after the main thread destroyed it (EBADF, as a
+        // kernel gives for a closed fd) and exits 255, after the pings.
+        let teardown_race = out.trim_end().ends_with("rdma_get_cm_event: Bad file descriptor");
+        assert!(ok || teardown_race, "connection {i} (after {:?}): {out}", started.elapsed());
+        assert_eq!(out.matches("ping data: rdma-ping-").count(), 2, "connection {i}: {out}");
         assert!(started.elapsed() < Duration::from_secs(300), "100 connections took over 5 minutes");
     }
     drop(server); // killed: a persistent server serves until then
