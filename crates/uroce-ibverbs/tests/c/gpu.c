@@ -21,6 +21,7 @@
 #include "check.h"
 #include "wait.h"
 #include "connect.h"
+#include "rdma_op.h"
 
 #define LEN (4 << 16) /* four 64 KiB GPU pages */
 
@@ -36,15 +37,10 @@ typedef int (*cu_htod_t)(unsigned long long, const void *, size_t);
 static struct ibv_cq *cq;
 static struct ibv_qp *qp[2];
 
+/* One RDMA op from qp[0] (rdma_op.h); returns the completion status. */
 static int rdma(enum ibv_wr_opcode op, void *local, uint32_t len, uint32_t lkey, uint64_t raddr, uint32_t rkey)
 {
-	struct ibv_sge sge = { .addr = (uintptr_t)local, .length = len, .lkey = lkey };
-	struct ibv_send_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = op,
-				  .send_flags = IBV_SEND_SIGNALED }, *bad;
-	wr.wr.rdma.remote_addr = raddr;
-	wr.wr.rdma.rkey = rkey;
-	CHECK(ibv_post_send(qp[0], &wr, &bad) == 0, "post_send");
-	return wait_wc(cq).status;
+	return rdma_op(qp[0], cq, op, local, len, lkey, raddr, rkey);
 }
 
 static unsigned long long counter(const char *name)
