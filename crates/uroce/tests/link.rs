@@ -215,15 +215,12 @@ fn a_peer_of_another_user_is_not_linked() {
     assert!(udp > 0, "the server answered by UDP:\n{sout}");
 }
 
-#[test]
-fn kill_9_of_a_linked_peer_mid_transfer_gives_retry_exceeded() {
-    if link_off() {
-        skip!("UROCE_LINK=udp turns the link off");
-    }
-    // Retry budget: 3 retries of 4.096 µs × 2^12 ≈ 17 ms each.
+/// A linked pair (`spawn_pair` number `n`) streaming 1 MiB WRITEs for 20 s,
+/// with a small retry budget (3 retries of 4.096 µs × 2^12 ≈ 17 ms each),
+/// returned once the stream runs: the server has verified the first WRITE.
+fn streaming_pair(n: u16) -> (Child, Child) {
     let env = [("UROCE_PEER_BW_MS", "20000"), ("UROCE_PEER_TIMEOUT", "12"), ("UROCE_PEER_RETRY", "3")];
-    let (mut server, client, _) = spawn_pair(3, &env, false);
-    // Wait until the stream runs (the server has verified the first WRITE).
+    let (mut server, client, _) = spawn_pair(n, &env, false);
     let mut so = server.stdout.take().unwrap();
     let mut seen = Vec::new();
     let t = Instant::now();
@@ -235,6 +232,15 @@ fn kill_9_of_a_linked_peer_mid_transfer_gives_retry_exceeded() {
         seen.extend_from_slice(&b[..n]);
     }
     std::thread::sleep(Duration::from_millis(300));
+    (server, client)
+}
+
+#[test]
+fn kill_9_of_a_linked_peer_mid_transfer_gives_retry_exceeded() {
+    if link_off() {
+        skip!("UROCE_LINK=udp turns the link off");
+    }
+    let (mut server, client) = streaming_pair(3);
     // SAFETY: kill of our own child by its pid.
     unsafe { libc::kill(server.id() as i32, libc::SIGKILL) };
     let killed = Instant::now();
@@ -260,19 +266,7 @@ fn a_stopped_peer_fills_its_ring_then_the_survivor_times_out_without_growing() {
     if link_off() {
         skip!("UROCE_LINK=udp turns the link off");
     }
-    let env = [("UROCE_PEER_BW_MS", "20000"), ("UROCE_PEER_TIMEOUT", "12"), ("UROCE_PEER_RETRY", "3")];
-    let (mut server, client, _) = spawn_pair(4, &env, false);
-    let mut so = server.stdout.take().unwrap();
-    let mut seen = Vec::new();
-    let t = Instant::now();
-    while !String::from_utf8_lossy(&seen).contains("1 MiB RDMA WRITE verified") {
-        assert!(t.elapsed() < Duration::from_secs(30), "the server never got the WRITE");
-        let mut b = [0u8; 256];
-        let n = so.read(&mut b).unwrap();
-        assert!(n > 0, "server ended early: {}", String::from_utf8_lossy(&seen));
-        seen.extend_from_slice(&b[..n]);
-    }
-    std::thread::sleep(Duration::from_millis(300));
+    let (mut server, client) = streaming_pair(4);
     // SAFETY: signals to our own child by its pid.
     unsafe { libc::kill(server.id() as i32, libc::SIGSTOP) };
     let stopped = Instant::now();
