@@ -1018,7 +1018,7 @@ impl World {
     fn quiescent(&self, fabric: &Fabric) -> bool {
         self.pairs.iter().all(|p| p.sends_done() && p.receives_done(&self.nodes))
             && fabric.is_empty()
-            && self.nodes.iter().all(|n| n.engine.poll_timeout().is_none())
+            && self.nodes.iter().all(|n| n.engine.poll_timeout().is_none() && n.next_copy(Instant::now()).is_none())
     }
 
     fn stuck(&self, why: &str) -> String {
@@ -1068,6 +1068,9 @@ struct Tally {
     mem_faults: u64,
     mem_revoked: u64,
     slow_copies: u64,
+    /// Copies that might block, run as copy jobs outside the engine
+    /// (`proto::copy`): ODP pages not yet translated, slow copies.
+    copy_jobs: u64,
     mem_failed: u64,
     /// Of those, failed with LOC_PROT_ERR, REM_ACCESS_ERR, REM_OP_ERR, and
     /// RETRY_EXC_ERR.
@@ -1100,6 +1103,7 @@ impl Tally {
         self.mem_faults += o.mem_faults;
         self.mem_revoked += o.mem_revoked;
         self.slow_copies += o.slow_copies;
+        self.copy_jobs += o.copy_jobs;
         self.mem_failed += o.mem_failed;
         self.mem_loc_prot += o.mem_loc_prot;
         self.mem_rem_access += o.mem_rem_access;
@@ -1139,6 +1143,9 @@ fn run(plan: &Plan) -> Result<Outcome, String> {
         for n in nodes.iter_mut() {
             n.engine.handle_timeout(now);
             n.transmit(now, &mut fabric);
+            if n.run_copies(now) {
+                n.transmit(now, &mut fabric);
+            }
         }
         world.poll_completions()?;
         if world.quiescent(&fabric) {
@@ -1147,7 +1154,8 @@ fn run(plan: &Plan) -> Result<Outcome, String> {
         // On to the next event: a delivery, a timer, a work request due.
         let posts = world.pairs.iter().filter_map(|p| p.next_post(now, t0));
         let timers = world.nodes.iter().filter_map(|n| n.engine.poll_timeout());
-        let next = match fabric.next_time().into_iter().chain(timers).chain(posts).min() {
+        let copies = world.nodes.iter().filter_map(|n| n.next_copy(now));
+        let next = match fabric.next_time().into_iter().chain(timers).chain(copies).chain(posts).min() {
             Some(t) if t > now => t,
             Some(_) => now,
             None => now + Duration::from_micros(100),
@@ -1161,10 +1169,11 @@ fn run(plan: &Plan) -> Result<Outcome, String> {
             n.engine.handle_datagram(now, SocketAddr::new(src, PORT), local, &data);
         }
     }
-    let tally = match plan.memory {
+    let mut tally = match plan.memory {
         None => world.check(plan)?,
         Some(_) => world.check_memory_faults()?,
     };
+    tally.copy_jobs = world.nodes.iter().map(|n| n.copies_run).sum();
     for n in &world.nodes {
         check_counters(&n.engine)?;
     }
@@ -1987,7 +1996,7 @@ fn seeded_fabric_rc_invariants() {
         assert!(t.xrc > 0 && t.xrc_late_recvs > 0 && t.xrc_odp > 0, "{t:?}");
         assert!(t.local_inv > 0 && t.rebind > 0 && t.send_with_inv > 0, "{t:?}");
         assert!(t.refused > 0 && t.cut_writes > 0 && t.failed_in_flight > 0, "{t:?}");
-        assert!(t.odp_drops > 0 && t.odp_page_faults > 0, "{t:?}");
+        assert!(t.odp_drops > 0 && t.odp_page_faults > 0 && t.copy_jobs > 0, "{t:?}");
         if odp_invalidations_observable() {
             assert!(t.odp_page_invalidations > 0, "{t:?}");
         }
@@ -2023,6 +2032,7 @@ fn memory_trouble_behind_the_boundary() {
     if seeds.len() >= 100 {
         let t = total;
         assert!(t.mem_faults > 0 && t.mem_revoked > 0 && t.slow_copies > 0 && t.mem_failed > 0, "{t:?}");
+        assert!(t.copy_jobs > 0, "{t:?}");
         assert!(t.mem_loc_prot > 0 && t.mem_rem_access > 0 && t.mem_rem_op > 0 && t.timeouts > 0, "{t:?}");
     }
 }

@@ -11,6 +11,7 @@
 //! order on the wire; QPs of other shards do not wait for it.
 
 pub mod capture;
+mod copier;
 pub mod faults;
 pub mod link;
 pub mod netdev;

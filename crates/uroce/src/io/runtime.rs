@@ -10,6 +10,7 @@
 //! every lock is released. The lock order is in docs/architecture.md
 //! ("Locks").
 
+use super::copier::{Copier, JobDone};
 use super::shard::{shard_of, AtomicInstant, Shard, SHARDS};
 use super::socket::{Datagram, RecvBatch, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 use super::{Capture, RoceSocket};
@@ -18,7 +19,7 @@ use crate::mem::Memory;
 use crate::proto::qp::QpInit;
 use crate::proto::srq::SharedRecvQueue;
 use crate::proto::{
-    check_datagram, dest_qpn, first_qpn, qpn_after, AfterSend, Engine, EngineConfig, Event, QpSummary, Received, Stats,
+    check_datagram, dest_qpn, first_qpn, qpn_after, AfterSend, CopyJob, Engine, EngineConfig, Event, QpSummary, Received, Stats,
     Transmit,
 };
 use crate::wire::IpInfo;
@@ -119,6 +120,9 @@ pub struct Runtime {
     /// LINK HOOK: the same-host shared-memory link (see `io::link`); None
     /// when off (`UROCE_LINK=udp`) or not available.
     link: Option<super::link::Links>,
+    /// Runs the engines' copy jobs outside every lock (`io::copier`).
+    copier: Arc<Copier>,
+    me: Weak<Runtime>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -142,11 +146,17 @@ impl Runtime {
             Some(p) => Some(Capture::create(p)?),
             None => None,
         };
+        let mut cfg = cfg;
+        // Copies that may block run on the copy workers (`io::copier`).
+        cfg.engine.defer_blocking_copies = true;
         let shards = (0..SHARDS).map(|_| Shard::new(Engine::new(cfg.engine.clone(), mem.clone()))).collect();
         // LINK HOOK: advertise this device for same-host peers; peers ring
         // our wake eventfd as their doorbell.
         let link = super::link::Links::start(socket.local_addr(), wake.as_raw_fd())?;
-        let rt = Arc::new(Runtime {
+        let copier = Arc::new(Copier::new(mem.clone()));
+        let rt = Arc::new_cyclic(|me| Runtime {
+            copier,
+            me: me.clone(),
             next_qpn: AtomicU32::new(first_qpn(cfg.engine.id_seed)),
             cfg: cfg.engine,
             shards,
@@ -331,6 +341,7 @@ impl Runtime {
         let mut tx = shard.tx.lock().unwrap();
         let now = Instant::now();
         let mut out = std::mem::take(&mut tx.out);
+        let mut jobs: SmallVec<[Box<CopyJob>; 1]> = SmallVec::new();
         let (r, deadline) = {
             let mut e = shard.engine.lock().unwrap();
             for buf in tx.sent.drain(..) {
@@ -342,6 +353,9 @@ impl Runtime {
             }
             while let Some(ev) = e.poll_event() {
                 events.push(ev);
+            }
+            while let Some(j) = e.poll_copy() {
+                jobs.push(j);
             }
             (r, e.poll_timeout())
         };
@@ -360,6 +374,9 @@ impl Runtime {
         tx.sent.extend(out.drain(..).map(|t| t.data));
         tx.out = out;
         drop(tx);
+        if !jobs.is_empty() {
+            self.copier.submit(jobs, self.me.clone());
+        }
         if let Some(d) = deadline {
             // Asleep past the new deadline: wake. Awake (None): it will see
             // the deadline (see `progress_once`). While an application polls,
@@ -480,6 +497,7 @@ impl Runtime {
         }
         self.dispatch(events);
         self.shutdown.store(true, Ordering::SeqCst);
+        self.copier.shutdown();
         self.wake();
         let h = self.thread.lock().unwrap().take();
         if let Some(h) = h {
@@ -769,6 +787,14 @@ impl Runtime {
 impl Drop for Runtime {
     fn drop(&mut self) {
         self.shutdown.store(true, Ordering::SeqCst);
+        self.copier.shutdown();
+    }
+}
+
+impl JobDone for Runtime {
+    /// A copy worker ran `job`: its QP takes the result and goes on.
+    fn job_done(&self, job: Box<CopyJob>) {
+        self.pump(job.qpn(), |e, now| e.copy_done(now, job));
     }
 }
 

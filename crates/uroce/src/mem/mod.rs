@@ -594,7 +594,16 @@ impl Memory {
     /// window) for QP `qpn` of protection domain `pd`, then copies it:
     /// [`Memory::resolve_remote`] and [`Span::write`] in one call, without
     /// a span for a plain host region (see [`Memory::with_host_range`]).
-    pub fn write_remote(&self, key: u32, pd: u32, qpn: u32, iova: u64, data: &[u8]) -> std::result::Result<(), AccessError> {
+    /// A copy that may block ([`Span::may_block`]) is not made: the checked
+    /// span comes back instead.
+    pub fn write_remote(
+        &self,
+        key: u32,
+        pd: u32,
+        qpn: u32,
+        iova: u64,
+        data: &[u8],
+    ) -> std::result::Result<Option<Span>, AccessError> {
         let fast = self.with_host_range(key, pd, iova, data.len() as u64, Want::RemoteWrite, |host| {
             // SAFETY: `host..host + data.len()` lies inside a registered,
             // pinned region (checked above), which stays registered while
@@ -606,16 +615,29 @@ impl Memory {
             }
         });
         match fast {
-            Some(r) => r,
-            None => self.resolve_remote(key, pd, qpn, iova, data.len() as u64, Want::RemoteWrite)?.write(0, data),
+            Some(r) => r.map(|()| None),
+            None => {
+                let span = self.resolve_remote(key, pd, qpn, iova, data.len() as u64, Want::RemoteWrite)?;
+                if span.may_block() {
+                    return Ok(Some(span));
+                }
+                span.write(0, data).map(|()| None)
+            }
         }
     }
 
     /// Checks a local read of `out.len()` bytes at `iova` through `key` for
     /// protection domain `pd`, then copies them into `out`:
     /// [`Memory::resolve`] and [`Span::read`] in one call, without a span
-    /// for a plain host region (see [`Memory::with_host_range`]).
-    pub fn read_local(&self, key: u32, pd: u32, iova: u64, out: &mut [u8]) -> std::result::Result<(), AccessError> {
+    /// for a plain host region (see [`Memory::with_host_range`]). A copy
+    /// that may block is not made: the checked span comes back instead.
+    pub fn read_local(
+        &self,
+        key: u32,
+        pd: u32,
+        iova: u64,
+        out: &mut [u8],
+    ) -> std::result::Result<Option<Span>, AccessError> {
         let len = out.len();
         let fast = self.with_host_range(key, pd, iova, len as u64, Want::LocalRead, |host| {
             // SAFETY: as in `write_remote`; the destination is an exclusive
@@ -626,8 +648,14 @@ impl Memory {
             }
         });
         match fast {
-            Some(r) => r,
-            None => self.resolve(key, pd, iova, len as u64, Want::LocalRead)?.read(0, out),
+            Some(r) => r.map(|()| None),
+            None => {
+                let span = self.resolve(key, pd, iova, len as u64, Want::LocalRead)?;
+                if span.may_block() {
+                    return Ok(Some(span));
+                }
+                span.read(0, out).map(|()| None)
+            }
         }
     }
 

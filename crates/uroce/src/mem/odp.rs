@@ -163,6 +163,15 @@ impl OdpRegion {
         self.mapped.lock().unwrap().total()
     }
 
+    /// Whether the device translates every page of `addr..addr+len` (faulted
+    /// in and not invalidated since): a copy there will not wait for the
+    /// kernel to fault pages in.
+    pub(crate) fn translated(&self, addr: u64, len: u64) -> bool {
+        let (first, end) = pages(addr, len);
+        notifier::drain();
+        self.mapped.lock().unwrap().contains(first, end)
+    }
+
     fn add(&self, c: impl Fn(&OdpCounters) -> &AtomicU64, n: u64) {
         c(&self.counters).fetch_add(n, Ordering::Relaxed);
         c(&self.device).fetch_add(n, Ordering::Relaxed);

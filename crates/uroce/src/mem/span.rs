@@ -100,6 +100,25 @@ impl Piece {
         self.runs(off, out.len(), |place, at, n| self.read_at(place, &mut out[at..at + n]))
     }
 
+    /// Whether a copy through this piece may block: a peer client's copy;
+    /// an on-demand-paging page the device has not translated (the kernel
+    /// may have to fault it in, from a file or swap). Pinned memory and
+    /// translated ODP pages are copied at once.
+    fn may_block(&self) -> bool {
+        match self.place {
+            Place::Host(_) => false,
+            Place::Peer(_) => true,
+            Place::Odp(_) if self.len == 0 => false,
+            Place::Odp(addr) => {
+                let extent = match self.cells {
+                    Some((cell, stride)) => (self.len / cell - 1) * stride + cell,
+                    None => self.len,
+                };
+                !self.odp().translated(addr as u64, extent as u64)
+            }
+        }
+    }
+
     /// Copies `data` to `place`, a run that `runs` computed inside the piece.
     fn write_at(&self, place: Place, data: &[u8]) -> Result<(), AccessError> {
         match place {
@@ -292,6 +311,14 @@ impl Span {
 
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Whether a copy through this span may block: some of its bytes are
+    /// on-demand-paging memory the device has not translated (the kernel
+    /// may have to fault pages in, from a file or swap) or peer memory (the
+    /// client's copy).
+    pub fn may_block(&self) -> bool {
+        self.pieces.iter().any(Piece::may_block)
     }
 
     pub fn is_empty(&self) -> bool {

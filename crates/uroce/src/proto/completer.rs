@@ -3,7 +3,8 @@
 //! retries (go-back-N on PSN-sequence NAKs, missing responses and timeouts;
 //! RNR waits) and fatal errors (remote NAKs, exhausted retry counters).
 
-use super::memory::{for_each_sge_piece, Want};
+use super::copy::{CopyError, Fingerprint, Site};
+use super::memory::{sge_spans, Want};
 use super::qp::Qp;
 use super::requester::ack_timeout;
 use super::wr::WrOpcode;
@@ -149,14 +150,19 @@ impl Qp {
             self.complete_head_error(ctx, WcStatus::BadRespErr);
             return;
         }
-        let data = pkt.payload;
         let mem = ctx.mem;
-        let r = for_each_sge_piece(mem, self.pd, &head.wr.sg_list, off, expect, Want::LocalWrite, |s, at, n| {
-            mem.write(s, 0, &data[at as usize..at as usize + n])
-        });
-        if r.is_err() {
-            self.complete_head_error(ctx, WcStatus::LocProtErr);
-            return;
+        let fp = Fingerprint { site: Site::ReadScatter, psn: p, len: expect, addr: off };
+        let r = sge_spans(mem, self.pd, &head.wr.sg_list, off, expect, Want::LocalWrite)
+            .map_err(CopyError::from)
+            .and_then(|spans| ctx.copy.write(mem, fp, spans, pkt.payload));
+        match r {
+            Ok(()) => {}
+            // A copy job writes it: the response is handled again then.
+            Err(CopyError::Deferred) => return,
+            Err(CopyError::Access(_)) => {
+                self.complete_head_error(ctx, WcStatus::LocProtErr);
+                return;
+            }
         }
         self.req.comp_psn = psn::add(p, 1);
         if p == head.last_psn {
@@ -195,12 +201,17 @@ impl Qp {
         }
         let bytes = orig.to_ne_bytes();
         let mem = ctx.mem;
-        let r = for_each_sge_piece(mem, self.pd, &head.wr.sg_list, 0, 8, Want::LocalWrite, |s, at, n| {
-            mem.write(s, 0, &bytes[at as usize..at as usize + n])
-        });
-        if r.is_err() {
-            self.complete_head_error(ctx, WcStatus::LocProtErr);
-            return;
+        let fp = Fingerprint { site: Site::AtomicResult, psn: p, len: 8, addr: 0 };
+        let r = sge_spans(mem, self.pd, &head.wr.sg_list, 0, 8, Want::LocalWrite)
+            .map_err(CopyError::from)
+            .and_then(|spans| ctx.copy.write(mem, fp, spans, &bytes));
+        match r {
+            Ok(()) => {}
+            Err(CopyError::Deferred) => return,
+            Err(CopyError::Access(_)) => {
+                self.complete_head_error(ctx, WcStatus::LocProtErr);
+                return;
+            }
         }
         let w = self.pop_head().unwrap();
         self.req.comp_psn = psn::add(p, 1);

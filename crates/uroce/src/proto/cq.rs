@@ -282,6 +282,9 @@ mod tests {
         fn read(&self, span: &Span, offset: usize, out: &mut [u8]) -> std::result::Result<(), AccessError> {
             MemoryAccess::read(&*self.inner, span, offset, out)
         }
+        fn may_block(&self, _: &Span) -> bool {
+            true
+        }
         fn atomic(&self, span: &Span, op: Atomic) -> std::result::Result<u64, AccessError> {
             MemoryAccess::atomic(&*self.inner, span, op)
         }

@@ -21,6 +21,7 @@
 use super::qp::{Qp, QpInit};
 use super::srq::SharedRecvQueue;
 use super::wr::{QpAttr, RecvWr, SendWr};
+use super::copy::{CopyJob, Parked, MAX_PARKED};
 use super::MemoryAccess;
 use super::{AfterSend, Ctx, Event, Stats, Transmit};
 use crate::ib::{Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result};
@@ -58,6 +59,12 @@ pub struct EngineConfig {
     /// [`Transmit`]s that sends its pieces; off by default, on in the
     /// device runtime.
     pub send_in_place: bool,
+    /// Copies that may block (on-demand paging, peer memory) become copy
+    /// jobs that the engine's user runs outside its locks
+    /// ([`Engine::poll_copy`], [`Engine::copy_done`]; `proto::copy`). Off
+    /// by default (such copies run inside the engine's calls); on in the
+    /// device runtime.
+    pub defer_blocking_copies: bool,
     /// Chooses where QPN allocation starts, so that a peer cannot predict
     /// QPNs (the engine has no random source of its own: the device seeds
     /// it from the OS, a simulation from its seed).
@@ -73,6 +80,7 @@ impl EngineConfig {
             gids: vec![Gid::from_ip(addr)],
             ipv4_any_id: false,
             send_in_place: false,
+            defer_blocking_copies: false,
             id_seed: 0,
         }
     }
@@ -151,6 +159,8 @@ pub struct Engine {
     /// The IPv4 ID the next packet likely carries (one more than the last
     /// one's: a GSO send's segments arrive in order), tried first.
     next_ipv4_id: u16,
+    /// Copy jobs for the runtime to run ([`Engine::poll_copy`]).
+    copies: VecDeque<Box<CopyJob>>,
 }
 
 /// How a received datagram's ICRC checked out.
@@ -267,6 +277,7 @@ impl Engine {
             gsi_psn: 0,
             app_active: false,
             next_ipv4_id: 1,
+            copies: VecDeque::new(),
         }
     }
 
@@ -316,18 +327,40 @@ impl Engine {
     /// Runs `f` on a QP with a context over the engine's other parts.
     fn with_qp<R>(&mut self, now: Instant, qpn: u32, f: impl FnOnce(&mut Qp, &mut Ctx) -> R) -> Option<R> {
         let qp = self.qps.get_mut(&qpn)?;
+        let mut slot = std::mem::take(&mut qp.copies.slot);
+        slot.defer = self.cfg.defer_blocking_copies;
+        slot.waiting = qp.copies.waiting.is_some();
+        slot.qpn = qpn;
+        let stats = self.qp_stats.entry(qpn).or_default();
         let mut ctx = Ctx {
             now,
             mem: &*self.mem,
             cfg: &self.cfg,
             events: &mut self.events,
-            stats: self.qp_stats.entry(qpn).or_default(),
+            stats,
             ready: &mut self.ready,
             spare: &mut self.spare,
             xrc_srqs: &self.xrc_srqs,
             app_active: self.app_active,
+            copy: &mut slot,
         };
         let r = f(qp, &mut ctx);
+        if let Some(job) = slot.job.take() {
+            if let Some(s) = self.qp_stats.get_mut(&qpn) {
+                s.copies_deferred += 1;
+            }
+            qp.copies.waiting = Some(job.id);
+            self.copies.push_back(job);
+        }
+        qp.copies.slot = slot;
+        if qp.attr.qp_state == QpState::Reset {
+            // What waited goes with the QP's state; a job still out finds
+            // no QP waiting for it.
+            qp.copies.waiting = None;
+            qp.copies.parked.clear();
+            qp.copies.recv = None;
+            qp.copies.slot.done.clear();
+        }
         let next = qp.next_timeout();
         if next != qp.timer_key.map(|k| k.0) {
             match (qp.timer_key.is_some(), next.is_some()) {
@@ -639,16 +672,111 @@ impl Engine {
             self.log_drop(now, src, "source address does not match the QP's address vector");
             return;
         }
-        let qp_type = qp.qp_type;
-        self.with_qp(now, bth.dest_qp, |qp, ctx| {
-            ctx.stats.rx_packets += 1;
-            ctx.stats.rx_bytes += data.len() as u64;
-            match qp_type {
-                QpType::Ud => qp.on_ud(ctx, pkt, &ip, data.len()),
+        let qpn = bth.dest_qp;
+        if qp.copies.waiting.is_some() {
+            // Behind the QP's copy job, in order.
+            self.park(qpn, r, false);
+            return;
+        }
+        self.dispatch(now, qpn, pkt, &ip, data.len(), true);
+        if self.qps.get(&qpn).is_some_and(|q| q.copies.waiting.is_some()) {
+            // It asked for a copy job: it runs again, first, when the job
+            // is done.
+            self.park(qpn, r, true);
+        }
+    }
+
+    /// Hands a checked packet to its QP's state machine.
+    fn dispatch(&mut self, now: Instant, qpn: u32, pkt: &Packet, ip: &IpInfo, udp_len: usize, count: bool) {
+        let flags = pkt.headers.bth.opcode.info().map_or(OpFlags::empty(), |i| i.flags);
+        let is_response = flags.contains(OpFlags::RESPONSE);
+        self.with_qp(now, qpn, |qp, ctx| {
+            if count {
+                ctx.stats.rx_packets += 1;
+                ctx.stats.rx_bytes += udp_len as u64;
+            }
+            match qp.qp_type {
+                QpType::Ud => qp.on_ud(ctx, pkt, ip, udp_len),
                 _ if is_response => qp.on_response(ctx, pkt),
                 _ => qp.on_request(ctx, pkt),
             }
         });
+    }
+
+    /// Keeps a copy of a received packet behind its QP's copy job (`first`:
+    /// the packet that asked for it, ahead of those that came since).
+    fn park(&mut self, qpn: u32, r: &Received, first: bool) {
+        let Some(qp) = self.qps.get_mut(&qpn) else { return };
+        let stats = self.qp_stats.entry(qpn).or_default();
+        if !first {
+            stats.rx_packets += 1;
+            stats.rx_bytes += r.data.len() as u64;
+        }
+        if qp.copies.parked.len() >= MAX_PARKED {
+            stats.rx_drop_busy += 1;
+            return;
+        }
+        let p = Parked { ip: r.ip, data: r.data.to_vec() };
+        if first {
+            qp.copies.parked.push_front(p);
+        } else {
+            qp.copies.parked.push_back(p);
+        }
+    }
+
+    /// The next copy job to run ([`CopyJob::run`], with no lock held that
+    /// this engine's users need), then to give back to
+    /// [`Engine::copy_done`]. Only an engine that defers blocking copies
+    /// ([`EngineConfig::defer_blocking_copies`]) makes them.
+    pub fn poll_copy(&mut self) -> Option<Box<CopyJob>> {
+        self.copies.pop_front()
+    }
+
+    /// Whether copy jobs wait to be taken.
+    pub fn has_copies(&self) -> bool {
+        !self.copies.is_empty()
+    }
+
+    /// A copy job ran: its QP takes the result and runs again what waited
+    /// for it: the packets parked behind it, in order, until one asks for
+    /// another job; or first, when one waited, its next packet build (the
+    /// parked packets run after that poll: see [`Engine::poll_transmit`]).
+    /// A job whose QP is gone, or was reset since, is dropped.
+    pub fn copy_done(&mut self, now: Instant, job: Box<CopyJob>) {
+        let qpn = job.qpn;
+        let Some(qp) = self.qps.get_mut(&qpn) else { return };
+        if qp.copies.waiting != Some(job.id) {
+            return;
+        }
+        qp.copies.waiting = None;
+        qp.copies.slot.put(job.into_done());
+        if !std::mem::take(&mut qp.copies.slot.build_waits) {
+            self.resume(now, qpn);
+        }
+        // A packet build waiting for a read goes on; the QP's outputs too.
+        if self.qps.get(&qpn).is_some_and(|q| q.copies.waiting.is_none()) {
+            self.ready.push(qpn);
+            self.schedule();
+        }
+    }
+
+    /// Runs a QP's parked packets again, in order, until one asks for a
+    /// copy job.
+    fn resume(&mut self, now: Instant, qpn: u32) {
+        loop {
+            let Some(qp) = self.qps.get_mut(&qpn) else { return };
+            if qp.copies.waiting.is_some() {
+                return;
+            }
+            let Some(p) = qp.copies.parked.pop_front() else { return };
+            let Ok(pkt) = Packet::parse(&p.data) else { continue };
+            // (Counted when it arrived.)
+            self.dispatch(now, qpn, &pkt, &p.ip, p.data.len(), false);
+            if let Some(qp) = self.qps.get_mut(&qpn).filter(|q| q.copies.waiting.is_some()) {
+                // It asked for a job in turn: first again.
+                qp.copies.parked.push_front(p);
+            }
+        }
     }
 
     /// A CM MAD to a device whose process runs no CM (no QP 1): answered
@@ -694,6 +822,11 @@ impl Engine {
             let Some(qp) = self.qps.get_mut(&qpn) else { continue };
             qp.queued = false;
             let t = self.with_qp(now, qpn, |qp, ctx| qp.poll_packet(ctx));
+            if self.qps.get(&qpn).is_some_and(|q| q.copies.waiting.is_none() && !q.copies.parked.is_empty()) {
+                // Its packet build went first (`copy_done`): now what was
+                // parked.
+                self.resume(now, qpn);
+            }
             if let Some(Some((t, ack_next))) = t {
                 if let Some(qp) = self.qps.get_mut(&qpn) {
                     if ack_next {

@@ -52,20 +52,35 @@ pub trait MemoryAccess: Send + Sync + Debug {
     /// Copies from `offset` within `span` into `out`.
     fn read(&self, span: &Span, offset: usize, out: &mut [u8]) -> Result<(), AccessError>;
 
+    /// Whether a copy through `span` may block: wait for the kernel to
+    /// fault pages in (on-demand paging) or for a peer-memory client. An
+    /// engine that defers such copies runs them outside its locks
+    /// (`proto::copy`).
+    fn may_block(&self, span: &Span) -> bool;
+
     /// Checks a remote write of `data` at `iova` (as `resolve_remote` with
-    /// [`Want::RemoteWrite`]) and copies it there (as `write`): one packet's
-    /// WRITE in one call, which an implementation may answer without
-    /// building a span.
-    fn write_remote(&self, key: u32, pd: u32, qpn: u32, iova: u64, data: &[u8]) -> Result<(), AccessError> {
+    /// [`Want::RemoteWrite`]) and copies it there (as `write`) unless the
+    /// copy may block: then the checked span comes back, not written. One
+    /// packet's WRITE in one call, which an implementation may answer
+    /// without building a span.
+    fn write_remote(&self, key: u32, pd: u32, qpn: u32, iova: u64, data: &[u8]) -> Result<Option<Span>, AccessError> {
         let span = self.resolve_remote(key, pd, qpn, iova, data.len() as u64, Want::RemoteWrite)?;
-        self.write(&span, 0, data)
+        if self.may_block(&span) {
+            return Ok(Some(span));
+        }
+        self.write(&span, 0, data).map(|()| None)
     }
 
     /// Checks a local read of `out.len()` bytes at `iova` (as `resolve`
-    /// with [`Want::LocalRead`]) and copies them into `out` (as `read`).
-    fn read_local(&self, key: u32, pd: u32, iova: u64, out: &mut [u8]) -> Result<(), AccessError> {
+    /// with [`Want::LocalRead`]) and copies them into `out` (as `read`)
+    /// unless the copy may block: then the checked span comes back, not
+    /// read.
+    fn read_local(&self, key: u32, pd: u32, iova: u64, out: &mut [u8]) -> Result<Option<Span>, AccessError> {
         let span = self.resolve(key, pd, iova, out.len() as u64, Want::LocalRead)?;
-        self.read(&span, 0, out)
+        if self.may_block(&span) {
+            return Ok(Some(span));
+        }
+        self.read(&span, 0, out).map(|()| None)
     }
 
     /// Runs an atomic on the 8 bytes at the span's start.
@@ -198,12 +213,17 @@ impl MemoryAccess for Memory {
     }
 
     #[inline]
-    fn write_remote(&self, key: u32, pd: u32, qpn: u32, iova: u64, data: &[u8]) -> Result<(), AccessError> {
+    fn may_block(&self, span: &Span) -> bool {
+        span.may_block()
+    }
+
+    #[inline]
+    fn write_remote(&self, key: u32, pd: u32, qpn: u32, iova: u64, data: &[u8]) -> Result<Option<Span>, AccessError> {
         Memory::write_remote(self, key, pd, qpn, iova, data)
     }
 
     #[inline]
-    fn read_local(&self, key: u32, pd: u32, iova: u64, out: &mut [u8]) -> Result<(), AccessError> {
+    fn read_local(&self, key: u32, pd: u32, iova: u64, out: &mut [u8]) -> Result<Option<Span>, AccessError> {
         Memory::read_local(self, key, pd, iova, out)
     }
 
@@ -248,9 +268,29 @@ pub fn for_each_sge_piece(
     want: Want,
     mut f: impl FnMut(&Span, u64, usize) -> Result<(), AccessError>,
 ) -> Result<(), AccessError> {
+    let mut at = 0u64;
+    for span in sge_spans(mem, pd, sges, msg_offset, len, want)? {
+        let n = span.len();
+        f(&span, at, n)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// The spans of `len` bytes of a message from byte `msg_offset` over a
+/// list of local SGEs, each checked for `want` (see
+/// [`for_each_sge_piece`]), to be copied in order.
+pub fn sge_spans(
+    mem: &dyn MemoryAccess,
+    pd: u32,
+    sges: &[Sge],
+    msg_offset: u64,
+    len: u64,
+    want: Want,
+) -> Result<smallvec::SmallVec<[Span; 2]>, AccessError> {
+    let mut spans = smallvec::SmallVec::new();
     let mut skip = msg_offset;
     let mut left = len;
-    let mut done = 0u64;
     for sge in sges {
         if left == 0 {
             break;
@@ -261,16 +301,14 @@ pub fn for_each_sge_piece(
             continue;
         }
         let take = (sl - skip).min(left);
-        let span = mem.resolve(sge.lkey, pd, sge.addr + skip, take, want)?;
-        f(&span, done, take as usize)?;
-        done += take;
+        spans.push(mem.resolve(sge.lkey, pd, sge.addr + skip, take, want)?);
         left -= take;
         skip = 0;
     }
     if left != 0 {
         return Err(AccessError::Range);
     }
-    Ok(())
+    Ok(spans)
 }
 
 #[cfg(test)]
@@ -311,25 +349,25 @@ mod tests {
         for (key, pd, iova, len, err) in cases {
             buf.iter_mut().for_each(|b| *b = 0);
             let spans = m.resolve_remote(key, pd, 7, iova, len, Want::RemoteWrite).and_then(|s| m.write(&s, 0, &data));
-            let one = m.write_remote(key, pd, 7, iova, &data);
+            let one = m.write_remote(key, pd, 7, iova, &data).map(|s| assert!(s.is_none(), "host memory does not block"));
             assert_eq!(one, spans, "WRITE key {key:#x} pd {pd} iova {iova:#x}");
             assert_eq!(one.err(), err);
             let written = buf.iter().filter(|&&b| b == 0xA5).count();
             assert_eq!(written, if err.is_none() { 16 } else { 0 }, "iova {iova:#x}");
             let mut out = [0u8; 16];
             let spans = m.resolve(key, pd, iova, len, Want::LocalRead).and_then(|s| m.read(&s, 0, &mut out));
-            let one = m.read_local(key, pd, iova, &mut out);
+            let one = m.read_local(key, pd, iova, &mut out).map(|s| assert!(s.is_none(), "host memory does not block"));
             assert_eq!(one, spans, "READ key {key:#x} pd {pd} iova {iova:#x}");
             if err.is_none() {
                 assert_eq!(out, data);
             }
         }
         // An empty access needs no valid key (as `resolve`).
-        assert_eq!(m.write_remote(0, 1, 7, 0, &[]), Ok(()));
-        assert_eq!(m.read_local(0, 1, 0, &mut []), Ok(()));
+        assert!(matches!(m.write_remote(0, 1, 7, 0, &[]), Ok(None)));
+        assert!(matches!(m.read_local(0, 1, 0, &mut []), Ok(None)));
         // A deregistered key copies nothing.
         mem.deregister(k).unwrap();
-        assert_eq!(m.write_remote(k, 1, 7, 0x1000, &data), Err(AccessError::BadKey));
+        assert!(matches!(m.write_remote(k, 1, 7, 0x1000, &data), Err(AccessError::BadKey)));
     }
 
     #[test]

@@ -23,6 +23,7 @@
 
 mod ack;
 pub mod completer;
+pub mod copy;
 pub mod cq;
 mod engine;
 pub mod memory;
@@ -38,11 +39,14 @@ pub use ack::{ack_hold_limit, ACK_HOLD_CAP, ACK_HOLD_FRACTION};
 pub use engine::{
     check_datagram, dest_qpn, first_qpn, qpn_after, Engine, EngineConfig, IcrcCheck, QpSummary, Received, XrcSrqs,
 };
+pub use copy::CopyJob;
 pub use memory::{MemoryAccess, PayloadHold};
 pub use stats::Stats;
 
 use crate::ib::AsyncEventType;
 use crate::mem::{AccessError, Span};
+use copy::{CopyError, CopySlot, Fingerprint};
+use smallvec::SmallVec;
 use crate::wire::{self, Headers, IpInfo};
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
@@ -228,6 +232,8 @@ pub(crate) struct Ctx<'a> {
     /// An application thread may answer what arrives (see
     /// [`Engine::set_app_active`]): ACKs may be held for it.
     pub app_active: bool,
+    /// The QP's copies that may block ([`copy`]).
+    pub copy: &'a mut CopySlot,
 }
 
 impl Ctx<'_> {
@@ -238,20 +244,23 @@ impl Ctx<'_> {
 
     /// Builds one packet to `dst`: headers, then `payload_len` bytes written
     /// by `fill`, then pad and ICRC.
-    pub fn build(
+    pub fn build<E>(
         &mut self,
         dst: IpAddr,
         headers: &Headers,
         payload_len: usize,
-        fill: impl FnOnce(&mut [u8]) -> Result<(), AccessError>,
-    ) -> Result<Transmit, AccessError> {
+        fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    ) -> Result<Transmit, E> {
         let hdr_len = headers.header_len();
         let mut data = self.spare.pop().unwrap_or_default();
         data.clear();
         data.resize(wire::packet_len(hdr_len, payload_len), 0);
         let n = headers.emit(&mut data).expect("opcode table and headers agree");
         debug_assert_eq!(n, hdr_len);
-        fill(&mut data[hdr_len..hdr_len + payload_len])?;
+        if let Err(e) = fill(&mut data[hdr_len..hdr_len + payload_len]) {
+            self.spare.push(data);
+            return Err(e);
+        }
         let ip = IpInfo { src: self.cfg.addr, dst, sport: self.cfg.port, dport: self.cfg.port, ipv4_id: 0 };
         let len = wire::finish_packet(&mut data, hdr_len, payload_len, &ip).expect("buffer sized by packet_len");
         data.truncate(len);
@@ -262,26 +271,90 @@ impl Ctx<'_> {
 
     /// Whether a payload of `len` bytes would be sent in place (see
     /// [`Ctx::build_from`]); a copied one may be read straight from its key
-    /// ([`MemoryAccess::read_local`]).
+    /// ([`Ctx::build_read_local`]).
     pub fn sends_in_place(&self, len: u64) -> bool {
         self.cfg.send_in_place && len >= IN_PLACE_MIN as u64
     }
 
     /// Builds one packet to `dst` whose payload is all of `span`: sent in
     /// place when the engine may and the span is one run of pinned host
-    /// memory of at least [`IN_PLACE_MIN`] bytes, else copied (through
-    /// [`MemoryAccess::read`]).
-    pub fn build_from(&mut self, dst: IpAddr, headers: &Headers, span: Span) -> Result<Transmit, AccessError> {
+    /// memory of at least [`IN_PLACE_MIN`] bytes, else copied (now, or by a
+    /// job when the copy may block: `fp` names the request).
+    pub fn build_from(
+        &mut self,
+        dst: IpAddr,
+        headers: &Headers,
+        span: Span,
+        fp: Fingerprint,
+    ) -> Result<Transmit, CopyError> {
         let span = if self.cfg.send_in_place && span.len() >= IN_PLACE_MIN {
             match self.mem.pin_for_send(span) {
-                Ok(bytes) => return self.build_in_place(dst, headers, bytes),
+                Ok(bytes) => return Ok(self.build_in_place(dst, headers, bytes)?),
                 Err(span) => span,
             }
         } else {
             span
         };
+        let mut spans = SmallVec::new();
+        spans.push(span);
+        self.build_copied(dst, headers, spans, fp)
+    }
+
+    /// Builds one packet to `dst` whose payload is `spans`' bytes in order,
+    /// copied now or by a job (see [`copy`]).
+    pub fn build_copied(
+        &mut self,
+        dst: IpAddr,
+        headers: &Headers,
+        spans: SmallVec<[Span; 2]>,
+        fp: Fingerprint,
+    ) -> Result<Transmit, CopyError> {
+        let len = spans.iter().map(Span::len).sum();
         let mem = self.mem;
-        self.build(dst, headers, span.len(), |buf| mem.read(&span, 0, buf))
+        let mut slot = std::mem::take(&mut *self.copy);
+        let r = self.build(dst, headers, len, |buf| slot.read(mem, fp, spans, buf));
+        *self.copy = slot;
+        r
+    }
+
+    /// Builds one packet to `dst` whose payload is `len` bytes read through
+    /// local key `key` at `iova` (checked and read in one call where the
+    /// memory allows, else as [`Ctx::build_copied`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn build_read_local(
+        &mut self,
+        dst: IpAddr,
+        headers: &Headers,
+        key: u32,
+        pd: u32,
+        iova: u64,
+        len: usize,
+        fp: Fingerprint,
+    ) -> Result<Transmit, CopyError> {
+        let mem = self.mem;
+        if self.copy.holds(fp) {
+            // A copy job read it: the checked span takes the bytes.
+            let span = mem.resolve(key, pd, iova, len as u64, crate::mem::Want::LocalRead)?;
+            let mut spans = SmallVec::new();
+            spans.push(span);
+            return self.build_copied(dst, headers, spans, fp);
+        }
+        let mut blocking = None;
+        let r = self.build(dst, headers, len, |buf| match mem.read_local(key, pd, iova, buf)? {
+            None => Ok(()),
+            Some(span) => {
+                blocking = Some(span);
+                Err(CopyError::Deferred)
+            }
+        });
+        match blocking {
+            Some(span) => {
+                let mut spans = SmallVec::new();
+                spans.push(span);
+                self.build_copied(dst, headers, spans, fp)
+            }
+            None => r,
+        }
     }
 
     /// The packet with its payload left in place; a fault when the payload

@@ -106,6 +106,9 @@ pub struct Qp {
     /// kernel (see [`super::AfterSend`]); made by the first packet an
     /// unreliable QP sends in place (boxed: other QPs pay one word).
     pub(crate) after_send: Option<Box<super::requester::AfterSendState>>,
+    /// Copies that may block: the job this QP waits for and what waits
+    /// with it (see `proto::copy`).
+    pub(crate) copies: super::copy::QpCopies,
 }
 
 impl std::fmt::Debug for Qp {
@@ -166,6 +169,7 @@ impl Qp {
             timer_key: None,
             sqd_notify_pending: false,
             after_send: None,
+            copies: Default::default(),
         })
     }
 
@@ -192,6 +196,7 @@ impl Qp {
             timer_key: None,
             sqd_notify_pending: false,
             after_send: None,
+            copies: Default::default(),
         }
     }
 
@@ -400,7 +405,7 @@ impl Qp {
         }
         // The receive a half-received SEND holds was posted before those
         // still queued: it completes first.
-        if let Some(cur) = self.resp.take_current_recv() {
+        for cur in [self.resp.take_current_recv(), self.copies.recv.take()].into_iter().flatten() {
             let wc = Wc::new(cur.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
             self.deliver_recv(ctx, wc, false);
         }
@@ -602,6 +607,10 @@ impl Qp {
 
     /// Takes the next receive WQE from the SRQ or the RQ.
     pub(crate) fn take_recv(&mut self, ctx: &mut Ctx) -> Option<RecvWqe> {
+        // The one a packet took before it waited for a copy job is its.
+        if let Some(w) = self.copies.recv.take() {
+            return Some(w);
+        }
         match self.shared_rq() {
             Some(srq) => {
                 let (w, fire) = srq.take();

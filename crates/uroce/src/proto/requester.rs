@@ -5,7 +5,8 @@
 //! ([`AfterSendState`]). An XRC_SEND QP is an RC requester whose requests
 //! name the target's SRQ (XRCETH).
 
-use super::memory::{for_each_sge_piece, Want};
+use super::copy::{CopyError, Fingerprint, Site};
+use super::memory::{for_each_sge_piece, sge_spans, Want};
 use super::qp::Qp;
 use super::wr::{QpAttr, WrOpcode};
 use super::{psn, Ctx, Transmit};
@@ -188,14 +189,11 @@ impl Qp {
 
         // rxe sets AckReq on the last packet of every message, UC and UD
         // included (their receivers ignore it; CM MADs to QP 1 carry it).
-        let mut ack_req = last;
-        if self.qp_type.is_reliable() {
-            self.req.noack += 1;
-            if last || self.req.noack > MAX_PKT_PER_ACK {
-                ack_req = true;
-                self.req.noack = 0;
-            }
-        }
+        // (The count is kept once the packet is built: a build that waits
+        // for a copy job runs again.)
+        let reliable = self.qp_type.is_reliable();
+        let noack = self.req.noack + 1;
+        let ack_req = last || (reliable && noack > MAX_PKT_PER_ACK);
         let solicited = last
             && wqe.wr.flags.contains(SendFlags::SOLICITED)
             && matches!(op, WrOpcode::Send | WrOpcode::SendImm | WrOpcode::SendInv | WrOpcode::RdmaWriteImm);
@@ -248,33 +246,38 @@ impl Qp {
         let pd = self.pd;
         let mem = ctx.mem;
         let wr = &wqe.wr;
+        let fp = Fingerprint { site: Site::SendPayload, psn: this_psn, len: chunk, addr: off };
         let built = match (&wr.inline, wr.sg_list.as_slice()) {
             // One SGE copied into the packet: checked and read in one call.
             (None, [sge]) if chunk > 0 && !ctx.sends_in_place(chunk) => {
-                ctx.build(dst_ip, &h, chunk as usize, |buf| mem.read_local(sge.lkey, pd, sge.addr + off, buf))
+                ctx.build_read_local(dst_ip, &h, sge.lkey, pd, sge.addr + off, chunk as usize, fp)
             }
             // One SGE: its span, sent in place where it can be.
             (None, [sge]) if chunk > 0 => mem
                 .resolve(sge.lkey, pd, sge.addr + off, chunk, Want::LocalRead)
-                .and_then(|span| ctx.build_from(dst_ip, &h, span)),
-            _ => ctx.build(dst_ip, &h, chunk as usize, |buf| match &wr.inline {
-                Some(d) => {
-                    buf.copy_from_slice(&d[off as usize..(off + chunk) as usize]);
-                    Ok(())
-                }
-                None => for_each_sge_piece(mem, pd, &wr.sg_list, off, chunk, Want::LocalRead, |span, at, n| {
-                    mem.read(span, 0, &mut buf[at as usize..at as usize + n])
-                }),
+                .map_err(CopyError::from)
+                .and_then(|span| ctx.build_from(dst_ip, &h, span, fp)),
+            (Some(d), _) => ctx.build(dst_ip, &h, chunk as usize, |buf| {
+                buf.copy_from_slice(&d[off as usize..(off + chunk) as usize]);
+                Ok(())
             }),
+            (None, sges) => sge_spans(mem, pd, sges, off, chunk, Want::LocalRead)
+                .map_err(CopyError::from)
+                .and_then(|spans| ctx.build_copied(dst_ip, &h, spans, fp)),
         };
         let t = match built {
             Ok(t) => t,
-            Err(_) => {
+            // The payload is being read by a copy job: this runs again.
+            Err(CopyError::Deferred) => return None,
+            Err(CopyError::Access(_)) => {
                 // The region went away between the check and now.
                 self.local_error(ctx, WcStatus::LocProtErr);
                 return None;
             }
         };
+        if reliable {
+            self.req.noack = if ack_req { 0 } else { noack };
+        }
         // Advance.
         if op.is_read_or_atomic() {
             self.req.psn = psn::add(self.sq[cursor].last_psn, 1);

@@ -11,7 +11,8 @@
 
 use super::ack::{ack_hold_limit, DelayedAck};
 use super::cq::{InlineRecv, MAX_INLINE_RECV};
-use super::memory::{for_each_sge_piece, Atomic, Want};
+use super::copy::{CopyError, Fingerprint, Site};
+use super::memory::{sge_spans, Atomic, Want};
 use super::qp::Qp;
 use super::srq::{RecvWqe, SharedRecvQueue};
 use super::{psn, Ctx, Transmit};
@@ -164,6 +165,9 @@ enum Refuse {
     Rnr,
     /// Silently dropped (UC errors).
     Drop,
+    /// Waits for a copy job (`proto::copy`): nothing happened, the packet
+    /// runs again when the job is done.
+    Defer,
 }
 
 impl Qp {
@@ -240,6 +244,7 @@ impl Qp {
                 });
             }
             Err(Refuse::Drop) => {}
+            Err(Refuse::Defer) => return,
         }
         if self.resp.recv.is_none() && self.resp.write.is_none() {
             // Between messages an XRC target holds no SRQ.
@@ -363,7 +368,7 @@ impl Qp {
         let (psn, aeth) = self.resp.ack.take()?;
         let mut h = self.response_headers(Opcode::RC_ACK, psn);
         h.aeth = Some(aeth);
-        ctx.build(self.attr.ah_attr.dgid.to_ip(), &h, 0, |_| Ok(())).ok()
+        ctx.build(self.attr.ah_attr.dgid.to_ip(), &h, 0, |_| Ok::<(), std::convert::Infallible>(())).ok()
     }
 
     fn response_headers(&self, opcode: Opcode, psn: u32) -> Headers {
@@ -409,11 +414,17 @@ impl Qp {
             None
         } else {
             let mem = ctx.mem;
-            let r =
-                for_each_sge_piece(mem, pd, &recv.wqe.sges, off, data.len() as u64, Want::LocalWrite, |s, at, n| {
-                    mem.write(s, 0, &data[at as usize..at as usize + n])
-                });
-            r.err().map(|_| (WcStatus::LocProtErr, NakCode::RemoteOperational))
+            let fp = Fingerprint { site: Site::RecvScatter, psn: pkt.headers.bth.psn, len: data.len() as u64, addr: off };
+            let r = sge_spans(mem, pd, &recv.wqe.sges, off, data.len() as u64, Want::LocalWrite)
+                .map_err(CopyError::from)
+                .and_then(|spans| ctx.copy.write(mem, fp, spans, data));
+            match r {
+                Ok(()) => None,
+                // The receive WQE stays open (`resp.recv`) for the packet's
+                // second run.
+                Err(CopyError::Deferred) => return Err(Refuse::Defer),
+                Err(CopyError::Access(_)) => Some((WcStatus::LocProtErr, NakCode::RemoteOperational)),
+            }
         };
         if let Some((st, code)) = status {
             let recv = self.resp.recv.take().unwrap();
@@ -474,9 +485,24 @@ impl Qp {
             // before memory): the range is checked and written in one call.
             if flags.contains(F::LAST) && h.imm.is_none() && pkt.payload.len() as u64 == reth.dma_len as u64 {
                 self.resp.write = None;
-                return match ctx.mem.write_remote(reth.rkey, pd, self.qpn, reth.va, pkt.payload) {
+                let mem = ctx.mem;
+                let fp = Fingerprint { site: Site::Write, psn: h.bth.psn, len: reth.dma_len as u64, addr: reth.va };
+                let one_call = if ctx.copy.holds(fp) {
+                    // A copy job wrote it: the checked span takes the result.
+                    mem.resolve_remote(reth.rkey, pd, self.qpn, reth.va, reth.dma_len as u64, Want::RemoteWrite)
+                        .map(Some)
+                } else {
+                    mem.write_remote(reth.rkey, pd, self.qpn, reth.va, pkt.payload)
+                };
+                let r = match one_call {
+                    Ok(None) => Ok(()),
+                    Ok(Some(span)) => ctx.copy.write(mem, fp, smallvec::smallvec![span], pkt.payload),
+                    Err(e) => Err(CopyError::Access(e)),
+                };
+                return match r {
                     Ok(()) => Ok(()),
-                    Err(_) => Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::RemoteAccess) }),
+                    Err(CopyError::Deferred) => Err(Refuse::Defer),
+                    Err(CopyError::Access(_)) => Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::RemoteAccess) }),
                 };
             }
             match ctx.mem.resolve_remote(reth.rkey, pd, self.qpn, reth.va, reth.dma_len as u64, Want::RemoteWrite) {
@@ -505,16 +531,25 @@ impl Qp {
                 }
             }
         }
-        let written = match checked {
-            Some(span) if w.off == 0 && data.len() as u64 == w.total => ctx.mem.write(&span, 0, data),
-            _ => ctx
-                .mem
-                .resolve_remote(w.rkey, self.remote_pd(), self.qpn, w.va + w.off, data.len() as u64, Want::RemoteWrite)
-                .and_then(|span| ctx.mem.write(&span, 0, data)),
+        let mem = ctx.mem;
+        let fp = Fingerprint { site: Site::Write, psn: h.bth.psn, len: data.len() as u64, addr: w.va + w.off };
+        let span = match checked {
+            Some(span) if w.off == 0 && data.len() as u64 == w.total => Ok(span),
+            _ => mem.resolve_remote(w.rkey, self.remote_pd(), self.qpn, w.va + w.off, data.len() as u64, Want::RemoteWrite),
         };
+        let written = span.map_err(CopyError::from).and_then(|s| ctx.copy.write(mem, fp, smallvec::smallvec![s], data));
         match written {
             Ok(()) => {}
-            Err(_) => {
+            Err(CopyError::Deferred) => {
+                // Undone for the packet's second run: the WRITE it opens,
+                // the receive WQE it took.
+                if flags.contains(F::FIRST) {
+                    self.resp.write = None;
+                }
+                self.copies.recv = recv;
+                return Err(Refuse::Defer);
+            }
+            Err(CopyError::Access(_)) => {
                 self.resp.write = None;
                 return Err(if uc { Refuse::Drop } else { Refuse::Nak(NakCode::RemoteAccess) });
             }
@@ -568,8 +603,13 @@ impl Qp {
         } else {
             Atomic::FetchAdd(a.swap_add)
         };
-        let orig = ctx.mem.atomic(&span, op).map_err(|_| Refuse::Nak(NakCode::RemoteAccess))?;
         let p = pkt.headers.bth.psn;
+        let fp = Fingerprint { site: Site::Atomic, psn: p, len: 8, addr: a.va };
+        let orig = match ctx.copy.atomic(ctx.mem, fp, span, op) {
+            Ok(orig) => orig,
+            Err(CopyError::Deferred) => return Err(Refuse::Defer),
+            Err(CopyError::Access(_)) => return Err(Refuse::Nak(NakCode::RemoteAccess)),
+        };
         self.add_resource(RdResource { first_psn: p, last_psn: p, kind: RdKind::Atomic { orig } });
         self.resp.msn = psn::add(self.resp.msn, 1);
         self.resp.out.push_back(Out::AtomicAck { psn: p, orig });
@@ -597,10 +637,13 @@ impl Qp {
             return Err(Refuse::Nak(NakCode::InvalidRequest));
         }
         // The bytes land as they came (rxe stores the payload's u64).
-        ctx.mem
-            .atomic(&span, Atomic::Store(u64::from_ne_bytes(value)))
-            .map_err(|_| Refuse::Nak(NakCode::RemoteAccess))?;
         let p = pkt.headers.bth.psn;
+        let fp = Fingerprint { site: Site::Atomic, psn: p, len: 8, addr: reth.va };
+        match ctx.copy.atomic(ctx.mem, fp, span, Atomic::Store(u64::from_ne_bytes(value))) {
+            Ok(_) => {}
+            Err(CopyError::Deferred) => return Err(Refuse::Defer),
+            Err(CopyError::Access(_)) => return Err(Refuse::Nak(NakCode::RemoteAccess)),
+        }
         self.add_resource(RdResource { first_psn: p, last_psn: p, kind: RdKind::AtomicWrite });
         self.resp.msn = psn::add(self.resp.msn, 1);
         self.resp.out.push_back(Out::EmptyReadResponse { psn: p });
@@ -706,12 +749,22 @@ impl Qp {
         };
         let (head, payload) = (&g[from..], pkt.payload);
         let pd = self.recv_pd();
-        // One pass over the buffer from `from`: the header bytes, then the
-        // payload.
         let mem = ctx.mem;
-        let r =
-            for_each_sge_piece(mem, pd, &wqe.sges, from as u64, total - from as u64, Want::LocalWrite, |s, at, n| {
-                let at = at as usize;
+        let fp = Fingerprint { site: Site::UdRecv, psn: pkt.headers.bth.psn, len: total, addr: wqe.wr_id };
+        let r = sge_spans(mem, pd, &wqe.sges, from as u64, total - from as u64, Want::LocalWrite).map_err(CopyError::from);
+        let r = r.and_then(|spans| {
+            if ctx.copy.wants_job(mem, fp, &spans) {
+                // The header bytes and the payload, as one message for a copy job.
+                let mut bytes = Vec::with_capacity(head.len() + payload.len());
+                bytes.extend_from_slice(head);
+                bytes.extend_from_slice(payload);
+                return ctx.copy.write(mem, fp, spans, &bytes);
+            }
+            // One pass over the buffer from `from`: the header bytes, then
+            // the payload.
+            let mut at = 0;
+            for s in &spans {
+                let n = s.len();
                 let k = head.len().saturating_sub(at).min(n);
                 if k > 0 {
                     mem.write(s, 0, &head[at..at + k])?;
@@ -720,8 +773,15 @@ impl Qp {
                     let p = at + k - head.len();
                     mem.write(s, k, &payload[p..p + n - k])?;
                 }
-                Ok(())
-            });
+                at += n;
+            }
+            Ok(())
+        });
+        if r == Err(CopyError::Deferred) {
+            // The WQE waits with the packet for its second run.
+            self.copies.recv = Some(wqe);
+            return;
+        }
         if r.is_err() {
             wc.status = WcStatus::LocProtErr;
             self.deliver_recv(ctx, wc, false);
@@ -776,7 +836,7 @@ impl Qp {
             h.aeth = aeth;
             h.atomic_ack = atomic_ack;
             let Some(j) = job else {
-                let t = ctx.build(dst, &h, 0, |_| Ok(())).ok();
+                let t = ctx.build(dst, &h, 0, |_| Ok::<(), std::convert::Infallible>(())).ok();
                 if aeth.is_some_and(|a| matches!(a.kind(), AethKind::Nak(_))) {
                     if let Some(ev) = self.resp.failing.take() {
                         self.fail(ctx, Some(ev));
@@ -788,11 +848,18 @@ impl Qp {
             let chunk = (j.len - j.off).min(mtu);
             let qpn = self.qpn;
             let mem = ctx.mem;
+            let fp = Fingerprint { site: Site::ReadResponse, psn: j.psn, len: chunk, addr: j.va + j.off };
             // Re-validated per packet, as rxe's rxe_recheck_mr.
             let built = mem
                 .resolve_remote(j.rkey, j.pd, qpn, j.va + j.off, chunk, Want::RemoteRead)
-                .and_then(|span| ctx.build_from(dst, &h, span));
+                .map_err(CopyError::from)
+                .and_then(|span| ctx.build_from(dst, &h, span, fp));
             match built {
+                Err(CopyError::Deferred) => {
+                    // A copy job reads it; this packet is built again then.
+                    self.resp.out.push_front(Out::Read(j));
+                    return None;
+                }
                 Ok(t) => {
                     if j.off + chunk < j.len {
                         let next = ReadJob { psn: psn::add(j.psn, 1), off: j.off + chunk, ..j };

@@ -257,6 +257,9 @@ pub fn run(plan: &Plan) -> Result<Outcome, String> {
         for (i, node) in nodes.iter_mut().enumerate() {
             node.engine.handle_timeout(now);
             transmit(node, i, now, &mut fabric, &local, &mut owed, &mut pairs)?;
+            if node.run_copies(now) {
+                transmit(node, i, now, &mut fabric, &local, &mut owed, &mut pairs)?;
+            }
         }
         if let Some(o) = owed.iter().find(|o| now - o.since > hold) {
             return Err(format!(

@@ -193,6 +193,18 @@ impl MemoryAccess for SimMemory {
         }
     }
 
+    fn may_block(&self, span: &Span) -> bool {
+        // ODP and peer memory, and, on seeds with slow copies, as many
+        // other copies as are slow: they run as copy jobs, outside the
+        // engine (`proto::copy`), when the engine defers them.
+        if span.may_block() {
+            return true;
+        }
+        let mut st = self.state.lock().unwrap();
+        let p = st.faults.slow;
+        st.rng.chance(p)
+    }
+
     fn read(&self, span: &Span, offset: usize, out: &mut [u8]) -> Result<(), AccessError> {
         match self.before_copy(span, offset) {
             None => span.read(offset, out),

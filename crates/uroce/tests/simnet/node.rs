@@ -8,11 +8,11 @@ use super::memory::{MemFaults, SimMemory};
 use super::Fabric;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use uroce::ib::{Mtu, QpState};
 use uroce::mem::Memory;
 use uroce::proto::cq::CompletionQueue;
-use uroce::proto::{Engine, EngineConfig, MemoryAccess};
+use uroce::proto::{CopyJob, Engine, EngineConfig, MemoryAccess};
 
 /// The protection domain of every QP, SRQ and key.
 pub const PD: u32 = 1;
@@ -35,6 +35,14 @@ pub struct Node {
     pub xrc_cq: Arc<CompletionQueue>,
     /// The number the next XRC SRQ gets.
     next_srqn: u32,
+    /// What the engine reaches memory through (the copy jobs too).
+    access: Arc<dyn MemoryAccess>,
+    /// Copy jobs the engine asked for (copies that may block: ODP, and
+    /// slow copies on seeds with memory trouble), each run when its time
+    /// comes, as a runtime's copy worker would.
+    copies: Vec<(Instant, Box<CopyJob>)>,
+    /// Jobs run so far.
+    pub copies_run: u64,
 }
 
 impl Node {
@@ -53,19 +61,20 @@ impl Node {
         let mem = Memory::with_key_seed(seed);
         let mut cfg = EngineConfig::new(ip, PORT, mtu);
         cfg.id_seed = seed;
+        cfg.defer_blocking_copies = true;
         let sim_mem = faults.map(|(f, s)| Arc::new(SimMemory::new(mem.clone(), f, s)));
         let access: Arc<dyn MemoryAccess> = match &sim_mem {
             Some(m) => m.clone(),
             None => mem.clone(),
         };
-        let mut engine = Engine::new(cfg, access);
+        let mut engine = Engine::new(cfg, access.clone());
         // Its applications are always there to answer: ACKs may be held
         // for them (`proto::ack`), and the seeds check that this is safe.
         engine.set_app_active(true);
         // Inline receive on for both: small SENDs travel in their completions.
         let cq = Arc::new(CompletionQueue::with_inline(1, 1 << 16, Some(mem.clone()), INLINE_RECV));
         let xrc_cq = Arc::new(CompletionQueue::with_inline(2, 1 << 16, Some(mem.clone()), INLINE_RECV));
-        Node { ip, engine, mem, sim_mem, cq, xrc_cq, next_srqn: 0x100 }
+        Node { ip, engine, mem, sim_mem, cq, xrc_cq, next_srqn: 0x100, access, copies: Vec::new(), copies_run: 0 }
     }
 
     /// A fresh XRC SRQ number of this node.
@@ -79,6 +88,34 @@ impl Node {
         while let Some(t) = self.engine.poll_transmit(now) {
             fabric.send(now, self.ip, t.dst.ip(), t.data);
         }
+    }
+
+    /// Takes the engine's new copy jobs (each due after a time that grows
+    /// with its length: 1 µs and 1 ns per byte) and runs those due by
+    /// `now`, giving each back to the engine. True if one ran.
+    pub fn run_copies(&mut self, now: Instant) -> bool {
+        while let Some(j) = self.engine.poll_copy() {
+            let due = now + Duration::from_nanos(1000 + j.len() as u64);
+            self.copies.push((due, j));
+        }
+        let mut ran = false;
+        while let Some(i) = self.copies.iter().position(|(t, _)| *t <= now) {
+            let (_, mut job) = self.copies.remove(i);
+            job.run(&*self.access);
+            self.engine.copy_done(now, job);
+            self.copies_run += 1;
+            ran = true;
+        }
+        ran
+    }
+
+    /// When the next copy job is due (`now` for jobs the engine has yet
+    /// to hand over).
+    pub fn next_copy(&self, now: Instant) -> Option<Instant> {
+        if self.engine.has_copies() {
+            return Some(now);
+        }
+        self.copies.iter().map(|(t, _)| *t).min()
     }
 
     pub fn qp_state(&self, qpn: u32) -> QpState {
