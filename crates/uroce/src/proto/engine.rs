@@ -161,6 +161,11 @@ pub struct Engine {
     next_ipv4_id: u16,
     /// Copy jobs for the runtime to run ([`Engine::poll_copy`]).
     copies: VecDeque<Box<CopyJob>>,
+    /// The last input asked for a copy job (read after a dispatch).
+    asked: bool,
+    /// Packets parked behind copy jobs, over all QPs (none: a transmit
+    /// pass need not look).
+    parked: usize,
 }
 
 /// How a received datagram's ICRC checked out.
@@ -278,6 +283,8 @@ impl Engine {
             app_active: false,
             next_ipv4_id: 1,
             copies: VecDeque::new(),
+            asked: false,
+            parked: 0,
         }
     }
 
@@ -351,12 +358,14 @@ impl Engine {
             }
             qp.copies.waiting = Some(job.id);
             self.copies.push_back(job);
+            self.asked = true;
         }
         qp.copies.slot = slot;
         if qp.attr.qp_state == QpState::Reset {
             // What waited goes with the QP's state; a job still out finds
             // no QP waiting for it.
             qp.copies.waiting = None;
+            self.parked -= qp.copies.parked.len();
             qp.copies.parked.clear();
             qp.copies.recv = None;
             qp.copies.slot.done.clear();
@@ -528,6 +537,7 @@ impl Engine {
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
         self.part_with_held_ack(qpn);
         let qp = self.qps.remove(&qpn).ok_or_else(|| Error::inval("destroy_qp: no such QP"))?;
+        self.parked -= qp.copies.parked.len();
         if qp.timer_key.is_some() {
             self.timed -= 1;
             self.prune_timers();
@@ -678,8 +688,9 @@ impl Engine {
             self.park(qpn, r, false);
             return;
         }
+        self.asked = false;
         self.dispatch(now, qpn, pkt, &ip, data.len(), true);
-        if self.qps.get(&qpn).is_some_and(|q| q.copies.waiting.is_some()) {
+        if self.asked {
             // It asked for a copy job: it runs again, first, when the job
             // is done.
             self.park(qpn, r, true);
@@ -717,6 +728,7 @@ impl Engine {
             return;
         }
         let p = Parked { ip: r.ip, data: r.data.to_vec() };
+        self.parked += 1;
         if first {
             qp.copies.parked.push_front(p);
         } else {
@@ -769,12 +781,18 @@ impl Engine {
                 return;
             }
             let Some(p) = qp.copies.parked.pop_front() else { return };
+            self.parked -= 1;
             let Ok(pkt) = Packet::parse(&p.data) else { continue };
             // (Counted when it arrived.)
+            self.asked = false;
             self.dispatch(now, qpn, &pkt, &p.ip, p.data.len(), false);
-            if let Some(qp) = self.qps.get_mut(&qpn).filter(|q| q.copies.waiting.is_some()) {
+            if !self.asked {
+                continue;
+            }
+            if let Some(qp) = self.qps.get_mut(&qpn) {
                 // It asked for a job in turn: first again.
                 qp.copies.parked.push_front(p);
+                self.parked += 1;
             }
         }
     }
@@ -822,7 +840,9 @@ impl Engine {
             let Some(qp) = self.qps.get_mut(&qpn) else { continue };
             qp.queued = false;
             let t = self.with_qp(now, qpn, |qp, ctx| qp.poll_packet(ctx));
-            if self.qps.get(&qpn).is_some_and(|q| q.copies.waiting.is_none() && !q.copies.parked.is_empty()) {
+            if self.parked > 0
+                && self.qps.get(&qpn).is_some_and(|q| q.copies.waiting.is_none() && !q.copies.parked.is_empty())
+            {
                 // Its packet build went first (`copy_done`): now what was
                 // parked.
                 self.resume(now, qpn);
