@@ -39,13 +39,17 @@ fn world() -> World {
     let dst = Buf::new(64 * 1024, |_| 0);
     // SAFETY: the buffers outlive the nodes' use of the keys (see `World`).
     let src_key = unsafe { src.register(&nodes[0].mem, Access::LOCAL_WRITE) };
-    let dst_key = dst.register_odp(&nodes[1].mem, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let dst_key = dst.register_odp(&nodes[1].mem, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ);
     World { nodes, conn, src_key, dst_key, src, dst }
 }
 
 impl World {
     fn write(&mut self, now: Instant, id: u64, off: u64, len: u32) {
-        let mut wr = SendWr::new(id, WrOpcode::RdmaWrite);
+        self.post(now, WrOpcode::RdmaWrite, id, off, len);
+    }
+
+    fn post(&mut self, now: Instant, op: WrOpcode, id: u64, off: u64, len: u32) {
+        let mut wr = SendWr::new(id, op);
         wr.sg_list = uroce::sgl![Sge { addr: self.src.addr() + off, length: len, lkey: self.src_key }];
         wr.remote_addr = self.dst.addr() + off;
         wr.rkey = self.dst_key;
@@ -177,4 +181,45 @@ fn a_job_given_back_after_its_qp_was_reset_or_destroyed_changes_nothing() {
     w.nodes[1].engine.copy_done(now, job);
     assert!(w.out(1, now).is_empty());
     assert_eq!(w.nodes[1].engine.qp_count(), 0);
+}
+
+/// Everything both nodes send until both are quiet (at most 1000 rounds),
+/// running node 1's copy jobs as they come; returns how many ran.
+fn settle(w: &mut World, now: Instant) -> usize {
+    let mut jobs = 0;
+    for _ in 0..1000 {
+        let (a, b) = (w.out(0, now), w.out(1, now));
+        w.deliver(0, now, &a);
+        w.deliver(1, now, &b);
+        let j = w.jobs();
+        jobs += j;
+        if a.is_empty() && b.is_empty() && j == 0 {
+            let later = now + std::time::Duration::from_millis(1);
+            w.nodes[1].engine.handle_timeout(later);
+            let b = w.out(1, later);
+            w.deliver(1, later, &b);
+            if b.is_empty() {
+                return jobs;
+            }
+        }
+    }
+    panic!("no end");
+}
+
+#[test]
+fn one_job_faults_in_a_whole_message_for_its_other_packets() {
+    let now = Instant::now();
+    let mut w = world();
+    // 16 packets of 1 KiB into four untranslated pages: one job.
+    w.write(now, 1, 0, 16384);
+    assert_eq!(settle(&mut w, now), 1);
+    assert_eq!(w.nodes[0].cq.poll_one().map(|c| (c.wr_id, c.status)), Some((1, WcStatus::Success)));
+    assert_eq!(w.dst.contents()[..16384], w.src.contents()[..16384]);
+    // A READ of 16 KiB from four other untranslated pages of node 1 (into
+    // node 0's buffer at the same offset): one job.
+    w.post(now, WrOpcode::RdmaRead, 2, 32768, 16384);
+    assert_eq!(settle(&mut w, now), 1);
+    assert_eq!(w.nodes[0].cq.poll_one().map(|c| (c.wr_id, c.status)), Some((2, WcStatus::Success)));
+    assert_eq!(w.src.contents()[32768..49152], [0u8; 16384], "the READ brought node 1's zeros");
+    assert_eq!(w.nodes[1].engine.stats().copies_deferred, 2);
 }

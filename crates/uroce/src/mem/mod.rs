@@ -594,8 +594,8 @@ impl Memory {
     /// window) for QP `qpn` of protection domain `pd`, then copies it:
     /// [`Memory::resolve_remote`] and [`Span::write`] in one call, without
     /// a span for a plain host region (see [`Memory::with_host_range`]).
-    /// A copy that may block ([`Span::may_block`]) is not made: the checked
-    /// span comes back instead.
+    /// True if copied; false, with nothing copied, when the copy may block
+    /// ([`Span::may_block`]).
     pub fn write_remote(
         &self,
         key: u32,
@@ -603,7 +603,7 @@ impl Memory {
         qpn: u32,
         iova: u64,
         data: &[u8],
-    ) -> std::result::Result<Option<Span>, AccessError> {
+    ) -> std::result::Result<bool, AccessError> {
         let fast = self.with_host_range(key, pd, iova, data.len() as u64, Want::RemoteWrite, |host| {
             // SAFETY: `host..host + data.len()` lies inside a registered,
             // pinned region (checked above), which stays registered while
@@ -615,13 +615,13 @@ impl Memory {
             }
         });
         match fast {
-            Some(r) => r.map(|()| None),
+            Some(r) => r.map(|()| true),
             None => {
                 let span = self.resolve_remote(key, pd, qpn, iova, data.len() as u64, Want::RemoteWrite)?;
                 if span.may_block() {
-                    return Ok(Some(span));
+                    return Ok(false);
                 }
-                span.write(0, data).map(|()| None)
+                span.write(0, data).map(|()| true)
             }
         }
     }
@@ -629,15 +629,15 @@ impl Memory {
     /// Checks a local read of `out.len()` bytes at `iova` through `key` for
     /// protection domain `pd`, then copies them into `out`:
     /// [`Memory::resolve`] and [`Span::read`] in one call, without a span
-    /// for a plain host region (see [`Memory::with_host_range`]). A copy
-    /// that may block is not made: the checked span comes back instead.
+    /// for a plain host region (see [`Memory::with_host_range`]). True if
+    /// copied; false, with nothing read, when the copy may block.
     pub fn read_local(
         &self,
         key: u32,
         pd: u32,
         iova: u64,
         out: &mut [u8],
-    ) -> std::result::Result<Option<Span>, AccessError> {
+    ) -> std::result::Result<bool, AccessError> {
         let len = out.len();
         let fast = self.with_host_range(key, pd, iova, len as u64, Want::LocalRead, |host| {
             // SAFETY: as in `write_remote`; the destination is an exclusive
@@ -648,13 +648,13 @@ impl Memory {
             }
         });
         match fast {
-            Some(r) => r.map(|()| None),
+            Some(r) => r.map(|()| true),
             None => {
                 let span = self.resolve(key, pd, iova, len as u64, Want::LocalRead)?;
                 if span.may_block() {
-                    return Ok(Some(span));
+                    return Ok(false);
                 }
-                span.read(0, out).map(|()| None)
+                span.read(0, out).map(|()| true)
             }
         }
     }

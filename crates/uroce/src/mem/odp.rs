@@ -271,6 +271,18 @@ impl OdpRegion {
         Ok(())
     }
 
+    /// Faults `addr..addr+len` in for the device (writable if `write`), as
+    /// the device's own access would page by page: counted as page faults,
+    /// one event.
+    pub(crate) fn fault_in(&self, addr: u64, len: u64, write: bool) -> Result<(), AccessError> {
+        if len == 0 {
+            return Ok(());
+        }
+        populate(addr, len, write).map_err(|_| AccessError::Fault)?;
+        self.map(addr, len, false);
+        Ok(())
+    }
+
     /// Makes the 8 bytes at `addr` present and writable for an atomic.
     pub(crate) fn prepare_atomic(&self, addr: usize) -> Result<(), AccessError> {
         populate(addr as u64, 8, true).map_err(|_| AccessError::Fault)?;

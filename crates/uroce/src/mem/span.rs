@@ -119,6 +119,18 @@ impl Piece {
         }
     }
 
+    /// Faults an on-demand-paging piece in (best effort: the access itself
+    /// reports what could not be).
+    fn fault_in(&self, write: bool) {
+        if let (Place::Odp(addr), false) = (self.place, self.len == 0) {
+            let extent = match self.cells {
+                Some((cell, stride)) => (self.len / cell - 1) * stride + cell,
+                None => self.len,
+            };
+            let _ = self.odp().fault_in(addr as u64, extent as u64, write);
+        }
+    }
+
     /// Copies `data` to `place`, a run that `runs` computed inside the piece.
     fn write_at(&self, place: Place, data: &[u8]) -> Result<(), AccessError> {
         match place {
@@ -319,6 +331,16 @@ impl Span {
     /// client's copy).
     pub fn may_block(&self) -> bool {
         self.pieces.iter().any(Piece::may_block)
+    }
+
+    /// Faults the span's on-demand-paging pages in (writable if `write`),
+    /// ahead of the copies that will need them; other memory is left as it
+    /// is. A copy worker does this for the rest of a message whose first
+    /// packet found its pages missing (`proto::copy`).
+    pub fn fault_in(&self, write: bool) {
+        for p in &self.pieces {
+            p.fault_in(write);
+        }
     }
 
     pub fn is_empty(&self) -> bool {

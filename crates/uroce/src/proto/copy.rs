@@ -35,19 +35,36 @@ use std::collections::VecDeque;
 /// send window (128 PSNs) fits.
 pub(crate) const MAX_PARKED: usize = 256;
 
+/// The most of a message's rest a copy job faults in ahead (256 pages):
+/// bounded so that one job of a huge message does not hold its worker long.
+pub(crate) const AHEAD_MAX: u64 = 1 << 20;
+
 /// Most finished jobs' results a QP keeps for their requests.
 const MAX_DONE: usize = 4;
 
-/// A QP's copies that may block: its slot (moved into the [`super::Ctx`]
-/// of each input), the job it waits for, the packets that arrived since
-/// (and the one that asked for the job, first), and a receive WQE that
-/// packet took.
+/// A QP's copies that may block: the job it waits for, the packets that
+/// arrived since (and the one that asked for the job, first), a receive
+/// WQE that packet took, the results of finished jobs not yet taken, and
+/// whether a packet build waits.
 #[derive(Debug, Default)]
 pub(crate) struct QpCopies {
-    pub(crate) slot: CopySlot,
     pub(crate) waiting: Option<u32>,
     pub(crate) parked: VecDeque<Parked>,
     pub(crate) recv: Option<RecvWqe>,
+    pub(crate) done: SmallVec<[Box<Done>; 1]>,
+    pub(crate) next_id: u32,
+    pub(crate) build_waits: bool,
+}
+
+impl QpCopies {
+    /// Keeps a finished job's result for its request; the oldest of too
+    /// many goes (its request changed, a retry rewound it: it asks again).
+    pub(crate) fn put(&mut self, d: Done) {
+        if self.done.len() >= MAX_DONE {
+            self.done.remove(0);
+        }
+        self.done.push(Box::new(d));
+    }
 }
 
 /// A received packet that waits behind its QP's copy job: checked (ICRC
@@ -108,6 +125,9 @@ pub struct CopyJob {
     spans: SmallVec<[Span; 2]>,
     data: Vec<u8>,
     result: Option<Result<u64, AccessError>>,
+    /// The rest of the message, to fault in once the copy is done (a
+    /// write if `.1`): its other packets then copy at once.
+    ahead: Option<(Span, bool)>,
 }
 
 impl CopyJob {
@@ -151,10 +171,16 @@ impl CopyJob {
             }
             Work::Atomic(op) => mem.atomic(&self.spans[0], op),
         };
+        if r.is_ok() {
+            if let Some((span, write)) = &self.ahead {
+                mem.fault_in(span, *write);
+            }
+        }
         self.result = Some(r);
         // The regions are released now: deregistration need not wait for
         // the engine to take the result.
         self.spans.clear();
+        self.ahead = None;
     }
 
     /// A job that was run, as the result its request takes.
@@ -187,8 +213,9 @@ impl From<AccessError> for CopyError {
     }
 }
 
-/// A QP's view of deferred copies during one input: whether it may defer,
-/// the result of its finished job, and the job it asks for.
+/// The engine's view of deferred copies during one input of one QP
+/// (scratch, reused): whether it may defer, the QP's finished jobs'
+/// results (lent for the input), and the job it asks for.
 #[derive(Debug, Default)]
 pub(crate) struct CopySlot {
     pub(crate) defer: bool,
@@ -213,15 +240,6 @@ impl CopySlot {
         Some(self.done.remove(i))
     }
 
-    /// Keeps a finished job's result for its request; the oldest of too
-    /// many goes (its request changed, a retry rewound it: it asks again).
-    pub(crate) fn put(&mut self, d: Done) {
-        if self.done.len() >= MAX_DONE {
-            self.done.remove(0);
-        }
-        self.done.push(Box::new(d));
-    }
-
     /// Whether a copy through `spans` has to become a job.
     fn must_defer(&self, mem: &dyn MemoryAccess, spans: &[Span]) -> bool {
         self.defer && spans.iter().any(|s| mem.may_block(s))
@@ -238,7 +256,7 @@ impl CopySlot {
             return CopyError::Deferred;
         }
         self.next_id = self.next_id.wrapping_add(1);
-        self.job = Some(Box::new(CopyJob { qpn: self.qpn, id: self.next_id, fp, work, spans, data, result: None }));
+        self.job = Some(Box::new(CopyJob { qpn: self.qpn, id: self.next_id, fp, work, spans, data, result: None, ahead: None }));
         CopyError::Deferred
     }
 
@@ -290,6 +308,16 @@ impl CopySlot {
             at += s.len();
         }
         Ok(())
+    }
+
+    /// Gives the job just asked for the rest of its message (`span`), to
+    /// fault in after its copy (a write if `write`), so that one job serves
+    /// the message rather than one per packet. At most [`AHEAD_MAX`] bytes
+    /// are worth it (the caller bounds `span`).
+    pub(crate) fn ahead(&mut self, span: Span, write: bool) {
+        if let Some(job) = &mut self.job {
+            job.ahead.get_or_insert((span, write));
+        }
     }
 
     /// Whether a finished job's result waits for `fp` (then the request

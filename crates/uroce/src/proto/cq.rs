@@ -285,6 +285,7 @@ mod tests {
         fn may_block(&self, _: &Span) -> bool {
             true
         }
+        fn fault_in(&self, _: &Span, _: bool) {}
         fn atomic(&self, span: &Span, op: Atomic) -> std::result::Result<u64, AccessError> {
             MemoryAccess::atomic(&*self.inner, span, op)
         }

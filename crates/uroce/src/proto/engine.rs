@@ -21,7 +21,7 @@
 use super::qp::{Qp, QpInit};
 use super::srq::SharedRecvQueue;
 use super::wr::{QpAttr, RecvWr, SendWr};
-use super::copy::{CopyJob, Parked, MAX_PARKED};
+use super::copy::{CopyJob, CopySlot, Parked, MAX_PARKED};
 use super::MemoryAccess;
 use super::{AfterSend, Ctx, Event, Stats, Transmit};
 use crate::ib::{Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result};
@@ -166,6 +166,8 @@ pub struct Engine {
     /// Packets parked behind copy jobs, over all QPs (none: a transmit
     /// pass need not look).
     parked: usize,
+    /// The copy slot of the input being handled (`with_qp`).
+    slot: CopySlot,
 }
 
 /// How a received datagram's ICRC checked out.
@@ -285,6 +287,7 @@ impl Engine {
             copies: VecDeque::new(),
             asked: false,
             parked: 0,
+            slot: CopySlot::default(),
         }
     }
 
@@ -334,10 +337,15 @@ impl Engine {
     /// Runs `f` on a QP with a context over the engine's other parts.
     fn with_qp<R>(&mut self, now: Instant, qpn: u32, f: impl FnOnce(&mut Qp, &mut Ctx) -> R) -> Option<R> {
         let qp = self.qps.get_mut(&qpn)?;
-        let mut slot = std::mem::take(&mut qp.copies.slot);
+        let slot = &mut self.slot;
         slot.defer = self.cfg.defer_blocking_copies;
         slot.waiting = qp.copies.waiting.is_some();
         slot.qpn = qpn;
+        slot.next_id = qp.copies.next_id;
+        if !qp.copies.done.is_empty() {
+            // Lent for this input (the slot's list is empty between inputs).
+            std::mem::swap(&mut slot.done, &mut qp.copies.done);
+        }
         let stats = self.qp_stats.entry(qpn).or_default();
         let mut ctx = Ctx {
             now,
@@ -349,18 +357,23 @@ impl Engine {
             spare: &mut self.spare,
             xrc_srqs: &self.xrc_srqs,
             app_active: self.app_active,
-            copy: &mut slot,
+            copy: &mut *slot,
         };
         let r = f(qp, &mut ctx);
-        if let Some(job) = slot.job.take() {
-            if let Some(s) = self.qp_stats.get_mut(&qpn) {
-                s.copies_deferred += 1;
+        if slot.job.is_some() || !slot.done.is_empty() || slot.build_waits {
+            // What the input left: results not taken go back to the QP.
+            std::mem::swap(&mut slot.done, &mut qp.copies.done);
+            qp.copies.build_waits |= std::mem::take(&mut slot.build_waits);
+            if let Some(job) = slot.job.take() {
+                if let Some(s) = self.qp_stats.get_mut(&qpn) {
+                    s.copies_deferred += 1;
+                }
+                qp.copies.waiting = Some(job.id);
+                qp.copies.next_id = job.id;
+                self.copies.push_back(job);
+                self.asked = true;
             }
-            qp.copies.waiting = Some(job.id);
-            self.copies.push_back(job);
-            self.asked = true;
         }
-        qp.copies.slot = slot;
         if qp.attr.qp_state == QpState::Reset {
             // What waited goes with the QP's state; a job still out finds
             // no QP waiting for it.
@@ -368,7 +381,7 @@ impl Engine {
             self.parked -= qp.copies.parked.len();
             qp.copies.parked.clear();
             qp.copies.recv = None;
-            qp.copies.slot.done.clear();
+            qp.copies.done.clear();
         }
         let next = qp.next_timeout();
         if next != qp.timer_key.map(|k| k.0) {
@@ -689,7 +702,7 @@ impl Engine {
             return;
         }
         self.asked = false;
-        self.dispatch(now, qpn, pkt, &ip, data.len(), true);
+        self.dispatch(now, qpn, pkt, is_response, &ip, data.len(), true);
         if self.asked {
             // It asked for a copy job: it runs again, first, when the job
             // is done.
@@ -697,10 +710,20 @@ impl Engine {
         }
     }
 
-    /// Hands a checked packet to its QP's state machine.
-    fn dispatch(&mut self, now: Instant, qpn: u32, pkt: &Packet, ip: &IpInfo, udp_len: usize, count: bool) {
-        let flags = pkt.headers.bth.opcode.info().map_or(OpFlags::empty(), |i| i.flags);
-        let is_response = flags.contains(OpFlags::RESPONSE);
+    /// Hands a checked packet to its QP's state machine (`is_response`: its
+    /// opcode's).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        pkt: &Packet,
+        is_response: bool,
+        ip: &IpInfo,
+        udp_len: usize,
+        count: bool,
+    ) {
         self.with_qp(now, qpn, |qp, ctx| {
             if count {
                 ctx.stats.rx_packets += 1;
@@ -761,8 +784,8 @@ impl Engine {
             return;
         }
         qp.copies.waiting = None;
-        qp.copies.slot.put(job.into_done());
-        if !std::mem::take(&mut qp.copies.slot.build_waits) {
+        qp.copies.put(job.into_done());
+        if !std::mem::take(&mut qp.copies.build_waits) {
             self.resume(now, qpn);
         }
         // A packet build waiting for a read goes on; the QP's outputs too.
@@ -783,9 +806,11 @@ impl Engine {
             let Some(p) = qp.copies.parked.pop_front() else { return };
             self.parked -= 1;
             let Ok(pkt) = Packet::parse(&p.data) else { continue };
+            let is_response =
+                pkt.headers.bth.opcode.info().is_some_and(|i| i.flags.contains(OpFlags::RESPONSE));
             // (Counted when it arrived.)
             self.asked = false;
-            self.dispatch(now, qpn, &pkt, &p.ip, p.data.len(), false);
+            self.dispatch(now, qpn, &pkt, is_response, &p.ip, p.data.len(), false);
             if !self.asked {
                 continue;
             }

@@ -58,29 +58,33 @@ pub trait MemoryAccess: Send + Sync + Debug {
     /// (`proto::copy`).
     fn may_block(&self, span: &Span) -> bool;
 
+    /// Makes a later copy through `span` (a write if `write`) unlikely to
+    /// block: faults its on-demand-paging pages in. May block itself: a copy
+    /// worker calls it, with no lock held.
+    fn fault_in(&self, span: &Span, write: bool);
+
     /// Checks a remote write of `data` at `iova` (as `resolve_remote` with
-    /// [`Want::RemoteWrite`]) and copies it there (as `write`) unless the
-    /// copy may block: then the checked span comes back, not written. One
+    /// [`Want::RemoteWrite`]) and copies it there (as `write`): true. One
     /// packet's WRITE in one call, which an implementation may answer
-    /// without building a span.
-    fn write_remote(&self, key: u32, pd: u32, qpn: u32, iova: u64, data: &[u8]) -> Result<Option<Span>, AccessError> {
+    /// without building a span. False, with nothing copied, when the copy
+    /// may block (the caller resolves the span and copies it its way).
+    fn write_remote(&self, key: u32, pd: u32, qpn: u32, iova: u64, data: &[u8]) -> Result<bool, AccessError> {
         let span = self.resolve_remote(key, pd, qpn, iova, data.len() as u64, Want::RemoteWrite)?;
         if self.may_block(&span) {
-            return Ok(Some(span));
+            return Ok(false);
         }
-        self.write(&span, 0, data).map(|()| None)
+        self.write(&span, 0, data).map(|()| true)
     }
 
     /// Checks a local read of `out.len()` bytes at `iova` (as `resolve`
-    /// with [`Want::LocalRead`]) and copies them into `out` (as `read`)
-    /// unless the copy may block: then the checked span comes back, not
-    /// read.
-    fn read_local(&self, key: u32, pd: u32, iova: u64, out: &mut [u8]) -> Result<Option<Span>, AccessError> {
+    /// with [`Want::LocalRead`]) and copies them into `out` (as `read`):
+    /// true. False, with nothing read, when the copy may block.
+    fn read_local(&self, key: u32, pd: u32, iova: u64, out: &mut [u8]) -> Result<bool, AccessError> {
         let span = self.resolve(key, pd, iova, out.len() as u64, Want::LocalRead)?;
         if self.may_block(&span) {
-            return Ok(Some(span));
+            return Ok(false);
         }
-        self.read(&span, 0, out).map(|()| None)
+        self.read(&span, 0, out).map(|()| true)
     }
 
     /// Runs an atomic on the 8 bytes at the span's start.
@@ -217,13 +221,17 @@ impl MemoryAccess for Memory {
         span.may_block()
     }
 
+    fn fault_in(&self, span: &Span, write: bool) {
+        span.fault_in(write)
+    }
+
     #[inline]
-    fn write_remote(&self, key: u32, pd: u32, qpn: u32, iova: u64, data: &[u8]) -> Result<Option<Span>, AccessError> {
+    fn write_remote(&self, key: u32, pd: u32, qpn: u32, iova: u64, data: &[u8]) -> Result<bool, AccessError> {
         Memory::write_remote(self, key, pd, qpn, iova, data)
     }
 
     #[inline]
-    fn read_local(&self, key: u32, pd: u32, iova: u64, out: &mut [u8]) -> Result<Option<Span>, AccessError> {
+    fn read_local(&self, key: u32, pd: u32, iova: u64, out: &mut [u8]) -> Result<bool, AccessError> {
         Memory::read_local(self, key, pd, iova, out)
     }
 
@@ -349,22 +357,22 @@ mod tests {
         for (key, pd, iova, len, err) in cases {
             buf.iter_mut().for_each(|b| *b = 0);
             let spans = m.resolve_remote(key, pd, 7, iova, len, Want::RemoteWrite).and_then(|s| m.write(&s, 0, &data));
-            let one = m.write_remote(key, pd, 7, iova, &data).map(|s| assert!(s.is_none(), "host memory does not block"));
+            let one = m.write_remote(key, pd, 7, iova, &data).map(|copied| assert!(copied, "host memory does not block"));
             assert_eq!(one, spans, "WRITE key {key:#x} pd {pd} iova {iova:#x}");
             assert_eq!(one.err(), err);
             let written = buf.iter().filter(|&&b| b == 0xA5).count();
             assert_eq!(written, if err.is_none() { 16 } else { 0 }, "iova {iova:#x}");
             let mut out = [0u8; 16];
             let spans = m.resolve(key, pd, iova, len, Want::LocalRead).and_then(|s| m.read(&s, 0, &mut out));
-            let one = m.read_local(key, pd, iova, &mut out).map(|s| assert!(s.is_none(), "host memory does not block"));
+            let one = m.read_local(key, pd, iova, &mut out).map(|copied| assert!(copied, "host memory does not block"));
             assert_eq!(one, spans, "READ key {key:#x} pd {pd} iova {iova:#x}");
             if err.is_none() {
                 assert_eq!(out, data);
             }
         }
         // An empty access needs no valid key (as `resolve`).
-        assert!(matches!(m.write_remote(0, 1, 7, 0, &[]), Ok(None)));
-        assert!(matches!(m.read_local(0, 1, 0, &mut []), Ok(None)));
+        assert!(matches!(m.write_remote(0, 1, 7, 0, &[]), Ok(true)));
+        assert!(matches!(m.read_local(0, 1, 0, &mut []), Ok(true)));
         // A deregistered key copies nothing.
         mem.deregister(k).unwrap();
         assert!(matches!(m.write_remote(k, 1, 7, 0x1000, &data), Err(AccessError::BadKey)));

@@ -332,29 +332,20 @@ impl Ctx<'_> {
         fp: Fingerprint,
     ) -> Result<Transmit, CopyError> {
         let mem = self.mem;
-        if self.copy.holds(fp) {
-            // A copy job read it: the checked span takes the bytes.
-            let span = mem.resolve(key, pd, iova, len as u64, crate::mem::Want::LocalRead)?;
-            let mut spans = SmallVec::new();
-            spans.push(span);
-            return self.build_copied(dst, headers, spans, fp);
-        }
-        let mut blocking = None;
-        let r = self.build(dst, headers, len, |buf| match mem.read_local(key, pd, iova, buf)? {
-            None => Ok(()),
-            Some(span) => {
-                blocking = Some(span);
-                Err(CopyError::Deferred)
+        if !self.copy.holds(fp) {
+            let r = self.build(dst, headers, len, |buf| match mem.read_local(key, pd, iova, buf)? {
+                true => Ok(()),
+                false => Err(CopyError::Deferred),
+            });
+            if !matches!(r, Err(CopyError::Deferred)) {
+                return r;
             }
-        });
-        match blocking {
-            Some(span) => {
-                let mut spans = SmallVec::new();
-                spans.push(span);
-                self.build_copied(dst, headers, spans, fp)
-            }
-            None => r,
         }
+        // The copy may block, or a copy job read it: through the slot.
+        let span = mem.resolve(key, pd, iova, len as u64, crate::mem::Want::LocalRead)?;
+        let mut spans = SmallVec::new();
+        spans.push(span);
+        self.build_copied(dst, headers, spans, fp)
     }
 
     /// The packet with its payload left in place; a fault when the payload

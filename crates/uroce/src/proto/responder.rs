@@ -11,7 +11,7 @@
 
 use super::ack::{ack_hold_limit, DelayedAck};
 use super::cq::{InlineRecv, MAX_INLINE_RECV};
-use super::copy::{CopyError, Fingerprint, Site};
+use super::copy::{CopyError, Fingerprint, Site, AHEAD_MAX};
 use super::memory::{sge_spans, Atomic, Want};
 use super::qp::Qp;
 use super::srq::{RecvWqe, SharedRecvQueue};
@@ -487,16 +487,18 @@ impl Qp {
                 self.resp.write = None;
                 let mem = ctx.mem;
                 let fp = Fingerprint { site: Site::Write, psn: h.bth.psn, len: reth.dma_len as u64, addr: reth.va };
-                let one_call = if ctx.copy.holds(fp) {
-                    // A copy job wrote it: the checked span takes the result.
-                    mem.resolve_remote(reth.rkey, pd, self.qpn, reth.va, reth.dma_len as u64, Want::RemoteWrite)
-                        .map(Some)
-                } else {
-                    mem.write_remote(reth.rkey, pd, self.qpn, reth.va, pkt.payload)
+                let copied = match ctx.copy.holds(fp) {
+                    false => mem.write_remote(reth.rkey, pd, self.qpn, reth.va, pkt.payload),
+                    // A copy job wrote it: the slot has the result.
+                    true => Ok(false),
                 };
-                let r = match one_call {
-                    Ok(None) => Ok(()),
-                    Ok(Some(span)) => ctx.copy.write(mem, fp, smallvec::smallvec![span], pkt.payload),
+                let r = match copied {
+                    Ok(true) => Ok(()),
+                    // The copy may block, or a job did it: through the slot.
+                    Ok(false) => mem
+                        .resolve_remote(reth.rkey, pd, self.qpn, reth.va, reth.dma_len as u64, Want::RemoteWrite)
+                        .map_err(CopyError::from)
+                        .and_then(|span| ctx.copy.write(mem, fp, smallvec::smallvec![span], pkt.payload)),
                     Err(e) => Err(CopyError::Access(e)),
                 };
                 return match r {
@@ -541,6 +543,14 @@ impl Qp {
         match written {
             Ok(()) => {}
             Err(CopyError::Deferred) => {
+                // The job faults in the rest of the message too.
+                let rest = (w.total - end).min(AHEAD_MAX);
+                if rest > 0 {
+                    let pd = self.remote_pd();
+                    if let Ok(s) = mem.resolve_remote(w.rkey, pd, self.qpn, w.va + end, rest, Want::RemoteWrite) {
+                        ctx.copy.ahead(s, true);
+                    }
+                }
                 // Undone for the packet's second run: the WRITE it opens,
                 // the receive WQE it took.
                 if flags.contains(F::FIRST) {
@@ -856,7 +866,15 @@ impl Qp {
                 .and_then(|span| ctx.build_from(dst, &h, span, fp));
             match built {
                 Err(CopyError::Deferred) => {
-                    // A copy job reads it; this packet is built again then.
+                    // A copy job reads it, and faults in the rest of the
+                    // READ; this packet is built again then.
+                    let rest = (j.len - j.off - chunk).min(AHEAD_MAX);
+                    if rest > 0 {
+                        let va = j.va + j.off + chunk;
+                        if let Ok(s) = mem.resolve_remote(j.rkey, j.pd, qpn, va, rest, Want::RemoteRead) {
+                            ctx.copy.ahead(s, false);
+                        }
+                    }
                     self.resp.out.push_front(Out::Read(j));
                     return None;
                 }

@@ -205,6 +205,10 @@ impl MemoryAccess for SimMemory {
         st.rng.chance(p)
     }
 
+    fn fault_in(&self, span: &Span, write: bool) {
+        span.fault_in(write)
+    }
+
     fn read(&self, span: &Span, offset: usize, out: &mut [u8]) -> Result<(), AccessError> {
         match self.before_copy(span, offset) {
             None => span.read(offset, out),
