@@ -56,14 +56,26 @@ impl Copier {
         }
         if q.idle < q.jobs.len() && q.workers.len() < MAX_WORKERS {
             let me = Arc::downgrade(self);
-            let spawned = std::thread::Builder::new()
-                .name("uroce-copy".into())
-                .spawn(move || worker(me, owner));
-            match spawned {
+            let o = owner.clone();
+            match std::thread::Builder::new().name("uroce-copy".into()).spawn(move || worker(me, o)) {
                 Ok(h) => q.workers.push(h),
-                // The idle workers (there is at least one when any exists)
-                // take the job; with none, it waits for the next start.
-                Err(e) => tracing::warn!("cannot start a copy worker: {e}"),
+                Err(e) if q.workers.is_empty() => {
+                    // No worker at all: the caller runs the jobs (it holds
+                    // no lock; they may block it, nothing else).
+                    tracing::warn!("cannot start a copy worker ({e}): copying in the calling thread");
+                    let jobs: Vec<_> = q.jobs.drain(..).collect();
+                    drop(q);
+                    for mut j in jobs {
+                        j.run(&*self.mem);
+                        match owner.upgrade() {
+                            Some(o) => o.job_done(j),
+                            None => return,
+                        }
+                    }
+                    return;
+                }
+                // The workers there take it in turn.
+                Err(e) => tracing::warn!("cannot start another copy worker: {e}"),
             }
         }
         drop(q);
@@ -115,5 +127,50 @@ fn worker<O: JobDone>(copier: Weak<Copier>, owner: Weak<O>) {
         // The device may have gone meanwhile: then so has the QP.
         let Some(o) = owner.upgrade() else { return };
         o.job_done(job);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[derive(Default)]
+    struct Back {
+        done: Mutex<Vec<(u32, bool, String)>>,
+    }
+
+    impl JobDone for Back {
+        fn job_done(&self, job: Box<CopyJob>) {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            self.done.lock().unwrap().push((job.qpn(), job.has_run(), name));
+        }
+    }
+
+    #[test]
+    fn jobs_run_on_at_most_four_workers_and_come_back_then_shutdown_joins_them() {
+        let copier = Arc::new(Copier::new(Arc::new(crate::mem::Memory::default())));
+        let back = Arc::new(Back::default());
+        for q in 0..10 {
+            copier.submit([CopyJob::nothing(q)], Arc::downgrade(&back));
+        }
+        let t = Instant::now();
+        while back.done.lock().unwrap().len() < 10 {
+            assert!(t.elapsed() < Duration::from_secs(10), "jobs did not come back");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let done = back.done.lock().unwrap().clone();
+        assert!(done.iter().all(|(_, ran, name)| *ran && name == "uroce-copy"), "{done:?}");
+        let mut qpns: Vec<u32> = done.iter().map(|d| d.0).collect();
+        qpns.sort();
+        assert_eq!(qpns, (0..10).collect::<Vec<_>>());
+        let workers = copier.queue.lock().unwrap().workers.len();
+        assert!((1..=MAX_WORKERS).contains(&workers), "{workers} workers");
+        copier.shutdown();
+        assert!(copier.queue.lock().unwrap().workers.is_empty());
+        // After shutdown, nothing runs.
+        copier.submit([CopyJob::nothing(99)], Arc::downgrade(&back));
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(back.done.lock().unwrap().len(), 10);
     }
 }

@@ -183,6 +183,27 @@ impl CopyJob {
         self.ahead = None;
     }
 
+    /// A job that copies nothing, for QP `qpn` (tests of job runners).
+    #[cfg(test)]
+    pub(crate) fn nothing(qpn: u32) -> Box<CopyJob> {
+        let fp = Fingerprint { site: Site::Write, psn: 0, len: 0, addr: 0 };
+        Box::new(CopyJob {
+            qpn,
+            id: 1,
+            fp,
+            work: Work::Write,
+            spans: SmallVec::new(),
+            data: Vec::new(),
+            result: None,
+            ahead: None,
+        })
+    }
+
+    /// Whether the job has run.
+    pub fn has_run(&self) -> bool {
+        self.result.is_some()
+    }
+
     /// A job that was run, as the result its request takes.
     pub(crate) fn into_done(self) -> Done {
         Done { fp: self.fp, result: self.result.unwrap_or(Err(AccessError::Fault)), data: self.data }
