@@ -10,18 +10,22 @@
 //! [`CopyJob`] and returns as if the input had not arrived (nothing of the
 //! QP changed that a second run of the same input would not redo). The
 //! engine parks the input (a received packet, in order with the QP's later
-//! ones) and stops polling the QP for packets; the runtime takes the job
+//! ones; a packet build simply returns nothing); the runtime takes the job
 //! ([`super::Engine::poll_copy`]), runs it with no lock held
 //! ([`CopyJob::run`]) and gives it back ([`super::Engine::copy_done`]);
 //! the engine then runs the parked input again, and the copy it asks for
 //! is answered with the job's result ([`CopySlot`]) instead of being made
 //! again. A fault in the job's copy takes the same path as a fault found
-//! at once: the input is refused, the work request fails.
+//! at once: the input is refused, the work request fails. Meanwhile the
+//! QP's other work goes on (local work requests, requests and responses
+//! that need no such copy).
 //!
-//! Each QP has at most one job outstanding, and a job's result is only
-//! taken by the same request: a [`Fingerprint`] (PSN, length, address)
-//! ties them, so an input that changed the QP meanwhile (a retry that
-//! rewound the send queue) asks afresh.
+//! Each QP has at most one job outstanding (another copy that may block
+//! waits for it without a job), and a job's result is only taken by the
+//! same request: a [`Fingerprint`] (place, PSN, length, address) ties
+//! them, so an input that changed the QP meanwhile (a retry that rewound
+//! the send queue) asks afresh. A job also faults in the rest of its
+//! message, so that one job serves a message into never-touched pages.
 
 use super::memory::{Atomic, MemoryAccess};
 use super::srq::RecvWqe;
