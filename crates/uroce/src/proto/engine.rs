@@ -115,8 +115,9 @@ pub struct Engine {
     /// The only way the engine reaches memory (see [`super::memory`]).
     mem: Arc<dyn MemoryAccess>,
     /// Looked up per packet: a fast hash. The keys are QPNs this engine
-    /// assigned, so no peer can steer them into colliding.
-    qps: FxHashMap<u32, Qp>,
+    /// assigned, so no peer can steer them into colliding. Each QP with
+    /// its counters: one lookup finds both.
+    qps: FxHashMap<u32, QpSlot>,
     next_qpn: u32,
     /// Timer entries (deadline, QPN, generation), earliest on top; see the
     /// module documentation. The top is never stale. A QP's timer is its
@@ -133,9 +134,6 @@ pub struct Engine {
     /// found) and what destroyed QPs counted; the device's counters are
     /// these plus every QP's share ([`Stats::add_qp_share`]).
     stats: Stats,
-    /// Each QP's counters, counted in place by the QP's work (no snapshot
-    /// and delta per call).
-    qp_stats: FxHashMap<u32, Stats>,
     /// When a dropped packet was last logged (warnings are rate limited).
     last_drop_log: Option<Instant>,
     /// Buffers of sent packets, reused for new ones (no allocation per
@@ -153,6 +151,19 @@ pub struct Engine {
     next_ipv4_id: u16,
 }
 
+/// A QP and its counters (its share of the device's), counted in place by
+/// the QP's work (no snapshot and delta per call).
+struct QpSlot {
+    qp: Qp,
+    stats: Stats,
+}
+
+impl QpSlot {
+    fn new(qp: Qp) -> QpSlot {
+        QpSlot { qp, stats: Stats::default() }
+    }
+}
+
 /// How a received datagram's ICRC checked out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IcrcCheck {
@@ -165,6 +176,14 @@ pub enum IcrcCheck {
     /// With no ID tried: the packet is dropped (by the QP's engine, which
     /// counts it).
     Bad,
+}
+
+/// Why a packet whose QP exists is dropped (rxe's order of checks).
+enum RxDrop {
+    Icrc,
+    State,
+    Pkey,
+    Addr,
 }
 
 /// A received datagram parsed and checked by [`check_datagram`].
@@ -259,7 +278,6 @@ impl Engine {
             active: VecDeque::new(),
             events: VecDeque::new(),
             stats: Stats::default(),
-            qp_stats: FxHashMap::default(),
             last_drop_log: None,
             spare: Vec::new(),
             xrc_srqs: XrcSrqs::default(),
@@ -281,14 +299,14 @@ impl Engine {
     /// The device's counters (a sum over the live QPs).
     pub fn stats(&self) -> Stats {
         let mut s = self.stats;
-        for q in self.qp_stats.values() {
-            s.add_qp_share(q);
+        for q in self.qps.values() {
+            s.add_qp_share(&q.stats);
         }
         s
     }
 
     pub fn qp(&self, qpn: u32) -> Option<&Qp> {
-        self.qps.get(&qpn)
+        self.qps.get(&qpn).map(|s| &s.qp)
     }
 
     /// Every QP with its state and counters, by QP number.
@@ -296,13 +314,13 @@ impl Engine {
         let mut v: Vec<QpSummary> = self
             .qps
             .values()
-            .map(|q| QpSummary {
+            .map(|QpSlot { qp: q, stats }| QpSummary {
                 qpn: q.qpn,
                 qp_type: q.qp_type,
                 state: q.state(),
                 dest_qpn: q.attr.dest_qp_num,
                 peer: (q.qp_type != QpType::Ud).then(|| q.attr.ah_attr.dgid.to_ip()),
-                stats: self.qp_stats.get(&q.qpn).copied().unwrap_or_default(),
+                stats: *stats,
             })
             .collect();
         v.sort_by_key(|q| q.qpn);
@@ -315,13 +333,26 @@ impl Engine {
 
     /// Runs `f` on a QP with a context over the engine's other parts.
     fn with_qp<R>(&mut self, now: Instant, qpn: u32, f: impl FnOnce(&mut Qp, &mut Ctx) -> R) -> Option<R> {
-        let qp = self.qps.get_mut(&qpn)?;
+        self.with_qp_then(now, qpn, f, |_, _, _| {})
+    }
+
+    /// [`Engine::with_qp`], then `then` on the QP, its result and the
+    /// queue of QPs to poll, once the QP is scheduled: all on one lookup
+    /// of the QP (one hash lookup per packet, not one per step).
+    fn with_qp_then<R>(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        f: impl FnOnce(&mut Qp, &mut Ctx) -> R,
+        then: impl FnOnce(&mut Qp, &R, &mut VecDeque<u32>),
+    ) -> Option<R> {
+        let QpSlot { qp, stats } = self.qps.get_mut(&qpn)?;
         let mut ctx = Ctx {
             now,
             mem: &*self.mem,
             cfg: &self.cfg,
             events: &mut self.events,
-            stats: self.qp_stats.entry(qpn).or_default(),
+            stats,
             ready: &mut self.ready,
             spare: &mut self.spare,
             xrc_srqs: &self.xrc_srqs,
@@ -329,7 +360,8 @@ impl Engine {
         };
         let r = f(qp, &mut ctx);
         let next = qp.next_timeout();
-        if next != qp.timer_key.map(|k| k.0) {
+        let timer_moved = next != qp.timer_key.map(|k| k.0);
+        if timer_moved {
             match (qp.timer_key.is_some(), next.is_some()) {
                 (false, true) => self.timed += 1,
                 (true, false) => self.timed -= 1,
@@ -340,15 +372,37 @@ impl Engine {
                 self.timers.push(Reverse((t, qpn, self.timer_gen)));
                 (t, self.timer_gen)
             });
-            self.prune_timers();
         }
-        self.schedule();
+        // What `f` marked ready is (in practice always) this QP: queued
+        // here, without looking it up again; any other goes through
+        // `schedule`, in the order it was marked.
+        if self.ready.iter().all(|&q| q == qpn) {
+            if !self.ready.is_empty() {
+                self.ready.clear();
+                if !qp.queued {
+                    qp.queued = true;
+                    self.active.push_back(qpn);
+                }
+            }
+            then(qp, &r, &mut self.active);
+            if timer_moved {
+                self.prune_timers();
+            }
+        } else {
+            if timer_moved {
+                self.prune_timers();
+            }
+            self.schedule();
+            if let Some(QpSlot { qp, .. }) = self.qps.get_mut(&qpn) {
+                then(qp, &r, &mut self.active);
+            }
+        }
         Some(r)
     }
 
     /// Whether a timer-heap entry is its QP's live one.
     fn timer_live(&self, (t, qpn, gen): (Instant, u32, u64)) -> bool {
-        self.qps.get(&qpn).is_some_and(|q| q.timer_key == Some((t, gen)))
+        self.qps.get(&qpn).is_some_and(|s| s.qp.timer_key == Some((t, gen)))
     }
 
     /// Drops stale entries from the top of the timer heap, and rebuilds it
@@ -370,7 +424,7 @@ impl Engine {
 
     fn schedule(&mut self) {
         for qpn in self.ready.drain(..) {
-            if let Some(qp) = self.qps.get_mut(&qpn) {
+            if let Some(QpSlot { qp, .. }) = self.qps.get_mut(&qpn) {
                 if !qp.queued {
                     qp.queued = true;
                     self.active.push_back(qpn);
@@ -393,7 +447,7 @@ impl Engine {
         if self.qps.contains_key(&qpn) {
             return Err(Error::new(crate::ib::Errno::EBUSY, "create_gsi_qp: QP 1 exists"));
         }
-        self.qps.insert(qpn, Qp::new(qpn, init)?);
+        self.qps.insert(qpn, QpSlot::new(Qp::new(qpn, init)?));
         Ok(qpn)
     }
 
@@ -421,7 +475,7 @@ impl Engine {
         if self.qps.contains_key(&qpn) {
             return Err(Error::new(crate::ib::Errno::EBUSY, "create_qp: QP number taken"));
         }
-        self.qps.insert(qpn, make(qpn)?);
+        self.qps.insert(qpn, QpSlot::new(make(qpn)?));
         Ok(())
     }
 
@@ -436,7 +490,7 @@ impl Engine {
         }
         let qp = make(qpn)?;
         self.next_qpn = if qpn >= LAST_QPN { FIRST_QPN } else { qpn + 1 };
-        self.qps.insert(qpn, qp);
+        self.qps.insert(qpn, QpSlot::new(qp));
         Ok(qpn)
     }
 
@@ -466,12 +520,12 @@ impl Engine {
 
     /// Whether some QP holds an ACK (see `proto::ack`).
     pub fn has_held_acks(&self) -> bool {
-        self.qps.values().any(|q| q.resp.ack.is_held())
+        self.qps.values().any(|s| s.qp.resp.ack.is_held())
     }
 
     /// Sends every held ACK now (the device is closing).
     pub fn flush_acks(&mut self, now: Instant) {
-        let held: SmallVec<[u32; 8]> = self.qps.values().filter(|q| q.resp.ack.is_held()).map(|q| q.qpn).collect();
+        let held: SmallVec<[u32; 8]> = self.qps.values().filter(|s| s.qp.resp.ack.is_held()).map(|s| s.qp.qpn).collect();
         for qpn in held {
             self.with_qp(now, qpn, |qp, ctx| {
                 if qp.resp.release_held_ack() {
@@ -485,7 +539,7 @@ impl Engine {
     /// now and queued to go: the application often destroys its QP right
     /// after its last receive, and what it received stays acknowledged.
     fn part_with_held_ack(&mut self, qpn: u32) {
-        let Some(due) = self.qps.get(&qpn).and_then(|q| q.resp.ack.due()) else { return };
+        let Some(due) = self.qps.get(&qpn).and_then(|s| s.qp.resp.ack.due()) else { return };
         // The packet needs no clock: the deadline stands in for `now`.
         if let Some(Some(t)) = self.with_qp(due, qpn, |qp, ctx| qp.take_held_ack_packet(ctx)) {
             self.gsi_out.push_back(t);
@@ -494,14 +548,12 @@ impl Engine {
 
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
         self.part_with_held_ack(qpn);
-        let qp = self.qps.remove(&qpn).ok_or_else(|| Error::inval("destroy_qp: no such QP"))?;
-        if qp.timer_key.is_some() {
+        let slot = self.qps.remove(&qpn).ok_or_else(|| Error::inval("destroy_qp: no such QP"))?;
+        if slot.qp.timer_key.is_some() {
             self.timed -= 1;
             self.prune_timers();
         }
-        if let Some(q) = self.qp_stats.remove(&qpn) {
-            self.stats.add_qp_share(&q);
-        }
+        self.stats.add_qp_share(&slot.stats);
         Ok(())
     }
 
@@ -582,7 +634,53 @@ impl Engine {
             return;
         };
         let bth = pkt.headers.bth;
-        let Some(qp) = self.qps.get(&bth.dest_qp).filter(|_| bth.dest_qp != 0) else {
+        let icrc = r.icrc;
+        let ip = r.ip;
+        // The checks that need the QP, and its work, on one lookup of it.
+        let verdict = if bth.dest_qp == 0 {
+            None
+        } else {
+            self.with_qp(now, bth.dest_qp, |qp, ctx| {
+                if icrc == IcrcCheck::Bad {
+                    return Err(RxDrop::Icrc);
+                }
+                let flags = bth.opcode.info().map_or(OpFlags::empty(), |i| i.flags);
+                let is_response = flags.contains(OpFlags::RESPONSE);
+                // An XRC initiator only takes responses, an XRC target only requests.
+                let type_ok = match (bth.opcode.transport(), qp.qp_type) {
+                    (Transport::Rc, QpType::Rc) | (Transport::Uc, QpType::Uc) | (Transport::Ud, QpType::Ud) => true,
+                    (Transport::Xrc, QpType::XrcSend) => is_response,
+                    (Transport::Xrc, QpType::XrcRecv) => !is_response,
+                    _ => false,
+                };
+                if !type_ok {
+                    return Err(RxDrop::State);
+                }
+                if bth.pkey & 0x7FFF != 0x7FFF {
+                    return Err(RxDrop::Pkey);
+                }
+                let state_ok = match qp.state() {
+                    QpState::Rtr => !is_response,
+                    QpState::Rts | QpState::Sqd => true,
+                    _ => false,
+                };
+                if !state_ok {
+                    return Err(RxDrop::State);
+                }
+                if qp.qp_type != QpType::Ud && !qp.attr.ah_attr.dgid.is_ip(ip.src) {
+                    return Err(RxDrop::Addr);
+                }
+                ctx.stats.rx_packets += 1;
+                ctx.stats.rx_bytes += data.len() as u64;
+                match qp.qp_type {
+                    QpType::Ud => qp.on_ud(ctx, pkt, &ip, data.len()),
+                    _ if is_response => qp.on_response(ctx, pkt),
+                    _ => qp.on_request(ctx, pkt),
+                }
+                Ok(())
+            })
+        };
+        let Some(verdict) = verdict else {
             self.stats.rx_drop_no_qp += 1;
             let response = bth.opcode.info().is_some_and(|i| i.flags.contains(crate::wire::OpFlags::RESPONSE));
             if response {
@@ -590,65 +688,33 @@ impl Engine {
                 // was destroyed: routine at teardown (counted, not a warning).
                 tracing::debug!(%src, qpn = bth.dest_qp, "dropped a response for a QP that no longer exists");
             } else if bth.dest_qp == crate::cm::GSI_QPN {
-                self.answer_without_cm(src, pkt, r.icrc != IcrcCheck::Bad);
+                self.answer_without_cm(src, pkt, icrc != IcrcCheck::Bad);
             } else {
                 self.log_drop(now, src, "no such QP");
             }
             return;
         };
-        let ip = r.ip;
-        match r.icrc {
-            IcrcCheck::Zero => {}
+        match icrc {
             IcrcCheck::GsoId => self.stats.rx_icrc_gso_id += 1,
             IcrcCheck::Solved => self.stats.rx_icrc_solved_id += 1,
-            IcrcCheck::Bad => {
+            IcrcCheck::Zero | IcrcCheck::Bad => {}
+        }
+        match verdict {
+            Ok(()) => {}
+            Err(RxDrop::Icrc) => {
                 self.stats.rx_drop_icrc += 1;
                 self.log_drop(now, src, "bad ICRC");
-                return;
+            }
+            Err(RxDrop::State) => self.stats.rx_drop_state += 1,
+            Err(RxDrop::Pkey) => {
+                self.stats.rx_drop_pkey += 1;
+                self.log_drop(now, src, "P_Key");
+            }
+            Err(RxDrop::Addr) => {
+                self.stats.rx_drop_addr += 1;
+                self.log_drop(now, src, "source address does not match the QP's address vector");
             }
         }
-        let flags = bth.opcode.info().map_or(OpFlags::empty(), |i| i.flags);
-        let is_response = flags.contains(OpFlags::RESPONSE);
-        // An XRC initiator only takes responses, an XRC target only requests.
-        let type_ok = match (bth.opcode.transport(), qp.qp_type) {
-            (Transport::Rc, QpType::Rc) | (Transport::Uc, QpType::Uc) | (Transport::Ud, QpType::Ud) => true,
-            (Transport::Xrc, QpType::XrcSend) => is_response,
-            (Transport::Xrc, QpType::XrcRecv) => !is_response,
-            _ => false,
-        };
-        if !type_ok {
-            self.stats.rx_drop_state += 1;
-            return;
-        }
-        if bth.pkey & 0x7FFF != 0x7FFF {
-            self.stats.rx_drop_pkey += 1;
-            self.log_drop(now, src, "P_Key");
-            return;
-        }
-        let state_ok = match qp.state() {
-            QpState::Rtr => !is_response,
-            QpState::Rts | QpState::Sqd => true,
-            _ => false,
-        };
-        if !state_ok {
-            self.stats.rx_drop_state += 1;
-            return;
-        }
-        if qp.qp_type != QpType::Ud && !qp.attr.ah_attr.dgid.is_ip(ip.src) {
-            self.stats.rx_drop_addr += 1;
-            self.log_drop(now, src, "source address does not match the QP's address vector");
-            return;
-        }
-        let qp_type = qp.qp_type;
-        self.with_qp(now, bth.dest_qp, |qp, ctx| {
-            ctx.stats.rx_packets += 1;
-            ctx.stats.rx_bytes += data.len() as u64;
-            match qp_type {
-                QpType::Ud => qp.on_ud(ctx, pkt, &ip, data.len()),
-                _ if is_response => qp.on_response(ctx, pkt),
-                _ => qp.on_request(ctx, pkt),
-            }
-        });
     }
 
     /// A CM MAD to a device whose process runs no CM (no QP 1): answered
@@ -691,22 +757,28 @@ impl Engine {
             return Some(t);
         }
         while let Some(qpn) = self.active.pop_front() {
-            let Some(qp) = self.qps.get_mut(&qpn) else { continue };
-            qp.queued = false;
-            let t = self.with_qp(now, qpn, |qp, ctx| qp.poll_packet(ctx));
-            if let Some(Some((t, ack_next))) = t {
-                if let Some(qp) = self.qps.get_mut(&qpn) {
-                    if ack_next {
+            let t = self.with_qp_then(
+                now,
+                qpn,
+                |qp, ctx| {
+                    qp.queued = false;
+                    qp.poll_packet(ctx)
+                },
+                |qp, t, active| {
+                    let Some((_, ack_next)) = t else { return };
+                    if *ack_next {
                         // The ACK held for this request goes right after it
                         // (one GSO send: see `proto::ack`).
-                        self.active.retain(|&q| q != qpn);
+                        active.retain(|&q| q != qpn);
                         qp.queued = true;
-                        self.active.push_front(qpn);
+                        active.push_front(qpn);
                     } else if !qp.queued {
                         qp.queued = true;
-                        self.active.push_back(qpn);
+                        active.push_back(qpn);
                     }
-                }
+                },
+            );
+            if let Some(Some((t, _))) = t {
                 return Some(t);
             }
         }
@@ -757,7 +829,7 @@ impl Engine {
         for qpn in due {
             // Its entry is gone: fired, the QP's timer is re-entered below
             // (by `with_qp`) if it still runs.
-            if let Some(qp) = self.qps.get_mut(&qpn) {
+            if let Some(QpSlot { qp, .. }) = self.qps.get_mut(&qpn) {
                 if qp.timer_key.take().is_some() {
                     self.timed -= 1;
                 }
