@@ -571,7 +571,8 @@ impl Qp {
             return Ok(());
         }
         self.sq.push_back(wqe);
-        self.resp.ack.posted(ctx.now, super::ack::ack_hold_limit(self.attr.timeout));
+        let timeout = self.attr.timeout;
+        self.resp.ack.posted(ctx.now, || super::ack::ack_hold_limit(timeout));
         ctx.mark_ready(self.qpn);
         Ok(())
     }
