@@ -688,8 +688,12 @@ impl Qp {
     /// next (`true`: the engine polls this QP again at once, so that the
     /// two leave together).
     pub(crate) fn poll_packet(&mut self, ctx: &mut Ctx) -> Option<(super::Transmit, bool)> {
-        if let Some(t) = self.poll_response(ctx) {
-            return Some((t, false));
+        // (With nothing queued `poll_response` has nothing to do: skipped,
+        // it costs nothing on a requester's packets.)
+        if self.resp.has_out() {
+            if let Some(t) = self.poll_response(ctx) {
+                return Some((t, false));
+            }
         }
         let t = self.poll_request(ctx)?;
         let ack_next = self.resp.release_held_ack();
