@@ -429,8 +429,10 @@ impl Qp {
             }
         }
         // Only a QP with a send queue has send completions: it has a send CQ.
-        if let Some(cq) = self.send_cq.clone() {
-            self.deliver(ctx, &cq, wc, false);
+        // (Borrowed, not cloned: no reference count changes per completion.)
+        if let Some(cq) = &self.send_cq {
+            let (handle, pushed) = (cq.handle, cq.push(wc, false));
+            self.pushed(ctx, handle, pushed);
         }
     }
 
@@ -449,7 +451,7 @@ impl Qp {
                 ctx.stats.rx_inline_recvs += 1;
                 ctx.stats.rx_inline_bytes += len;
             }
-            self.pushed(ctx, &cq, pushed);
+            self.pushed(ctx, cq.handle, pushed);
         }
     }
 
@@ -479,19 +481,20 @@ impl Qp {
 
     pub(crate) fn deliver(&mut self, ctx: &mut Ctx, cq: &CompletionQueue, wc: Wc, solicited: bool) {
         let pushed = cq.push(wc, solicited);
-        self.pushed(ctx, cq, pushed);
+        self.pushed(ctx, cq.handle, pushed);
     }
 
-    fn pushed(&mut self, ctx: &mut Ctx, cq: &CompletionQueue, pushed: Pushed) {
+    /// What a push to the CQ numbered `cq` did: its event, or the overrun's.
+    fn pushed(&mut self, ctx: &mut Ctx, cq: u32, pushed: Pushed) {
         match pushed {
             Pushed::Stored { notify } => {
                 if notify {
-                    ctx.events.push_back(Event::CompletionNotify(cq.handle));
+                    ctx.events.push_back(Event::CompletionNotify(cq));
                 }
             }
             Pushed::Overrun => {
-                tracing::warn!(qpn = self.qpn, cq = cq.handle, "completion queue overrun");
-                ctx.events.push_back(Event::Async(AsyncEvent::cq(AsyncEventType::CqErr, cq.handle)));
+                tracing::warn!(qpn = self.qpn, cq, "completion queue overrun");
+                ctx.events.push_back(Event::Async(AsyncEvent::cq(AsyncEventType::CqErr, cq)));
                 if self.attr.qp_state != QpState::Err {
                     self.attr.qp_state = QpState::Err;
                     ctx.events.push_back(Event::Async(AsyncEvent::qp(AsyncEventType::QpFatal, self.qpn)));
