@@ -121,8 +121,9 @@ impl DelayedAck {
 
     /// The application posted a request: if it came within `limit` of an
     /// ACK sent at once, it answers, and ACKs are held again.
-    pub fn posted(&mut self, now: Instant, limit: Duration) {
-        if self.quiet && self.acked_at.is_some_and(|t| now <= t + limit) {
+    /// (`limit` is asked for only while quiet: not on every post.)
+    pub fn posted(&mut self, now: Instant, limit: impl FnOnce() -> Duration) {
+        if self.quiet && self.acked_at.is_some_and(|t| now <= t + limit()) {
             self.quiet = false;
         }
     }
@@ -158,9 +159,9 @@ mod tests {
         // Quiet: the next goes at once.
         assert_eq!(d.offer(t0 + us(30), Some(us(20)), 7, Aeth::ack(3)), Some((7, Aeth::ack(3))));
         // A post long after does not end it; one soon after an ACK does.
-        d.posted(t0 + us(100), us(20));
+        d.posted(t0 + us(100), || us(20));
         assert_eq!(d.offer(t0 + us(110), Some(us(20)), 8, Aeth::ack(4)), Some((8, Aeth::ack(4))));
-        d.posted(t0 + us(115), us(20));
+        d.posted(t0 + us(115), || us(20));
         assert_eq!(d.offer(t0 + us(120), Some(us(20)), 9, Aeth::ack(5)), None);
         assert_eq!(d.take(), Some((9, Aeth::ack(5))));
         // No limit (the runtime says nobody answers): at once, not quiet.

@@ -123,8 +123,9 @@ pub struct Engine {
     /// The only way the engine reaches memory (see [`super::memory`]).
     mem: Arc<dyn MemoryAccess>,
     /// Looked up per packet: a fast hash. The keys are QPNs this engine
-    /// assigned, so no peer can steer them into colliding.
-    qps: FxHashMap<u32, Qp>,
+    /// assigned, so no peer can steer them into colliding. Each QP with
+    /// its counters: one lookup finds both.
+    qps: FxHashMap<u32, QpSlot>,
     next_qpn: u32,
     /// Timer entries (deadline, QPN, generation), earliest on top; see the
     /// module documentation. The top is never stale. A QP's timer is its
@@ -141,9 +142,6 @@ pub struct Engine {
     /// found) and what destroyed QPs counted; the device's counters are
     /// these plus every QP's share ([`Stats::add_qp_share`]).
     stats: Stats,
-    /// Each QP's counters, counted in place by the QP's work (no snapshot
-    /// and delta per call).
-    qp_stats: FxHashMap<u32, Stats>,
     /// When a dropped packet was last logged (warnings are rate limited).
     last_drop_log: Option<Instant>,
     /// Buffers of sent packets, reused for new ones (no allocation per
@@ -170,6 +168,19 @@ pub struct Engine {
     slot: CopySlot,
 }
 
+/// A QP and its counters (its share of the device's), counted in place by
+/// the QP's work (no snapshot and delta per call).
+struct QpSlot {
+    qp: Qp,
+    stats: Stats,
+}
+
+impl QpSlot {
+    fn new(qp: Qp) -> QpSlot {
+        QpSlot { qp, stats: Stats::default() }
+    }
+}
+
 /// How a received datagram's ICRC checked out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IcrcCheck {
@@ -182,6 +193,21 @@ pub enum IcrcCheck {
     /// With no ID tried: the packet is dropped (by the QP's engine, which
     /// counts it).
     Bad,
+}
+
+/// What became of a received packet whose QP took it.
+enum Rx {
+    Handled,
+    /// It waits behind the QP's copy job (`proto::copy`).
+    Park,
+}
+
+/// Why a packet whose QP exists is dropped (rxe's order of checks).
+enum RxDrop {
+    Icrc,
+    State,
+    Pkey,
+    Addr,
 }
 
 /// A received datagram parsed and checked by [`check_datagram`].
@@ -276,7 +302,6 @@ impl Engine {
             active: VecDeque::new(),
             events: VecDeque::new(),
             stats: Stats::default(),
-            qp_stats: FxHashMap::default(),
             last_drop_log: None,
             spare: Vec::new(),
             xrc_srqs: XrcSrqs::default(),
@@ -302,14 +327,14 @@ impl Engine {
     /// The device's counters (a sum over the live QPs).
     pub fn stats(&self) -> Stats {
         let mut s = self.stats;
-        for q in self.qp_stats.values() {
-            s.add_qp_share(q);
+        for q in self.qps.values() {
+            s.add_qp_share(&q.stats);
         }
         s
     }
 
     pub fn qp(&self, qpn: u32) -> Option<&Qp> {
-        self.qps.get(&qpn)
+        self.qps.get(&qpn).map(|s| &s.qp)
     }
 
     /// Every QP with its state and counters, by QP number.
@@ -317,13 +342,13 @@ impl Engine {
         let mut v: Vec<QpSummary> = self
             .qps
             .values()
-            .map(|q| QpSummary {
+            .map(|QpSlot { qp: q, stats }| QpSummary {
                 qpn: q.qpn,
                 qp_type: q.qp_type,
                 state: q.state(),
                 dest_qpn: q.attr.dest_qp_num,
                 peer: (q.qp_type != QpType::Ud).then(|| q.attr.ah_attr.dgid.to_ip()),
-                stats: self.qp_stats.get(&q.qpn).copied().unwrap_or_default(),
+                stats: *stats,
             })
             .collect();
         v.sort_by_key(|q| q.qpn);
@@ -336,7 +361,20 @@ impl Engine {
 
     /// Runs `f` on a QP with a context over the engine's other parts.
     fn with_qp<R>(&mut self, now: Instant, qpn: u32, f: impl FnOnce(&mut Qp, &mut Ctx) -> R) -> Option<R> {
-        let qp = self.qps.get_mut(&qpn)?;
+        self.with_qp_then(now, qpn, f, |_, _, _| {})
+    }
+
+    /// [`Engine::with_qp`], then `then` on the QP, its result and the
+    /// queue of QPs to poll, once the QP is scheduled: all on one lookup
+    /// of the QP (one hash lookup per packet, not one per step).
+    fn with_qp_then<R>(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        f: impl FnOnce(&mut Qp, &mut Ctx) -> R,
+        then: impl FnOnce(&mut Qp, &R, &mut VecDeque<u32>),
+    ) -> Option<R> {
+        let QpSlot { qp, stats } = self.qps.get_mut(&qpn)?;
         let slot = &mut self.slot;
         slot.defer = self.cfg.defer_blocking_copies;
         slot.waiting = qp.copies.waiting.is_some();
@@ -346,7 +384,6 @@ impl Engine {
             // Lent for this input (the slot's list is empty between inputs).
             std::mem::swap(&mut slot.done, &mut qp.copies.done);
         }
-        let stats = self.qp_stats.entry(qpn).or_default();
         let mut ctx = Ctx {
             now,
             mem: &*self.mem,
@@ -360,14 +397,13 @@ impl Engine {
             copy: &mut *slot,
         };
         let r = f(qp, &mut ctx);
-        if slot.job.is_some() || !slot.done.is_empty() || slot.build_waits {
+        let copy = &mut *ctx.copy;
+        if copy.job.is_some() || !copy.done.is_empty() || copy.build_waits {
             // What the input left: results not taken go back to the QP.
-            std::mem::swap(&mut slot.done, &mut qp.copies.done);
-            qp.copies.build_waits |= std::mem::take(&mut slot.build_waits);
-            if let Some(job) = slot.job.take() {
-                if let Some(s) = self.qp_stats.get_mut(&qpn) {
-                    s.copies_deferred += 1;
-                }
+            std::mem::swap(&mut copy.done, &mut qp.copies.done);
+            qp.copies.build_waits |= std::mem::take(&mut copy.build_waits);
+            if let Some(job) = copy.job.take() {
+                ctx.stats.copies_deferred += 1;
                 qp.copies.waiting = Some(job.id);
                 qp.copies.next_id = job.id;
                 self.copies.push_back(job);
@@ -384,7 +420,8 @@ impl Engine {
             qp.copies.done.clear();
         }
         let next = qp.next_timeout();
-        if next != qp.timer_key.map(|k| k.0) {
+        let timer_moved = next != qp.timer_key.map(|k| k.0);
+        if timer_moved {
             match (qp.timer_key.is_some(), next.is_some()) {
                 (false, true) => self.timed += 1,
                 (true, false) => self.timed -= 1,
@@ -395,15 +432,37 @@ impl Engine {
                 self.timers.push(Reverse((t, qpn, self.timer_gen)));
                 (t, self.timer_gen)
             });
-            self.prune_timers();
         }
-        self.schedule();
+        // What `f` marked ready is (in practice always) this QP: queued
+        // here, without looking it up again; any other goes through
+        // `schedule`, in the order it was marked.
+        if self.ready.iter().all(|&q| q == qpn) {
+            if !self.ready.is_empty() {
+                self.ready.clear();
+                if !qp.queued {
+                    qp.queued = true;
+                    self.active.push_back(qpn);
+                }
+            }
+            then(qp, &r, &mut self.active);
+            if timer_moved {
+                self.prune_timers();
+            }
+        } else {
+            if timer_moved {
+                self.prune_timers();
+            }
+            self.schedule();
+            if let Some(QpSlot { qp, .. }) = self.qps.get_mut(&qpn) {
+                then(qp, &r, &mut self.active);
+            }
+        }
         Some(r)
     }
 
     /// Whether a timer-heap entry is its QP's live one.
     fn timer_live(&self, (t, qpn, gen): (Instant, u32, u64)) -> bool {
-        self.qps.get(&qpn).is_some_and(|q| q.timer_key == Some((t, gen)))
+        self.qps.get(&qpn).is_some_and(|s| s.qp.timer_key == Some((t, gen)))
     }
 
     /// Drops stale entries from the top of the timer heap, and rebuilds it
@@ -425,7 +484,7 @@ impl Engine {
 
     fn schedule(&mut self) {
         for qpn in self.ready.drain(..) {
-            if let Some(qp) = self.qps.get_mut(&qpn) {
+            if let Some(QpSlot { qp, .. }) = self.qps.get_mut(&qpn) {
                 if !qp.queued {
                     qp.queued = true;
                     self.active.push_back(qpn);
@@ -448,7 +507,7 @@ impl Engine {
         if self.qps.contains_key(&qpn) {
             return Err(Error::new(crate::ib::Errno::EBUSY, "create_gsi_qp: QP 1 exists"));
         }
-        self.qps.insert(qpn, Qp::new(qpn, init)?);
+        self.qps.insert(qpn, QpSlot::new(Qp::new(qpn, init)?));
         Ok(qpn)
     }
 
@@ -476,7 +535,7 @@ impl Engine {
         if self.qps.contains_key(&qpn) {
             return Err(Error::new(crate::ib::Errno::EBUSY, "create_qp: QP number taken"));
         }
-        self.qps.insert(qpn, make(qpn)?);
+        self.qps.insert(qpn, QpSlot::new(make(qpn)?));
         Ok(())
     }
 
@@ -491,7 +550,7 @@ impl Engine {
         }
         let qp = make(qpn)?;
         self.next_qpn = if qpn >= LAST_QPN { FIRST_QPN } else { qpn + 1 };
-        self.qps.insert(qpn, qp);
+        self.qps.insert(qpn, QpSlot::new(qp));
         Ok(qpn)
     }
 
@@ -521,12 +580,12 @@ impl Engine {
 
     /// Whether some QP holds an ACK (see `proto::ack`).
     pub fn has_held_acks(&self) -> bool {
-        self.qps.values().any(|q| q.resp.ack.is_held())
+        self.qps.values().any(|s| s.qp.resp.ack.is_held())
     }
 
     /// Sends every held ACK now (the device is closing).
     pub fn flush_acks(&mut self, now: Instant) {
-        let held: SmallVec<[u32; 8]> = self.qps.values().filter(|q| q.resp.ack.is_held()).map(|q| q.qpn).collect();
+        let held: SmallVec<[u32; 8]> = self.qps.values().filter(|s| s.qp.resp.ack.is_held()).map(|s| s.qp.qpn).collect();
         for qpn in held {
             self.with_qp(now, qpn, |qp, ctx| {
                 if qp.resp.release_held_ack() {
@@ -540,7 +599,7 @@ impl Engine {
     /// now and queued to go: the application often destroys its QP right
     /// after its last receive, and what it received stays acknowledged.
     fn part_with_held_ack(&mut self, qpn: u32) {
-        let Some(due) = self.qps.get(&qpn).and_then(|q| q.resp.ack.due()) else { return };
+        let Some(due) = self.qps.get(&qpn).and_then(|s| s.qp.resp.ack.due()) else { return };
         // The packet needs no clock: the deadline stands in for `now`.
         if let Some(Some(t)) = self.with_qp(due, qpn, |qp, ctx| qp.take_held_ack_packet(ctx)) {
             self.gsi_out.push_back(t);
@@ -549,15 +608,13 @@ impl Engine {
 
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
         self.part_with_held_ack(qpn);
-        let qp = self.qps.remove(&qpn).ok_or_else(|| Error::inval("destroy_qp: no such QP"))?;
-        self.parked -= qp.copies.parked.len();
-        if qp.timer_key.is_some() {
+        let slot = self.qps.remove(&qpn).ok_or_else(|| Error::inval("destroy_qp: no such QP"))?;
+        self.parked -= slot.qp.copies.parked.len();
+        if slot.qp.timer_key.is_some() {
             self.timed -= 1;
             self.prune_timers();
         }
-        if let Some(q) = self.qp_stats.remove(&qpn) {
-            self.stats.add_qp_share(&q);
-        }
+        self.stats.add_qp_share(&slot.stats);
         Ok(())
     }
 
@@ -637,8 +694,58 @@ impl Engine {
             self.log_drop(now, src, "malformed");
             return;
         };
-        let bth = pkt.headers.bth;
-        let Some(qp) = self.qps.get(&bth.dest_qp).filter(|_| bth.dest_qp != 0) else {
+        // (By reference: a copy of the whole BTH or IpInfo reads it back
+        // wider than `check_datagram` wrote it, a store-forwarding stall
+        // that was a quarter of this function's time.)
+        let bth = &pkt.headers.bth;
+        let icrc = r.icrc;
+        let ip = &r.ip;
+        // The checks that need the QP, and its work, on one lookup of it.
+        self.asked = false;
+        let verdict = if bth.dest_qp == 0 {
+            None
+        } else {
+            self.with_qp(now, bth.dest_qp, |qp, ctx| {
+                if icrc == IcrcCheck::Bad {
+                    return Err(RxDrop::Icrc);
+                }
+                let flags = bth.opcode.info().map_or(OpFlags::empty(), |i| i.flags);
+                let is_response = flags.contains(OpFlags::RESPONSE);
+                // An XRC initiator only takes responses, an XRC target only requests.
+                let type_ok = match (bth.opcode.transport(), qp.qp_type) {
+                    (Transport::Rc, QpType::Rc) | (Transport::Uc, QpType::Uc) | (Transport::Ud, QpType::Ud) => true,
+                    (Transport::Xrc, QpType::XrcSend) => is_response,
+                    (Transport::Xrc, QpType::XrcRecv) => !is_response,
+                    _ => false,
+                };
+                if !type_ok {
+                    return Err(RxDrop::State);
+                }
+                if bth.pkey & 0x7FFF != 0x7FFF {
+                    return Err(RxDrop::Pkey);
+                }
+                let state_ok = match qp.state() {
+                    QpState::Rtr => !is_response,
+                    QpState::Rts | QpState::Sqd => true,
+                    _ => false,
+                };
+                if !state_ok {
+                    return Err(RxDrop::State);
+                }
+                if qp.qp_type != QpType::Ud && !qp.attr.ah_attr.dgid.is_ip(ip.src) {
+                    return Err(RxDrop::Addr);
+                }
+                ctx.stats.rx_packets += 1;
+                ctx.stats.rx_bytes += data.len() as u64;
+                if qp.copies.waiting.is_some() {
+                    // Behind the QP's copy job, in order.
+                    return Ok(Rx::Park);
+                }
+                qp.dispatch(ctx, pkt, is_response, ip, data.len());
+                Ok(Rx::Handled)
+            })
+        };
+        let Some(verdict) = verdict else {
             self.stats.rx_drop_no_qp += 1;
             let response = bth.opcode.info().is_some_and(|i| i.flags.contains(crate::wire::OpFlags::RESPONSE));
             if response {
@@ -646,106 +753,45 @@ impl Engine {
                 // was destroyed: routine at teardown (counted, not a warning).
                 tracing::debug!(%src, qpn = bth.dest_qp, "dropped a response for a QP that no longer exists");
             } else if bth.dest_qp == crate::cm::GSI_QPN {
-                self.answer_without_cm(src, pkt, r.icrc != IcrcCheck::Bad);
+                self.answer_without_cm(src, pkt, icrc != IcrcCheck::Bad);
             } else {
                 self.log_drop(now, src, "no such QP");
             }
             return;
         };
-        let ip = r.ip;
-        match r.icrc {
-            IcrcCheck::Zero => {}
+        match icrc {
             IcrcCheck::GsoId => self.stats.rx_icrc_gso_id += 1,
             IcrcCheck::Solved => self.stats.rx_icrc_solved_id += 1,
-            IcrcCheck::Bad => {
+            IcrcCheck::Zero | IcrcCheck::Bad => {}
+        }
+        match verdict {
+            Ok(Rx::Handled) if self.asked => {
+                // It asked for a copy job: it runs again, first, when the
+                // job is done.
+                self.park(bth.dest_qp, r, true);
+            }
+            Ok(Rx::Handled) => {}
+            Ok(Rx::Park) => self.park(bth.dest_qp, r, false),
+            Err(RxDrop::Icrc) => {
                 self.stats.rx_drop_icrc += 1;
                 self.log_drop(now, src, "bad ICRC");
-                return;
+            }
+            Err(RxDrop::State) => self.stats.rx_drop_state += 1,
+            Err(RxDrop::Pkey) => {
+                self.stats.rx_drop_pkey += 1;
+                self.log_drop(now, src, "P_Key");
+            }
+            Err(RxDrop::Addr) => {
+                self.stats.rx_drop_addr += 1;
+                self.log_drop(now, src, "source address does not match the QP's address vector");
             }
         }
-        let flags = bth.opcode.info().map_or(OpFlags::empty(), |i| i.flags);
-        let is_response = flags.contains(OpFlags::RESPONSE);
-        // An XRC initiator only takes responses, an XRC target only requests.
-        let type_ok = match (bth.opcode.transport(), qp.qp_type) {
-            (Transport::Rc, QpType::Rc) | (Transport::Uc, QpType::Uc) | (Transport::Ud, QpType::Ud) => true,
-            (Transport::Xrc, QpType::XrcSend) => is_response,
-            (Transport::Xrc, QpType::XrcRecv) => !is_response,
-            _ => false,
-        };
-        if !type_ok {
-            self.stats.rx_drop_state += 1;
-            return;
-        }
-        if bth.pkey & 0x7FFF != 0x7FFF {
-            self.stats.rx_drop_pkey += 1;
-            self.log_drop(now, src, "P_Key");
-            return;
-        }
-        let state_ok = match qp.state() {
-            QpState::Rtr => !is_response,
-            QpState::Rts | QpState::Sqd => true,
-            _ => false,
-        };
-        if !state_ok {
-            self.stats.rx_drop_state += 1;
-            return;
-        }
-        if qp.qp_type != QpType::Ud && !qp.attr.ah_attr.dgid.is_ip(ip.src) {
-            self.stats.rx_drop_addr += 1;
-            self.log_drop(now, src, "source address does not match the QP's address vector");
-            return;
-        }
-        let qpn = bth.dest_qp;
-        if qp.copies.waiting.is_some() {
-            // Behind the QP's copy job, in order.
-            self.park(qpn, r, false);
-            return;
-        }
-        self.asked = false;
-        self.dispatch(now, qpn, pkt, is_response, &ip, data.len(), true);
-        if self.asked {
-            // It asked for a copy job: it runs again, first, when the job
-            // is done.
-            self.park(qpn, r, true);
-        }
-    }
-
-    /// Hands a checked packet to its QP's state machine (`is_response`: its
-    /// opcode's).
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn dispatch(
-        &mut self,
-        now: Instant,
-        qpn: u32,
-        pkt: &Packet,
-        is_response: bool,
-        ip: &IpInfo,
-        udp_len: usize,
-        count: bool,
-    ) {
-        self.with_qp(now, qpn, |qp, ctx| {
-            if count {
-                ctx.stats.rx_packets += 1;
-                ctx.stats.rx_bytes += udp_len as u64;
-            }
-            match qp.qp_type {
-                QpType::Ud => qp.on_ud(ctx, pkt, ip, udp_len),
-                _ if is_response => qp.on_response(ctx, pkt),
-                _ => qp.on_request(ctx, pkt),
-            }
-        });
     }
 
     /// Keeps a copy of a received packet behind its QP's copy job (`first`:
     /// the packet that asked for it, ahead of those that came since).
     fn park(&mut self, qpn: u32, r: &Received, first: bool) {
-        let Some(qp) = self.qps.get_mut(&qpn) else { return };
-        let stats = self.qp_stats.entry(qpn).or_default();
-        if !first {
-            stats.rx_packets += 1;
-            stats.rx_bytes += r.data.len() as u64;
-        }
+        let Some(QpSlot { qp, stats }) = self.qps.get_mut(&qpn) else { return };
         if qp.copies.parked.len() >= MAX_PARKED {
             stats.rx_drop_busy += 1;
             return;
@@ -779,7 +825,7 @@ impl Engine {
     /// A job whose QP is gone, or was reset since, is dropped.
     pub fn copy_done(&mut self, now: Instant, job: Box<CopyJob>) {
         let qpn = job.qpn;
-        let Some(qp) = self.qps.get_mut(&qpn) else { return };
+        let Some(QpSlot { qp, .. }) = self.qps.get_mut(&qpn) else { return };
         if qp.copies.waiting != Some(job.id) {
             return;
         }
@@ -789,32 +835,31 @@ impl Engine {
             self.resume(now, qpn);
         }
         // A packet build waiting for a read goes on; the QP's outputs too.
-        if self.qps.get(&qpn).is_some_and(|q| q.copies.waiting.is_none()) {
+        if self.qps.get(&qpn).is_some_and(|s| s.qp.copies.waiting.is_none()) {
             self.ready.push(qpn);
             self.schedule();
         }
     }
 
     /// Runs a QP's parked packets again, in order, until one asks for a
-    /// copy job.
+    /// copy job. (They were checked and counted when they arrived; each
+    /// state machine checks the QP's state again.)
     fn resume(&mut self, now: Instant, qpn: u32) {
         loop {
-            let Some(qp) = self.qps.get_mut(&qpn) else { return };
+            let Some(QpSlot { qp, .. }) = self.qps.get_mut(&qpn) else { return };
             if qp.copies.waiting.is_some() {
                 return;
             }
             let Some(p) = qp.copies.parked.pop_front() else { return };
             self.parked -= 1;
             let Ok(pkt) = Packet::parse(&p.data) else { continue };
-            let is_response =
-                pkt.headers.bth.opcode.info().is_some_and(|i| i.flags.contains(OpFlags::RESPONSE));
-            // (Counted when it arrived.)
+            let is_response = pkt.headers.bth.opcode.info().is_some_and(|i| i.flags.contains(OpFlags::RESPONSE));
             self.asked = false;
-            self.dispatch(now, qpn, &pkt, is_response, &p.ip, p.data.len(), false);
-            if !self.asked {
+            self.with_qp(now, qpn, |qp, ctx| qp.dispatch(ctx, &pkt, is_response, &p.ip, p.data.len()));
+            if !std::mem::take(&mut self.asked) {
                 continue;
             }
-            if let Some(qp) = self.qps.get_mut(&qpn) {
+            if let Some(QpSlot { qp, .. }) = self.qps.get_mut(&qpn) {
                 // It asked for a job in turn: first again.
                 qp.copies.parked.push_front(p);
                 self.parked += 1;
@@ -862,29 +907,35 @@ impl Engine {
             return Some(t);
         }
         while let Some(qpn) = self.active.pop_front() {
-            let Some(qp) = self.qps.get_mut(&qpn) else { continue };
-            qp.queued = false;
-            let t = self.with_qp(now, qpn, |qp, ctx| qp.poll_packet(ctx));
+            let t = self.with_qp_then(
+                now,
+                qpn,
+                |qp, ctx| {
+                    qp.queued = false;
+                    qp.poll_packet(ctx)
+                },
+                |qp, t, active| {
+                    let Some((_, ack_next)) = t else { return };
+                    if *ack_next {
+                        // The ACK held for this request goes right after it
+                        // (one GSO send: see `proto::ack`).
+                        active.retain(|&q| q != qpn);
+                        qp.queued = true;
+                        active.push_front(qpn);
+                    } else if !qp.queued {
+                        qp.queued = true;
+                        active.push_back(qpn);
+                    }
+                },
+            );
             if self.parked > 0
-                && self.qps.get(&qpn).is_some_and(|q| q.copies.waiting.is_none() && !q.copies.parked.is_empty())
+                && self.qps.get(&qpn).is_some_and(|s| s.qp.copies.waiting.is_none() && !s.qp.copies.parked.is_empty())
             {
                 // Its packet build went first (`copy_done`): now what was
                 // parked.
                 self.resume(now, qpn);
             }
-            if let Some(Some((t, ack_next))) = t {
-                if let Some(qp) = self.qps.get_mut(&qpn) {
-                    if ack_next {
-                        // The ACK held for this request goes right after it
-                        // (one GSO send: see `proto::ack`).
-                        self.active.retain(|&q| q != qpn);
-                        qp.queued = true;
-                        self.active.push_front(qpn);
-                    } else if !qp.queued {
-                        qp.queued = true;
-                        self.active.push_back(qpn);
-                    }
-                }
+            if let Some(Some((t, _))) = t {
                 return Some(t);
             }
         }
@@ -935,7 +986,7 @@ impl Engine {
         for qpn in due {
             // Its entry is gone: fired, the QP's timer is re-entered below
             // (by `with_qp`) if it still runs.
-            if let Some(qp) = self.qps.get_mut(&qpn) {
+            if let Some(QpSlot { qp, .. }) = self.qps.get_mut(&qpn) {
                 if qp.timer_key.take().is_some() {
                     self.timed -= 1;
                 }

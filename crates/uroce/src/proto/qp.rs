@@ -434,8 +434,10 @@ impl Qp {
             }
         }
         // Only a QP with a send queue has send completions: it has a send CQ.
-        if let Some(cq) = self.send_cq.clone() {
-            self.deliver(ctx, &cq, wc, false);
+        // (Borrowed, not cloned: no reference count changes per completion.)
+        if let Some(cq) = &self.send_cq {
+            let (handle, pushed) = (cq.handle, cq.push(wc, false));
+            self.pushed(ctx, handle, pushed);
         }
     }
 
@@ -454,7 +456,7 @@ impl Qp {
                 ctx.stats.rx_inline_recvs += 1;
                 ctx.stats.rx_inline_bytes += len;
             }
-            self.pushed(ctx, &cq, pushed);
+            self.pushed(ctx, cq.handle, pushed);
         }
     }
 
@@ -484,19 +486,20 @@ impl Qp {
 
     pub(crate) fn deliver(&mut self, ctx: &mut Ctx, cq: &CompletionQueue, wc: Wc, solicited: bool) {
         let pushed = cq.push(wc, solicited);
-        self.pushed(ctx, cq, pushed);
+        self.pushed(ctx, cq.handle, pushed);
     }
 
-    fn pushed(&mut self, ctx: &mut Ctx, cq: &CompletionQueue, pushed: Pushed) {
+    /// What a push to the CQ numbered `cq` did: its event, or the overrun's.
+    fn pushed(&mut self, ctx: &mut Ctx, cq: u32, pushed: Pushed) {
         match pushed {
             Pushed::Stored { notify } => {
                 if notify {
-                    ctx.events.push_back(Event::CompletionNotify(cq.handle));
+                    ctx.events.push_back(Event::CompletionNotify(cq));
                 }
             }
             Pushed::Overrun => {
-                tracing::warn!(qpn = self.qpn, cq = cq.handle, "completion queue overrun");
-                ctx.events.push_back(Event::Async(AsyncEvent::cq(AsyncEventType::CqErr, cq.handle)));
+                tracing::warn!(qpn = self.qpn, cq, "completion queue overrun");
+                ctx.events.push_back(Event::Async(AsyncEvent::cq(AsyncEventType::CqErr, cq)));
                 if self.attr.qp_state != QpState::Err {
                     self.attr.qp_state = QpState::Err;
                     ctx.events.push_back(Event::Async(AsyncEvent::qp(AsyncEventType::QpFatal, self.qpn)));
@@ -576,7 +579,8 @@ impl Qp {
             return Ok(());
         }
         self.sq.push_back(wqe);
-        self.resp.ack.posted(ctx.now, super::ack::ack_hold_limit(self.attr.timeout));
+        let timeout = self.attr.timeout;
+        self.resp.ack.posted(ctx.now, || super::ack::ack_hold_limit(timeout));
         ctx.mark_ready(self.qpn);
         Ok(())
     }
@@ -691,13 +695,35 @@ impl Qp {
         [self.req.timer, self.req.rnr_timer, self.resp.ack.due()].into_iter().flatten().min()
     }
 
+    /// Hands a received packet (checked against this QP, counted) to the
+    /// state machine it is for (`is_response`: its opcode's).
+    #[inline]
+    pub(crate) fn dispatch(
+        &mut self,
+        ctx: &mut Ctx,
+        pkt: &crate::wire::Packet,
+        is_response: bool,
+        ip: &crate::wire::IpInfo,
+        udp_len: usize,
+    ) {
+        match self.qp_type {
+            QpType::Ud => self.on_ud(ctx, pkt, ip, udp_len),
+            _ if is_response => self.on_response(ctx, pkt),
+            _ => self.on_request(ctx, pkt),
+        }
+    }
+
     /// The next packet of this QP: responses first, then a request; after
     /// a request, the ACK held for it (see `proto::ack`) is queued to go
     /// next (`true`: the engine polls this QP again at once, so that the
     /// two leave together).
     pub(crate) fn poll_packet(&mut self, ctx: &mut Ctx) -> Option<(super::Transmit, bool)> {
-        if let Some(t) = self.poll_response(ctx) {
-            return Some((t, false));
+        // (With nothing queued `poll_response` has nothing to do: skipped,
+        // it costs nothing on a requester's packets.)
+        if self.resp.has_out() {
+            if let Some(t) = self.poll_response(ctx) {
+                return Some((t, false));
+            }
         }
         let t = self.poll_request(ctx)?;
         let ack_next = self.resp.release_held_ack();

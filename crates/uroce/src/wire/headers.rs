@@ -4,14 +4,16 @@
 
 use super::{Opcode, WireError};
 
+// One bounds check and one load each (a byte at a time, every byte is
+// checked on its own and the loads are not merged).
 fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
+    u16::from_be_bytes(b[at..at + 2].try_into().expect("2 bytes"))
 }
 fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 fn be64(b: &[u8], at: usize) -> u64 {
-    (be32(b, at) as u64) << 32 | be32(b, at + 4) as u64
+    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 fn need(b: &[u8], n: usize) -> Result<(), WireError> {
     if b.len() < n {

@@ -110,6 +110,7 @@ impl<'a> Packet<'a> {
     /// Parses a UDP payload (BTH … ICRC). Checks TVer, the opcode, and that
     /// the length holds the headers, pad and ICRC; opcodes without payload
     /// must carry none. The ICRC, P_Key and MTU rules are the caller's.
+    #[inline]
     pub fn parse(b: &'a [u8]) -> Result<Packet<'a>, WireError> {
         let bth = Bth::parse(b)?;
         if bth.tver != 0 {
