@@ -14,7 +14,7 @@
 //! ([`super::Engine::poll_copy`]), runs it with no lock held
 //! ([`CopyJob::run`]) and gives it back ([`super::Engine::copy_done`]);
 //! the engine then runs the parked input again, and the copy it asks for
-//! is answered with the job's result ([`CopySlot`]) instead of being made
+//! is answered with the job's result ([`Copies`]) instead of being made
 //! again. A fault in the job's copy takes the same path as a fault found
 //! at once: the input is refused, the work request fails. Meanwhile the
 //! QP's other work goes on (local work requests, requests and responses
@@ -28,7 +28,6 @@
 //! message, so that one job serves a message into never-touched pages.
 
 use super::memory::{Atomic, MemoryAccess};
-use super::srq::RecvWqe;
 use crate::mem::{AccessError, Span};
 use crate::wire::IpInfo;
 use smallvec::SmallVec;
@@ -45,31 +44,6 @@ pub(crate) const AHEAD_MAX: u64 = 1 << 20;
 
 /// Most finished jobs' results a QP keeps for their requests.
 const MAX_DONE: usize = 4;
-
-/// A QP's copies that may block: the job it waits for, the packets that
-/// arrived since (and the one that asked for the job, first), a receive
-/// WQE that packet took, the results of finished jobs not yet taken, and
-/// whether a packet build waits.
-#[derive(Debug, Default)]
-pub(crate) struct QpCopies {
-    pub(crate) waiting: Option<u32>,
-    pub(crate) parked: VecDeque<Parked>,
-    pub(crate) recv: Option<RecvWqe>,
-    pub(crate) done: SmallVec<[Box<Done>; 1]>,
-    pub(crate) next_id: u32,
-    pub(crate) build_waits: bool,
-}
-
-impl QpCopies {
-    /// Keeps a finished job's result for its request; the oldest of too
-    /// many goes (its request changed, a retry rewound it: it asks again).
-    pub(crate) fn put(&mut self, d: Done) {
-        if self.done.len() >= MAX_DONE {
-            self.done.remove(0);
-        }
-        self.done.push(Box::new(d));
-    }
-}
 
 /// A received packet that waits behind its QP's copy job: checked (ICRC
 /// included), owned.
@@ -238,24 +212,58 @@ impl From<AccessError> for CopyError {
     }
 }
 
-/// The engine's view of deferred copies during one input of one QP
-/// (scratch, reused): whether it may defer, the QP's finished jobs'
-/// results (lent for the input), and the job it asks for.
-#[derive(Debug, Default)]
-pub(crate) struct CopySlot {
-    pub(crate) defer: bool,
-    /// The QP waits for a job already: a copy that may block waits too,
-    /// without a job of its own, and runs again when that job is done.
-    pub(crate) waiting: bool,
-    /// A packet build waited so (see [`CopySlot::ask`]).
+/// A QP's copies that may block, kept beside the QP by the engine and lent
+/// to each of its inputs (the [`super::Ctx`]): whether it may defer, the
+/// job it waits for and the one an input asks for, the results of
+/// finished jobs not yet taken, whether a packet build waits, and the
+/// packets parked behind the job (the one that asked for it first).
+#[derive(Debug)]
+pub(crate) struct Copies {
+    qpn: u32,
+    defer: bool,
+    pub(crate) waiting: Option<u32>,
     pub(crate) build_waits: bool,
+    next_id: u32,
     pub(crate) done: SmallVec<[Box<Done>; 1]>,
     pub(crate) job: Option<Box<CopyJob>>,
-    pub(crate) qpn: u32,
-    pub(crate) next_id: u32,
+    pub(crate) parked: VecDeque<Parked>,
 }
 
-impl CopySlot {
+impl Copies {
+    /// QP `qpn`'s, deferring copies that may block if `defer`.
+    pub(crate) fn new(qpn: u32, defer: bool) -> Copies {
+        Copies {
+            qpn,
+            defer,
+            waiting: None,
+            build_waits: false,
+            next_id: 0,
+            done: SmallVec::new(),
+            job: None,
+            parked: VecDeque::new(),
+        }
+    }
+
+    /// Keeps a finished job's result for its request; the oldest of too
+    /// many goes (its request changed, a retry rewound it: it asks again).
+    pub(crate) fn put(&mut self, d: Done) {
+        if self.done.len() >= MAX_DONE {
+            self.done.remove(0);
+        }
+        self.done.push(Box::new(d));
+    }
+
+    /// Forgets what waited (the QP was reset): a job still out finds no
+    /// QP waiting for it. Returns how many parked packets went.
+    pub(crate) fn clear(&mut self) -> usize {
+        self.waiting = None;
+        self.build_waits = false;
+        self.done.clear();
+        let n = self.parked.len();
+        self.parked.clear();
+        n
+    }
+
     /// The finished job's result for the request `fp`, if there is one.
     /// Results for other requests stay: a READ response's bytes wait while
     /// the packets parked behind the job run first (and may ask for jobs of
@@ -271,7 +279,7 @@ impl CopySlot {
     }
 
     fn ask(&mut self, fp: Fingerprint, work: Work, spans: SmallVec<[Span; 2]>, data: Vec<u8>) -> CopyError {
-        if self.waiting || self.job.is_some() {
+        if self.waiting.is_some() || self.job.is_some() {
             // One job per QP: this copy waits for the QP's job to be done.
             // A packet build that waits goes first then, before the parked
             // packets (which could ask for job after job and starve it).

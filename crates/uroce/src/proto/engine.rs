@@ -21,7 +21,7 @@
 use super::qp::{Qp, QpInit};
 use super::srq::SharedRecvQueue;
 use super::wr::{QpAttr, RecvWr, SendWr};
-use super::copy::{CopyJob, CopySlot, Parked, MAX_PARKED};
+use super::copy::{CopyJob, Copies, Parked, MAX_PARKED};
 use super::MemoryAccess;
 use super::{AfterSend, Ctx, Event, Stats, Transmit};
 use crate::ib::{Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result};
@@ -164,8 +164,6 @@ pub struct Engine {
     /// Packets parked behind copy jobs, over all QPs (none: a transmit
     /// pass need not look).
     parked: usize,
-    /// The copy slot of the input being handled (`with_qp`).
-    slot: CopySlot,
 }
 
 /// A QP and its counters (its share of the device's), counted in place by
@@ -173,11 +171,14 @@ pub struct Engine {
 struct QpSlot {
     qp: Qp,
     stats: Stats,
+    /// Its copies that may block (`proto::copy`), lent to each input.
+    copies: Copies,
 }
 
 impl QpSlot {
-    fn new(qp: Qp) -> QpSlot {
-        QpSlot { qp, stats: Stats::default() }
+    fn new(qp: Qp, defer: bool) -> QpSlot {
+        let copies = Copies::new(qp.qpn, defer);
+        QpSlot { qp, stats: Stats::default(), copies }
     }
 }
 
@@ -312,7 +313,6 @@ impl Engine {
             copies: VecDeque::new(),
             asked: false,
             parked: 0,
-            slot: CopySlot::default(),
         }
     }
 
@@ -342,7 +342,7 @@ impl Engine {
         let mut v: Vec<QpSummary> = self
             .qps
             .values()
-            .map(|QpSlot { qp: q, stats }| QpSummary {
+            .map(|QpSlot { qp: q, stats, .. }| QpSummary {
                 qpn: q.qpn,
                 qp_type: q.qp_type,
                 state: q.state(),
@@ -374,16 +374,7 @@ impl Engine {
         f: impl FnOnce(&mut Qp, &mut Ctx) -> R,
         then: impl FnOnce(&mut Qp, &R, &mut VecDeque<u32>),
     ) -> Option<R> {
-        let QpSlot { qp, stats } = self.qps.get_mut(&qpn)?;
-        let slot = &mut self.slot;
-        slot.defer = self.cfg.defer_blocking_copies;
-        slot.waiting = qp.copies.waiting.is_some();
-        slot.qpn = qpn;
-        slot.next_id = qp.copies.next_id;
-        if !qp.copies.done.is_empty() {
-            // Lent for this input (the slot's list is empty between inputs).
-            std::mem::swap(&mut slot.done, &mut qp.copies.done);
-        }
+        let QpSlot { qp, stats, copies } = self.qps.get_mut(&qpn)?;
         let mut ctx = Ctx {
             now,
             mem: &*self.mem,
@@ -394,30 +385,15 @@ impl Engine {
             spare: &mut self.spare,
             xrc_srqs: &self.xrc_srqs,
             app_active: self.app_active,
-            copy: &mut *slot,
+            copy: copies,
         };
         let r = f(qp, &mut ctx);
-        let copy = &mut *ctx.copy;
-        if copy.job.is_some() || !copy.done.is_empty() || copy.build_waits {
-            // What the input left: results not taken go back to the QP.
-            std::mem::swap(&mut copy.done, &mut qp.copies.done);
-            qp.copies.build_waits |= std::mem::take(&mut copy.build_waits);
-            if let Some(job) = copy.job.take() {
-                ctx.stats.copies_deferred += 1;
-                qp.copies.waiting = Some(job.id);
-                qp.copies.next_id = job.id;
-                self.copies.push_back(job);
-                self.asked = true;
-            }
-        }
-        if qp.attr.qp_state == QpState::Reset {
-            // What waited goes with the QP's state; a job still out finds
-            // no QP waiting for it.
-            qp.copies.waiting = None;
-            self.parked -= qp.copies.parked.len();
-            qp.copies.parked.clear();
-            qp.copies.recv = None;
-            qp.copies.done.clear();
+        if let Some(job) = ctx.copy.job.take() {
+            // The input asked for a copy job (`proto::copy`).
+            ctx.stats.copies_deferred += 1;
+            ctx.copy.waiting = Some(job.id);
+            self.copies.push_back(job);
+            self.asked = true;
         }
         let next = qp.next_timeout();
         let timer_moved = next != qp.timer_key.map(|k| k.0);
@@ -507,7 +483,7 @@ impl Engine {
         if self.qps.contains_key(&qpn) {
             return Err(Error::new(crate::ib::Errno::EBUSY, "create_gsi_qp: QP 1 exists"));
         }
-        self.qps.insert(qpn, QpSlot::new(Qp::new(qpn, init)?));
+        self.qps.insert(qpn, QpSlot::new(Qp::new(qpn, init)?, self.cfg.defer_blocking_copies));
         Ok(qpn)
     }
 
@@ -535,7 +511,7 @@ impl Engine {
         if self.qps.contains_key(&qpn) {
             return Err(Error::new(crate::ib::Errno::EBUSY, "create_qp: QP number taken"));
         }
-        self.qps.insert(qpn, QpSlot::new(make(qpn)?));
+        self.qps.insert(qpn, QpSlot::new(make(qpn)?, self.cfg.defer_blocking_copies));
         Ok(())
     }
 
@@ -550,7 +526,7 @@ impl Engine {
         }
         let qp = make(qpn)?;
         self.next_qpn = if qpn >= LAST_QPN { FIRST_QPN } else { qpn + 1 };
-        self.qps.insert(qpn, QpSlot::new(qp));
+        self.qps.insert(qpn, QpSlot::new(qp, self.cfg.defer_blocking_copies));
         Ok(qpn)
     }
 
@@ -609,7 +585,7 @@ impl Engine {
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
         self.part_with_held_ack(qpn);
         let slot = self.qps.remove(&qpn).ok_or_else(|| Error::inval("destroy_qp: no such QP"))?;
-        self.parked -= slot.qp.copies.parked.len();
+        self.parked -= slot.copies.parked.len();
         if slot.qp.timer_key.is_some() {
             self.timed -= 1;
             self.prune_timers();
@@ -624,8 +600,16 @@ impl Engine {
             // (A refused transition has nothing held for long anyway.)
             self.part_with_held_ack(qpn);
         }
-        self.with_qp(now, qpn, |qp, ctx| qp.modify(ctx, attr, mask))
-            .unwrap_or_else(|| Err(Error::inval("modify_qp: no such QP")))
+        let r = self
+            .with_qp(now, qpn, |qp, ctx| qp.modify(ctx, attr, mask))
+            .unwrap_or_else(|| Err(Error::inval("modify_qp: no such QP")));
+        if r.is_ok() && mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset {
+            // What waited for a copy job goes with the QP's state.
+            if let Some(s) = self.qps.get_mut(&qpn) {
+                self.parked -= s.copies.clear();
+            }
+        }
+        r
     }
 
     pub fn post_send(&mut self, now: Instant, qpn: u32, wr: SendWr) -> Result<()> {
@@ -737,7 +721,7 @@ impl Engine {
                 }
                 ctx.stats.rx_packets += 1;
                 ctx.stats.rx_bytes += data.len() as u64;
-                if qp.copies.waiting.is_some() {
+                if ctx.copy.waiting.is_some() {
                     // Behind the QP's copy job, in order.
                     return Ok(Rx::Park);
                 }
@@ -791,17 +775,17 @@ impl Engine {
     /// Keeps a copy of a received packet behind its QP's copy job (`first`:
     /// the packet that asked for it, ahead of those that came since).
     fn park(&mut self, qpn: u32, r: &Received, first: bool) {
-        let Some(QpSlot { qp, stats }) = self.qps.get_mut(&qpn) else { return };
-        if qp.copies.parked.len() >= MAX_PARKED {
+        let Some(QpSlot { stats, copies, .. }) = self.qps.get_mut(&qpn) else { return };
+        if copies.parked.len() >= MAX_PARKED {
             stats.rx_drop_busy += 1;
             return;
         }
         let p = Parked { ip: r.ip, data: r.data.to_vec() };
         self.parked += 1;
         if first {
-            qp.copies.parked.push_front(p);
+            copies.parked.push_front(p);
         } else {
-            qp.copies.parked.push_back(p);
+            copies.parked.push_back(p);
         }
     }
 
@@ -825,17 +809,17 @@ impl Engine {
     /// A job whose QP is gone, or was reset since, is dropped.
     pub fn copy_done(&mut self, now: Instant, job: Box<CopyJob>) {
         let qpn = job.qpn;
-        let Some(QpSlot { qp, .. }) = self.qps.get_mut(&qpn) else { return };
-        if qp.copies.waiting != Some(job.id) {
+        let Some(QpSlot { copies, .. }) = self.qps.get_mut(&qpn) else { return };
+        if copies.waiting != Some(job.id) {
             return;
         }
-        qp.copies.waiting = None;
-        qp.copies.put(job.into_done());
-        if !std::mem::take(&mut qp.copies.build_waits) {
+        copies.waiting = None;
+        copies.put(job.into_done());
+        if !std::mem::take(&mut copies.build_waits) {
             self.resume(now, qpn);
         }
         // A packet build waiting for a read goes on; the QP's outputs too.
-        if self.qps.get(&qpn).is_some_and(|s| s.qp.copies.waiting.is_none()) {
+        if self.qps.get(&qpn).is_some_and(|s| s.copies.waiting.is_none()) {
             self.ready.push(qpn);
             self.schedule();
         }
@@ -846,11 +830,11 @@ impl Engine {
     /// state machine checks the QP's state again.)
     fn resume(&mut self, now: Instant, qpn: u32) {
         loop {
-            let Some(QpSlot { qp, .. }) = self.qps.get_mut(&qpn) else { return };
-            if qp.copies.waiting.is_some() {
+            let Some(QpSlot { copies, .. }) = self.qps.get_mut(&qpn) else { return };
+            if copies.waiting.is_some() {
                 return;
             }
-            let Some(p) = qp.copies.parked.pop_front() else { return };
+            let Some(p) = copies.parked.pop_front() else { return };
             self.parked -= 1;
             let Ok(pkt) = Packet::parse(&p.data) else { continue };
             let is_response = pkt.headers.bth.opcode.info().is_some_and(|i| i.flags.contains(OpFlags::RESPONSE));
@@ -859,9 +843,9 @@ impl Engine {
             if !std::mem::take(&mut self.asked) {
                 continue;
             }
-            if let Some(QpSlot { qp, .. }) = self.qps.get_mut(&qpn) {
+            if let Some(QpSlot { copies, .. }) = self.qps.get_mut(&qpn) {
                 // It asked for a job in turn: first again.
-                qp.copies.parked.push_front(p);
+                copies.parked.push_front(p);
                 self.parked += 1;
             }
         }
@@ -929,7 +913,7 @@ impl Engine {
                 },
             );
             if self.parked > 0
-                && self.qps.get(&qpn).is_some_and(|s| s.qp.copies.waiting.is_none() && !s.qp.copies.parked.is_empty())
+                && self.qps.get(&qpn).is_some_and(|s| s.copies.waiting.is_none() && !s.copies.parked.is_empty())
             {
                 // Its packet build went first (`copy_done`): now what was
                 // parked.

@@ -45,7 +45,7 @@ pub use stats::Stats;
 
 use crate::ib::AsyncEventType;
 use crate::mem::{AccessError, Span};
-use copy::{CopyError, CopySlot, Fingerprint};
+use copy::{CopyError, Copies, Fingerprint};
 use smallvec::SmallVec;
 use crate::wire::{self, Headers, IpInfo};
 use std::collections::VecDeque;
@@ -233,7 +233,37 @@ pub(crate) struct Ctx<'a> {
     /// [`Engine::set_app_active`]): ACKs may be held for it.
     pub app_active: bool,
     /// The QP's copies that may block ([`copy`]).
-    pub copy: &'a mut CopySlot,
+    pub copy: &'a mut Copies,
+}
+
+/// Builds one packet to `dst` (see [`Ctx::build`]) from the parts of a
+/// context it needs, so that `fill` may borrow the others.
+#[allow(clippy::too_many_arguments)]
+fn build_packet<E>(
+    spare: &mut Vec<Vec<u8>>,
+    cfg: &EngineConfig,
+    stats: &mut Stats,
+    dst: IpAddr,
+    headers: &Headers,
+    payload_len: usize,
+    fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+) -> Result<Transmit, E> {
+    let hdr_len = headers.header_len();
+    let mut data = spare.pop().unwrap_or_default();
+    data.clear();
+    data.resize(wire::packet_len(hdr_len, payload_len), 0);
+    let n = headers.emit(&mut data).expect("opcode table and headers agree");
+    debug_assert_eq!(n, hdr_len);
+    if let Err(e) = fill(&mut data[hdr_len..hdr_len + payload_len]) {
+        spare.push(data);
+        return Err(e);
+    }
+    let ip = IpInfo { src: cfg.addr, dst, sport: cfg.port, dport: cfg.port, ipv4_id: 0 };
+    let len = wire::finish_packet(&mut data, hdr_len, payload_len, &ip).expect("buffer sized by packet_len");
+    data.truncate(len);
+    stats.tx_packets += 1;
+    stats.tx_bytes += len as u64;
+    Ok(Transmit { dst: SocketAddr::new(dst, cfg.port), data, in_place: None })
 }
 
 impl Ctx<'_> {
@@ -251,22 +281,7 @@ impl Ctx<'_> {
         payload_len: usize,
         fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
     ) -> Result<Transmit, E> {
-        let hdr_len = headers.header_len();
-        let mut data = self.spare.pop().unwrap_or_default();
-        data.clear();
-        data.resize(wire::packet_len(hdr_len, payload_len), 0);
-        let n = headers.emit(&mut data).expect("opcode table and headers agree");
-        debug_assert_eq!(n, hdr_len);
-        if let Err(e) = fill(&mut data[hdr_len..hdr_len + payload_len]) {
-            self.spare.push(data);
-            return Err(e);
-        }
-        let ip = IpInfo { src: self.cfg.addr, dst, sport: self.cfg.port, dport: self.cfg.port, ipv4_id: 0 };
-        let len = wire::finish_packet(&mut data, hdr_len, payload_len, &ip).expect("buffer sized by packet_len");
-        data.truncate(len);
-        self.stats.tx_packets += 1;
-        self.stats.tx_bytes += len as u64;
-        Ok(Transmit { dst: SocketAddr::new(dst, self.cfg.port), data, in_place: None })
+        build_packet(self.spare, self.cfg, self.stats, dst, headers, payload_len, fill)
     }
 
     /// Whether a payload of `len` bytes would be sent in place (see
@@ -310,11 +325,8 @@ impl Ctx<'_> {
         fp: Fingerprint,
     ) -> Result<Transmit, CopyError> {
         let len = spans.iter().map(Span::len).sum();
-        let mem = self.mem;
-        let mut slot = std::mem::take(&mut *self.copy);
-        let r = self.build(dst, headers, len, |buf| slot.read(mem, fp, spans, buf));
-        *self.copy = slot;
-        r
+        let (mem, copy) = (self.mem, &mut *self.copy);
+        build_packet(self.spare, self.cfg, self.stats, dst, headers, len, |buf| copy.read(mem, fp, spans, buf))
     }
 
     /// Builds one packet to `dst` whose payload is `len` bytes read through

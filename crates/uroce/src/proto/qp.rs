@@ -106,9 +106,9 @@ pub struct Qp {
     /// kernel (see [`super::AfterSend`]); made by the first packet an
     /// unreliable QP sends in place (boxed: other QPs pay one word).
     pub(crate) after_send: Option<Box<super::requester::AfterSendState>>,
-    /// Copies that may block: the job this QP waits for and what waits
-    /// with it (see `proto::copy`).
-    pub(crate) copies: super::copy::QpCopies,
+    /// A receive WQE taken by a packet that then waited for a copy job
+    /// (`proto::copy`): that packet's, when it runs again.
+    pub(crate) parked_recv: Option<RecvWqe>,
 }
 
 impl std::fmt::Debug for Qp {
@@ -169,7 +169,7 @@ impl Qp {
             timer_key: None,
             sqd_notify_pending: false,
             after_send: None,
-            copies: Default::default(),
+            parked_recv: None,
         })
     }
 
@@ -196,7 +196,7 @@ impl Qp {
             timer_key: None,
             sqd_notify_pending: false,
             after_send: None,
-            copies: Default::default(),
+            parked_recv: None,
         }
     }
 
@@ -349,6 +349,7 @@ impl Qp {
             QpState::Reset => {
                 self.sq.clear();
                 self.rq.clear();
+                self.parked_recv = None;
                 self.req = Default::default();
                 self.resp = Default::default();
                 self.attr = QpAttr { port_num: 1, ..QpAttr::default() };
@@ -405,7 +406,7 @@ impl Qp {
         }
         // The receive a half-received SEND holds was posted before those
         // still queued: it completes first.
-        for cur in [self.resp.take_current_recv(), self.copies.recv.take()].into_iter().flatten() {
+        for cur in [self.resp.take_current_recv(), self.parked_recv.take()].into_iter().flatten() {
             let wc = Wc::new(cur.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
             self.deliver_recv(ctx, wc, false);
         }
@@ -612,7 +613,7 @@ impl Qp {
     /// Takes the next receive WQE from the SRQ or the RQ.
     pub(crate) fn take_recv(&mut self, ctx: &mut Ctx) -> Option<RecvWqe> {
         // The one a packet took before it waited for a copy job is its.
-        if let Some(w) = self.copies.recv.take() {
+        if let Some(w) = self.parked_recv.take() {
             return Some(w);
         }
         match self.shared_rq() {

@@ -556,7 +556,7 @@ impl Qp {
                 if flags.contains(F::FIRST) {
                     self.resp.write = None;
                 }
-                self.copies.recv = recv;
+                self.parked_recv = recv;
                 return Err(Refuse::Defer);
             }
             Err(CopyError::Access(_)) => {
@@ -789,7 +789,7 @@ impl Qp {
         });
         if r == Err(CopyError::Deferred) {
             // The WQE waits with the packet for its second run.
-            self.copies.recv = Some(wqe);
+            self.parked_recv = Some(wqe);
             return;
         }
         if r.is_err() {
