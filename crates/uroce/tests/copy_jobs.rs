@@ -70,6 +70,14 @@ impl World {
         }
     }
 
+    /// What node 1 sends once the deadline of an ACK it holds (for an
+    /// answer that does not come) has passed.
+    fn after_hold(&mut self, now: Instant) -> Vec<Transmit> {
+        let later = now + std::time::Duration::from_millis(1);
+        self.nodes[1].engine.handle_timeout(later);
+        self.out(1, later)
+    }
+
     fn jobs(&mut self) -> usize {
         let mut n = 0;
         while let Some(mut j) = self.nodes[1].engine.poll_copy() {
@@ -117,9 +125,7 @@ fn packets_wait_behind_a_copy_job_in_order_and_one_ack_covers_them() {
     assert_eq!(w.jobs(), 2);
     assert_eq!(w.nodes[1].engine.stats().copies_deferred, 2);
     // (The ACK is held for an answer: its deadline passes.)
-    let later = now + std::time::Duration::from_millis(1);
-    w.nodes[1].engine.handle_timeout(later);
-    let out = w.out(1, later);
+    let out = w.after_hold(now);
     assert_eq!(acks(&out).last(), Some(&503), "the last ACK covers all four WRITEs");
     w.deliver(1, now, &out);
     let wcs: Vec<(u64, WcStatus)> =
@@ -148,9 +154,7 @@ fn at_most_256_packets_wait_behind_a_job_the_rest_are_dropped_and_counted() {
     // Executed once; its copies were duplicates, answered with ACKs.
     let s = w.nodes[1].engine.stats();
     assert_eq!(s.rx_duplicates, 255, "{s:?}");
-    let later = now + std::time::Duration::from_millis(1);
-    w.nodes[1].engine.handle_timeout(later);
-    let out = w.out(1, later);
+    let out = w.after_hold(now);
     assert!(acks(&out).iter().all(|&p| p == 500) && !acks(&out).is_empty());
     assert_eq!(w.dst.contents()[..64], w.src.contents()[..64]);
 }

@@ -150,22 +150,13 @@ impl Qp {
             self.complete_head_error(ctx, WcStatus::BadRespErr);
             return;
         }
-        let mem = ctx.mem;
         let fp = Fingerprint { site: Site::ReadScatter, psn: p, len: expect, addr: off };
-        let r = sge_spans(mem, self.pd, &head.wr.sg_list, off, expect, Want::LocalWrite)
-            .map_err(CopyError::from)
-            .and_then(|spans| ctx.copy.write(mem, fp, spans, pkt.payload));
-        match r {
-            Ok(()) => {}
-            // A copy job writes it: the response is handled again then.
-            Err(CopyError::Deferred) => return,
-            Err(CopyError::Access(_)) => {
-                self.complete_head_error(ctx, WcStatus::LocProtErr);
-                return;
-            }
+        let last = p == head.last_psn;
+        if !self.scatter_to_head(ctx, fp, off, pkt.payload) {
+            return;
         }
         self.req.comp_psn = psn::add(p, 1);
-        if p == head.last_psn {
+        if last {
             let w = self.pop_head().unwrap();
             if w.signaled {
                 let mut wc = Wc::new(w.wr.wr_id, WcStatus::Success, w.wc_opcode(), self.qpn);
@@ -199,19 +190,9 @@ impl Qp {
             ctx.stats.rx_duplicates += 1;
             return;
         }
-        let bytes = orig.to_ne_bytes();
-        let mem = ctx.mem;
         let fp = Fingerprint { site: Site::AtomicResult, psn: p, len: 8, addr: 0 };
-        let r = sge_spans(mem, self.pd, &head.wr.sg_list, 0, 8, Want::LocalWrite)
-            .map_err(CopyError::from)
-            .and_then(|spans| ctx.copy.write(mem, fp, spans, &bytes));
-        match r {
-            Ok(()) => {}
-            Err(CopyError::Deferred) => return,
-            Err(CopyError::Access(_)) => {
-                self.complete_head_error(ctx, WcStatus::LocProtErr);
-                return;
-            }
+        if !self.scatter_to_head(ctx, fp, 0, &orig.to_ne_bytes()) {
+            return;
         }
         let w = self.pop_head().unwrap();
         self.req.comp_psn = psn::add(p, 1);
@@ -296,6 +277,27 @@ impl Qp {
     fn retry(&mut self, ctx: &mut Ctx) {
         if !self.req.retrying {
             self.rewind(ctx);
+        }
+    }
+
+    /// Writes `data` (a READ response's payload, an atomic's original
+    /// value) into the oldest WQE's buffers from message byte `off`, now or
+    /// by a copy job (`proto::copy`). False when the response must not go
+    /// on: a job writes it (the response is handled again then), or the
+    /// buffers failed and so did the WQE (LOC_PROT_ERR).
+    fn scatter_to_head(&mut self, ctx: &mut Ctx, fp: Fingerprint, off: u64, data: &[u8]) -> bool {
+        let Some(head) = self.sq.front() else { return false };
+        let mem = ctx.mem;
+        let r = sge_spans(mem, self.pd, &head.wr.sg_list, off, data.len() as u64, Want::LocalWrite)
+            .map_err(CopyError::from)
+            .and_then(|spans| ctx.copy.write(mem, fp, spans, data));
+        match r {
+            Ok(()) => true,
+            Err(CopyError::Deferred) => false,
+            Err(CopyError::Access(_)) => {
+                self.complete_head_error(ctx, WcStatus::LocProtErr);
+                false
+            }
         }
     }
 
