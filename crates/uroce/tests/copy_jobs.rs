@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 use uroce::ib::{Access, Mtu, QpAttrMask, QpState, Sge, WcStatus};
 use uroce::proto::wr::{QpAttr, SendWr, WrOpcode};
-use uroce::proto::Transmit;
+use uroce::proto::{CopyJob, Transmit};
 use uroce::wire::{AethKind, Opcode, Packet};
 
 /// Node 0 writes from pinned memory into node 1's ODP buffer (never
@@ -159,28 +159,29 @@ fn at_most_256_packets_wait_behind_a_job_the_rest_are_dropped_and_counted() {
     assert_eq!(w.dst.contents()[..64], w.src.contents()[..64]);
 }
 
+/// A world whose WRITE into untranslated pages asked for a job, and that
+/// job, run but not given back.
+fn held_job(now: Instant) -> (World, Box<CopyJob>) {
+    let mut w = world();
+    w.write(now, 1, 0, 64);
+    let sent = w.out(0, now);
+    w.deliver(0, now, &sent);
+    let mut job = w.nodes[1].engine.poll_copy().expect("a job");
+    job.run(&*w.nodes[1].mem);
+    (w, job)
+}
+
 #[test]
 fn a_job_given_back_after_its_qp_was_reset_or_destroyed_changes_nothing() {
     let now = Instant::now();
-    let mut w = world();
-    w.write(now, 1, 0, 64);
-    let sent = w.out(0, now);
-    w.deliver(0, now, &sent);
-    let mut job = w.nodes[1].engine.poll_copy().expect("a job");
-    job.run(&*w.nodes[1].mem);
     // Reset: what waited goes; the job finds no QP waiting for it.
-    let qpn = w.conn.resp_qpn;
+    let (mut w, job) = held_job(now);
     let reset = QpAttr { qp_state: QpState::Reset, ..QpAttr::default() };
-    w.nodes[1].engine.modify_qp(now, qpn, &reset, QpAttrMask::STATE).unwrap();
+    w.nodes[1].engine.modify_qp(now, w.conn.resp_qpn, &reset, QpAttrMask::STATE).unwrap();
     w.nodes[1].engine.copy_done(now, job);
     assert!(w.out(1, now).is_empty());
     // A job of a destroyed QP is dropped.
-    let mut w = world();
-    w.write(now, 1, 0, 64);
-    let sent = w.out(0, now);
-    w.deliver(0, now, &sent);
-    let mut job = w.nodes[1].engine.poll_copy().expect("a job");
-    job.run(&*w.nodes[1].mem);
+    let (mut w, job) = held_job(now);
     w.nodes[1].engine.destroy_qp(w.conn.resp_qpn).unwrap();
     w.nodes[1].engine.copy_done(now, job);
     assert!(w.out(1, now).is_empty());
