@@ -112,7 +112,14 @@ fn rnr_then_receive_posted_completes() {
     let a_mr = a.pd.register(vec![9u8; 100], rw).unwrap();
     let b_mr = b.pd.register(vec![0u8; 100], rw).unwrap();
     a.qp.post_send(&wr(1, WrOpcode::Send, a_mr.sge(0, 100))).unwrap();
-    std::thread::sleep(Duration::from_millis(20));
+    // The receive is posted once the requester has had its RNR NAK (not
+    // after a fixed sleep, which a loaded machine can outlast before the
+    // SEND even arrives).
+    let t = std::time::Instant::now();
+    while a.ctx.stats().rnr_naks_received == 0 {
+        assert!(t.elapsed() < T, "no RNR NAK for a SEND without a receive");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     b.qp.post_recv(&RecvWr { wr_id: 5, sg_list: uroce::sgl![b_mr.sge(0, 100)] }).unwrap();
     assert_eq!(b.cq.wait(1, T).unwrap()[0].wr_id, 5);
     assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);
