@@ -2,7 +2,10 @@
 //! fuzzed BTH/RETH/AtomicETH/payload with a valid ICRC, aimed at registered
 //! memory surrounded by guard bytes, a memory window and an indirect key.
 //! The engine never panics, and no byte outside the regions that grant
-//! remote write (and only inside them) ever changes.
+//! remote write (and only inside them) ever changes. With the input's first
+//! bit set, every copy counts as one that may block: the engine defers it
+//! to a copy job (`proto::copy`), and the jobs run, and come back, at
+//! points the input chooses (parked packets replayed in between).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -10,12 +13,72 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uroce::ib::{Access, Gid, Mtu, QpAttrMask as M, QpState, QpType};
-use uroce::mem::Memory;
+use uroce::mem::{AccessError, BindError, BindRequest, Layout, Memory, Span, Want};
 use uroce::proto::cq::CompletionQueue;
+use uroce::proto::memory::Atomic;
 use uroce::proto::qp::QpInit;
 use uroce::proto::wr::{AddressVector, QpAttr, QpCap, RecvWr};
 use uroce::proto::{Engine, EngineConfig};
+use uroce::proto::{MemoryAccess, PayloadHold};
 use uroce::wire::{icrc, IpInfo};
+
+/// The device's memory, every copy of which may block (so the engine
+/// defers each to a copy job).
+#[derive(Debug)]
+struct Blocking(Arc<Memory>);
+
+impl MemoryAccess for Blocking {
+    fn resolve(&self, key: u32, pd: u32, iova: u64, len: u64, want: Want) -> Result<Span, AccessError> {
+        MemoryAccess::resolve(&*self.0, key, pd, iova, len, want)
+    }
+    fn resolve_remote(
+        &self,
+        key: u32,
+        pd: u32,
+        qpn: u32,
+        iova: u64,
+        len: u64,
+        want: Want,
+    ) -> Result<Span, AccessError> {
+        MemoryAccess::resolve_remote(&*self.0, key, pd, qpn, iova, len, want)
+    }
+    fn write(&self, span: &Span, offset: usize, data: &[u8]) -> Result<(), AccessError> {
+        MemoryAccess::write(&*self.0, span, offset, data)
+    }
+    fn read(&self, span: &Span, offset: usize, out: &mut [u8]) -> Result<(), AccessError> {
+        MemoryAccess::read(&*self.0, span, offset, out)
+    }
+    fn may_block(&self, _: &Span) -> bool {
+        true
+    }
+    fn fault_in(&self, span: &Span, write: bool) {
+        MemoryAccess::fault_in(&*self.0, span, write)
+    }
+    fn atomic(&self, span: &Span, op: Atomic) -> Result<u64, AccessError> {
+        MemoryAccess::atomic(&*self.0, span, op)
+    }
+    fn pin_for_send(&self, span: Span) -> Result<PayloadHold, Span> {
+        Err(span)
+    }
+    fn bind_mw(&self, qp_pd: u32, qpn: u32, r: &BindRequest) -> Result<u32, BindError> {
+        MemoryAccess::bind_mw(&*self.0, qp_pd, qpn, r)
+    }
+    fn umr(&self, key: u32, pd: u32, layout: Layout) -> Result<(), BindError> {
+        MemoryAccess::umr(&*self.0, key, pd, layout)
+    }
+    fn invalidate(&self, key: u32, pd: u32, qpn: u32) -> Result<(), BindError> {
+        MemoryAccess::invalidate(&*self.0, key, pd, qpn)
+    }
+}
+
+/// Runs the engine's copy jobs and gives them back.
+fn run_jobs(e: &mut Engine, mem: &dyn MemoryAccess, t: Instant) {
+    while let Some(mut j) = e.poll_copy() {
+        j.run(mem);
+        e.copy_done(t, j);
+        while e.poll_transmit(t).is_some() {}
+    }
+}
 
 const GUARD: usize = 256;
 const LEN: usize = 4096;
@@ -27,7 +90,11 @@ fuzz_target!(|data: &[u8]| {
     let local: IpAddr = [10, 0, 0, 2].into();
     let peer: IpAddr = [10, 0, 0, 1].into();
     let mem = Memory::new();
-    let mut e = Engine::new(EngineConfig::new(local, 4791, Mtu::Mtu1024), mem.clone());
+    let blocking = data[3] & 1 != 0;
+    let access: Arc<dyn MemoryAccess> = if blocking { Arc::new(Blocking(mem.clone())) } else { mem.clone() };
+    let mut cfg = EngineConfig::new(local, 4791, Mtu::Mtu1024);
+    cfg.defer_blocking_copies = blocking;
+    let mut e = Engine::new(cfg, access.clone());
     let cq = Arc::new(CompletionQueue::new(1, 1024));
     let init = QpInit {
         qp_type: QpType::Rc,
@@ -53,7 +120,8 @@ fuzz_target!(|data: &[u8]| {
     a.dest_qp_num = 0x11;
     a.rq_psn = u32::from_be_bytes([0, data[0], data[1], data[2]]) & 0xFF_FFFF;
     a.max_dest_rd_atomic = 4;
-    a.ah_attr = AddressVector { dgid: Gid::from_ip(peer), is_global: true, hop_limit: 64, port_num: 1, ..Default::default() };
+    a.ah_attr =
+        AddressVector { dgid: Gid::from_ip(peer), is_global: true, hop_limit: 64, port_num: 1, ..Default::default() };
     let mask = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER;
     e.modify_qp(now, qpn, &a, mask).unwrap();
     a.qp_state = QpState::Rts;
@@ -84,7 +152,7 @@ fuzz_target!(|data: &[u8]| {
     // The fuzz input is a sequence of packets: [len u8][bytes...]; keys and
     // addresses in RETH/AtomicETH are steered toward the real ones.
     let keys = [wk, rk, ik, wk ^ 1, 0];
-    let mut rest = &data[3..];
+    let mut rest = &data[4..];
     let mut t = now;
     while rest.len() > 1 {
         let n = (rest[0] as usize).min(rest.len() - 1);
@@ -108,10 +176,15 @@ fuzz_target!(|data: &[u8]| {
         pkt[m - 4..].copy_from_slice(&c);
         e.handle_datagram(t, SocketAddr::new(peer, 49152), local, &pkt);
         while e.poll_transmit(t).is_some() {}
+        if pkt[1] & 1 != 0 {
+            // The copy workers catch up here (or, else, later).
+            run_jobs(&mut e, &*access, t);
+        }
         t += Duration::from_micros(50);
         e.handle_timeout(t);
         while cq.poll_one().is_some() {}
     }
+    run_jobs(&mut e, &*access, t);
     assert!(w[..GUARD].iter().chain(&w[GUARD + LEN..]).all(|&b| b == 0xA5), "write outside the writable region");
     assert_eq!(r, before_r, "a read-only region changed");
 });
