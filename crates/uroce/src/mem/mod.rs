@@ -616,13 +616,9 @@ impl Memory {
         });
         match fast {
             Some(r) => r.map(|()| true),
-            None => {
-                let span = self.resolve_remote(key, pd, qpn, iova, data.len() as u64, Want::RemoteWrite)?;
-                if span.may_block() {
-                    return Ok(false);
-                }
-                span.write(0, data).map(|()| true)
-            }
+            None => unless_blocking(self.resolve_remote(key, pd, qpn, iova, data.len() as u64, Want::RemoteWrite)?, |s| {
+                s.write(0, data)
+            }),
         }
     }
 
@@ -649,13 +645,7 @@ impl Memory {
         });
         match fast {
             Some(r) => r.map(|()| true),
-            None => {
-                let span = self.resolve(key, pd, iova, len as u64, Want::LocalRead)?;
-                if span.may_block() {
-                    return Ok(false);
-                }
-                span.read(0, out).map(|()| true)
-            }
+            None => unless_blocking(self.resolve(key, pd, iova, len as u64, Want::LocalRead)?, |s| s.read(0, out)),
         }
     }
 
@@ -921,6 +911,19 @@ pub fn check_access_flags(access: Access) -> Result<()> {
 /// Total length of an SGE list (u64, no overflow).
 pub fn sge_total(sges: &[crate::ib::Sge]) -> u64 {
     sges.iter().map(|s| s.length as u64).sum()
+}
+
+/// The one-call copies' slow path: `copy` through the checked span unless
+/// it may block (true: copied; false: nothing copied, the caller copies it
+/// its way).
+fn unless_blocking(
+    span: Span,
+    copy: impl FnOnce(&Span) -> std::result::Result<(), AccessError>,
+) -> std::result::Result<bool, AccessError> {
+    if span.may_block() {
+        return Ok(false);
+    }
+    copy(&span).map(|()| true)
 }
 
 #[cfg(test)]
