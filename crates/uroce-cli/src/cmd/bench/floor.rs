@@ -12,7 +12,7 @@
 //! and GRO's segment size.
 
 use super::ctrl::{Ctrl, Res};
-use super::udp::PingPong;
+use super::udp::{round_trips, PingPong};
 use serde_json::json;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -140,42 +140,24 @@ pub fn serve(ctrl: &mut Ctrl, ip: IpAddr) -> Res<()> {
 pub fn pingpong(ctrl: &mut Ctrl, local: IpAddr, server: IpAddr, secs: f64) -> Res<PingPong> {
     let r = ctrl.call(&json!({ "cmd": "udp_floor" }))?;
     let port = r["port"].as_u64().ok_or("udp_floor: no port")? as u16;
-    let mut e = End::bind(local)?;
+    let e = End::bind(local)?;
     let dst = sockaddr_in(SocketAddr::new(server, port))?;
     let (pkt, ack) = ([0x42u8; WRITE_BYTES], [0x11u8; ACK_BYTES]);
-    let mut rtt = Vec::with_capacity(1 << 16);
-    let (start, dur) = (Instant::now(), Duration::from_secs_f64(secs));
-    let mut lost = 0;
-    for i in 0..1_000_000usize {
-        let t0 = Instant::now();
-        e.send(&dst, &pkt, &ack)?;
-        // The answer is the WRITE and its ACK: one GRO'd read, or two.
-        let mut bytes = 0;
-        let mut got = false;
-        let mut spins = 0u64;
-        while !got {
-            bytes += e.try_recv()?.map_or(0, |(_, n)| n);
-            got = bytes >= WRITE_BYTES + ACK_BYTES;
-            spins += 1;
-            if spins % 1024 == 0 && t0.elapsed() > Duration::from_millis(100) {
-                break; // lost: send again, no sample
-            }
-        }
-        if !got {
-            lost += 1;
-            if lost > 100 {
-                return Err("udp floor ping-pong: too many losses".into());
-            }
-            continue;
-        }
-        if i >= 500 {
-            rtt.push(t0.elapsed().as_secs_f64() * 1e6);
-        }
-        if start.elapsed() >= dur && rtt.len() >= 100 {
-            break;
-        }
-    }
+    // The answer is the WRITE and its ACK: one GRO'd read, or two.
+    let e = std::cell::RefCell::new(e);
+    let bytes = std::cell::Cell::new(0);
+    let rtt = round_trips(
+        secs,
+        "udp floor ping-pong",
+        || {
+            bytes.set(0);
+            e.borrow_mut().send(&dst, &pkt, &ack)
+        },
+        || {
+            bytes.set(bytes.get() + e.borrow_mut().try_recv()?.map_or(0, |(_, n)| n));
+            Ok(bytes.get() >= WRITE_BYTES + ACK_BYTES)
+        },
+    )?;
     ctrl.call(&json!({ "cmd": "end" }))?;
-    rtt.sort_by(f64::total_cmp);
     Ok(PingPong { iters: rtt.len(), rtt_us: rtt })
 }

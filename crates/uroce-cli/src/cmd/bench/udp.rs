@@ -192,22 +192,40 @@ pub fn pingpong(ctrl: &mut Ctrl, local: IpAddr, server: IpAddr, secs: f64) -> Re
     s.set_nonblocking(true)?;
     let msg = [0x42u8; PING_BYTES];
     let mut buf = [0u8; 2048];
+    let rtt = round_trips(
+        secs,
+        "udp ping-pong",
+        || Ok(s.send(&msg).map(|_| ())?),
+        || match s.recv(&mut buf) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(e.into()),
+        },
+    )?;
+    ctrl.call(&json!({ "cmd": "end" }))?;
+    Ok(PingPong { iters: rtt.len(), rtt_us: rtt })
+}
+
+/// Busy-polled round trips for about `secs` (at least 100 after 500 of
+/// warm-up): `send` starts one, `answered` polls until it is complete. A
+/// round trip without its answer within 100 ms is lost and sent again (no
+/// sample); more than 100 losses fail `what`. The samples, in µs, sorted.
+pub fn round_trips(
+    secs: f64,
+    what: &str,
+    mut send: impl FnMut() -> Res<()>,
+    mut answered: impl FnMut() -> Res<bool>,
+) -> Res<Vec<f64>> {
     let mut rtt = Vec::with_capacity(1 << 16);
-    let start = Instant::now();
-    let dur = Duration::from_secs_f64(secs);
-    let warmup = 500;
+    let (start, dur) = (Instant::now(), Duration::from_secs_f64(secs));
     let mut lost = 0;
     for i in 0..1_000_000usize {
         let t0 = Instant::now();
-        s.send(&msg)?;
+        send()?;
         let mut got = false;
         let mut spins = 0u64;
         while !got {
-            match s.recv(&mut buf) {
-                Ok(_) => got = true,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e.into()),
-            }
+            got = answered()?;
             spins += 1;
             if spins % 1024 == 0 && t0.elapsed() > Duration::from_millis(100) {
                 break; // lost: send again, no sample
@@ -216,18 +234,17 @@ pub fn pingpong(ctrl: &mut Ctrl, local: IpAddr, server: IpAddr, secs: f64) -> Re
         if !got {
             lost += 1;
             if lost > 100 {
-                return Err("udp ping-pong: too many losses".into());
+                return Err(format!("{what}: too many losses").into());
             }
             continue;
         }
-        if i >= warmup {
+        if i >= 500 {
             rtt.push(t0.elapsed().as_secs_f64() * 1e6);
         }
         if start.elapsed() >= dur && rtt.len() >= 100 {
             break;
         }
     }
-    ctrl.call(&json!({ "cmd": "end" }))?;
     rtt.sort_by(f64::total_cmp);
-    Ok(PingPong { iters: rtt.len(), rtt_us: rtt })
+    Ok(rtt)
 }
