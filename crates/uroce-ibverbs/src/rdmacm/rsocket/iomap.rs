@@ -6,7 +6,7 @@
 //! peer wrote into this socket's own iomap area and RDMA WRITEs (no
 //! immediate) straight into the peer's buffer.
 
-use super::stream::Stream;
+use super::stream::{next_transfer, Stream};
 use super::wire::{self, RsSge};
 use crate::ffi::*;
 use std::collections::VecDeque;
@@ -159,15 +159,7 @@ impl Stream {
         iom: (u64, RsSge),
         olen: &mut u32,
     ) -> Result<u32, c_int> {
-        let mut xfer = if (*olen as usize) < left {
-            let x = *olen;
-            if *olen < wire::MAX_TRANSFER {
-                *olen <<= 1;
-            }
-            x
-        } else {
-            left as u32
-        };
+        let mut xfer = next_transfer(olen, left);
         let room = (iom.0 + iom.1.length as u64 - offset).min(u32::MAX as u64) as u32;
         xfer = xfer.min(self.sbuf_bytes_avail).min(room);
         let (mut sgl, n) = self.ring_copy(src, xfer);

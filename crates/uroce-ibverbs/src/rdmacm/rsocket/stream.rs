@@ -806,15 +806,7 @@ impl Stream {
         left: usize,
         olen: &mut u32,
     ) -> Result<u32, c_int> {
-        let mut xfer = if (*olen as usize) < left {
-            let x = *olen;
-            if *olen < wire::MAX_TRANSFER {
-                *olen <<= 1;
-            }
-            x
-        } else {
-            left as u32
-        };
+        let mut xfer = next_transfer(olen, left);
         xfer = xfer.min(self.sbuf_bytes_avail).min(self.tget(self.target_sge).length);
         let (mut sgl, n) = self.ring_copy(src, xfer);
         let flags = if xfer <= self.sq_inline { ibv_send_flags_IBV_SEND_INLINE } else { 0 };
@@ -975,5 +967,20 @@ pub fn set_nonblock(fd: c_int) {
         if fl >= 0 {
             libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
         }
+    }
+}
+
+/// The size of a stream write's next transfer, as rsockets' `rs_send`
+/// grows it: the current size `olen` (doubled for the next one, up to
+/// `MAX_TRANSFER`) while more than that is `left`, else the rest.
+pub(super) fn next_transfer(olen: &mut u32, left: usize) -> u32 {
+    if (*olen as usize) < left {
+        let x = *olen;
+        if *olen < wire::MAX_TRANSFER {
+            *olen <<= 1;
+        }
+        x
+    } else {
+        left as u32
     }
 }
