@@ -16,8 +16,7 @@ mod simnet;
 use common::*;
 use simnet::buf::Buf;
 use simnet::conn::{Conn, ConnParams};
-use simnet::node::{Node, PORT};
-use std::net::SocketAddr;
+use simnet::node::{exchange, Node};
 use std::time::{Duration, Instant};
 use uroce::ib::{Access, Mtu, QpAttrMask, QpState, Sge};
 use uroce::proto::wr::{QpAttr, SendWr, WrOpcode};
@@ -71,15 +70,7 @@ impl Two {
 
     /// Everything node `from` sends now, handed to the other node.
     fn pass(&mut self, from: usize, now: Instant) -> Vec<(Opcode, u32, Option<AethKind>)> {
-        let out: Vec<Transmit> = std::iter::from_fn(|| self.nodes[from].engine.poll_transmit(now)).collect();
-        let seen = out.iter().map(describe).collect();
-        let src = SocketAddr::new(self.nodes[from].ip, PORT);
-        let to = &mut self.nodes[1 - from];
-        for t in &out {
-            let ip = to.ip;
-            to.engine.handle_datagram(now, src, ip, &t.data);
-        }
-        seen
+        exchange(&mut self.nodes, from, now, false).iter().map(describe).collect()
     }
 }
 

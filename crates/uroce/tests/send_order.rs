@@ -13,12 +13,11 @@ mod simnet;
 
 use simnet::buf::Buf;
 use simnet::conn::{Conn, ConnParams};
-use simnet::node::{Node, PORT};
-use std::net::SocketAddr;
+use simnet::node::{exchange, Node};
 use std::time::{Duration, Instant};
 use uroce::ib::{Access, Mtu, QpState, Sge, WcStatus};
+use uroce::proto::ack_hold_limit;
 use uroce::proto::wr::{SendWr, WrOpcode};
-use uroce::proto::{ack_hold_limit, Transmit};
 use uroce::wire::{Opcode, Packet};
 
 /// A key no region has.
@@ -61,23 +60,13 @@ impl Two {
     /// Everything node `from` sends now: handed to the other node unless
     /// `lose`. Returns the (opcode, PSN) of each packet.
     fn pass(&mut self, from: usize, now: Instant, lose: bool) -> Vec<(Opcode, u32)> {
-        let out: Vec<Transmit> = std::iter::from_fn(|| self.nodes[from].engine.poll_transmit(now)).collect();
-        let seen = out
+        exchange(&mut self.nodes, from, now, lose)
             .iter()
             .map(|t| {
                 let p = Packet::parse(&t.data).expect("a packet the engine built");
                 (p.headers.bth.opcode, p.headers.bth.psn)
             })
-            .collect();
-        if !lose {
-            let src = SocketAddr::new(self.nodes[from].ip, PORT);
-            let to = &mut self.nodes[1 - from];
-            for t in &out {
-                let ip = to.ip;
-                to.engine.handle_datagram(now, src, ip, &t.data);
-            }
-        }
-        seen
+            .collect()
     }
 
     /// Node 1's ACKs, held for an answer, leave at their deadline: the

@@ -122,3 +122,20 @@ impl Node {
         self.engine.qp(qpn).map_or(QpState::Reset, |q| q.state())
     }
 }
+
+/// Everything node `from` of a pair sends now, handed to the other node
+/// straight (a perfect wire) unless `lose`; the packets, for the caller to
+/// look at. (The engine-level tests' wire; `tests/sim.rs` has a fabric.)
+#[allow(dead_code)]
+pub fn exchange(nodes: &mut [Node; 2], from: usize, now: Instant, lose: bool) -> Vec<uroce::proto::Transmit> {
+    let out: Vec<_> = std::iter::from_fn(|| nodes[from].engine.poll_transmit(now)).collect();
+    if !lose {
+        let src = std::net::SocketAddr::new(nodes[from].ip, PORT);
+        let to = &mut nodes[1 - from];
+        let ip = to.ip;
+        for t in &out {
+            to.engine.handle_datagram(now, src, ip, &t.data);
+        }
+    }
+    out
+}
