@@ -83,11 +83,12 @@ fn tx_of(v: &Value, device: &str) -> u64 {
     v["totals"][device]["tx_packets"].as_u64().unwrap_or(0)
 }
 
-/// Waits (≤ 15 s) until `f` holds.
+/// Waits until `f` holds (at most 60 s: only a hang takes that long, however
+/// busy the machine).
 fn until(what: &str, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
     while !f() {
-        assert!(t.elapsed() < Duration::from_secs(15), "timed out waiting for {what}");
+        assert!(t.elapsed() < Duration::from_secs(60), "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -159,7 +160,9 @@ fn stat_and_capture_watch_another_process() {
     let pcap = rt.join("live.pcap");
     let out = uroce(&rt, &["capture", "--pid", &pid.to_string(), "--file", pcap.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    std::thread::sleep(Duration::from_millis(500));
+    // The process answered: it captures. Stop once it has sent more.
+    let started = tx_of(&stat_json(&rt), "demo-a");
+    until("packets sent while capturing", || tx_of(&stat_json(&rt), "demo-a") > started + 10);
     let out = uroce(&rt, &["capture", "--pid", &pid.to_string(), "--stop"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // A capture request never replaces an existing file.
