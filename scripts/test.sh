@@ -83,7 +83,10 @@ fi
 # memory, crates/uroce/src/io/link), then with it off (UROCE_LINK=udp: every
 # packet by UDP, as between hosts).
 echo "== pass 1 of 2: UROCE_LINK=auto (same-host peers by shared memory)"
-UROCE_LINK=auto cargo test --workspace --all-targets --no-fail-fast -- --show-output 2>&1 | tee "$log" || status=1
+# Not --all-targets: that would run the benches (harness = false: their
+# main) as timed tests; they are measurements (`cargo bench`), compiled and
+# linted above by clippy --all-targets.
+UROCE_LINK=auto cargo test --workspace --lib --bins --tests --examples --no-fail-fast -- --show-output 2>&1 | tee "$log" || status=1
 cargo test --workspace --doc --no-fail-fast 2>&1 | tee -a "$log" || status=1
 log2=$(mktemp)
 trap 'rm -f "$log" "$log2" "$checks"' EXIT
