@@ -4,6 +4,12 @@
 //! `-e rdm` with `verbs;ofi_rxm` and over `-e dgram`, between two
 //! processes of one host and between two network namespaces.
 //!
+//! And `tests/c/fabric.c`, what applications do with libfabric's API: over
+//! MSG endpoints CM data both ways, send/recv, RMA write and read, RMA write
+//! with CQ data, a CQ waited on through epoll; over RDM endpoints
+//! (`verbs;ofi_rxm`) tagged messages and atomics (sum, fetching sum,
+//! compare and swap), on one host and between namespaces.
+//!
 //! libfabric's verbs provider only offers MSG endpoints on a device whose
 //! address belongs to a network interface other than `lo`, so these tests
 //! give the devices the addresses of a veth pair in namespaces they make
@@ -18,9 +24,10 @@ mod skip;
 mod netns;
 mod support;
 
+use std::io::BufRead;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use support::{dropin_dir, have, serial, Reap};
+use support::{dropin_dir, have, root, serial, Reap};
 
 /// fi_pingpong's out-of-band TCP port (its default).
 const CTRL_PORT: u16 = 47592;
@@ -151,4 +158,67 @@ fn fi_pingpong_msg_rdm_dgram_between_two_namespaces() {
     let _g = serial();
     let Some((p, _)) = namespaces("lf2", 63) else { return };
     pingpong_all(&p, (&p.a, &p.ip_a), (&p.b, &p.ip_b));
+}
+
+/// tests/c/fabric.c, built against Debian's libfabric-dev.
+fn fabric_program() -> Option<std::path::PathBuf> {
+    if !std::path::Path::new("/usr/include/rdma/fabric.h").exists() {
+        return None;
+    }
+    let exe = dropin_dir().join("fabric-test");
+    let cc = Command::new("cc")
+        .args(["-O1", "-g", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(root().join("crates/uroce-ibverbs/tests/c/fabric.c"))
+        .arg("-lfabric")
+        .output()
+        .expect("run cc");
+    assert!(cc.status.success(), "cc: {}", String::from_utf8_lossy(&cc.stderr));
+    Some(exe)
+}
+
+/// fabric.c's `mode` (msg, rdm) server in `sns` at `saddr` and client in
+/// `cns` at `caddr`; the client starts once the server says it listens.
+fn fabric(p: &netns::Pair, exe: &str, mode: &str, (sns, saddr): (&str, &str), (cns, caddr): (&str, &str)) {
+    const PORT: &str = "9311";
+    let mut server = Reap::new(in_ns(p, sns, saddr, exe, &[mode, "server", PORT]).spawn().unwrap());
+    let out = server.0.as_mut().unwrap().stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let lines = std::thread::spawn(move || {
+        let mut all = String::new();
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if l == "listening" {
+                let _ = tx.send(());
+            }
+            all += &l;
+            all.push('\n');
+        }
+        all
+    });
+    if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+        let (_, err) = server.wait("fabric server", Duration::from_secs(1));
+        panic!("fabric {mode} server never listened: {}{err}", lines.join().unwrap_or_default());
+    }
+    let client = Reap::new(in_ns(p, cns, caddr, exe, &[mode, "client", saddr, PORT]).spawn().unwrap());
+    let (ok, cout) = { client }.wait("fabric client", Duration::from_secs(60));
+    let (sok, serr) = server.wait("fabric server", Duration::from_secs(30));
+    let sout = lines.join().unwrap_or_default() + &serr;
+    assert!(ok && sok, "fabric {mode}: client: {cout}\nserver: {sout}");
+    assert!(cout.contains(&format!("fabric {mode} client ok")), "{cout}");
+    assert!(sout.contains(&format!("fabric {mode} server ok")), "{sout}");
+}
+
+#[test]
+fn libfabric_api_msg_and_rdm_on_one_host_and_between_namespaces() {
+    if let Some(why) = missing() {
+        skip!("{why}");
+    }
+    let _g = serial();
+    let Some(exe) = fabric_program() else { skip!("rdma/fabric.h is not installed (Debian package libfabric-dev)") };
+    let exe = exe.to_str().unwrap();
+    let Some((p, ip_a2)) = namespaces("lfc", 64) else { return };
+    for mode in ["msg", "rdm"] {
+        fabric(&p, exe, mode, (&p.a, &p.ip_a), (&p.a, &ip_a2));
+        fabric(&p, exe, mode, (&p.a, &p.ip_a), (&p.b, &p.ip_b));
+    }
 }
