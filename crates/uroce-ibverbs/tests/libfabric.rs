@@ -19,7 +19,7 @@
 #[macro_use]
 mod skip;
 // netns loads the skip module for itself too (its SKIP lines).
-#[allow(dead_code)]
+#[allow(clippy::duplicate_mod)]
 #[path = "../../uroce/tests/netns/mod.rs"]
 mod netns;
 mod support;

@@ -375,8 +375,11 @@ pub unsafe extern "C" fn uroce_cm_rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut
     let Some(a) = (unsafe { read_sockaddr(addr) }) else { return fail(libc::EAFNOSUPPORT) };
     rc(with_id(id, |g, u| {
         let s = &g.ids[&(u as usize)];
+        // Bound already: a device, or a wildcard address with its port
+        // (rsockets sets only the family of a new id's source address).
         // SAFETY: a live id.
-        if s.dev.is_some() || unsafe { src_of(u) }.is_some() {
+        let bound = unsafe { src_of(u) }.is_some_and(|b| !b.ip().is_unspecified() || b.port() != 0);
+        if s.dev.is_some() || bound {
             return Err(libc::EINVAL);
         }
         // As the kernel: an address no device has but a loopback one binds
