@@ -555,3 +555,41 @@ fn rping_with_loss_on_both_sides() {
         assert_eq!(out.matches("ping data: rdma-ping-").count(), 20, "{out}");
     }
 }
+
+/// rdma_xserver and rdma_xclient (rdmacm-utils) with `-c <kind>`: the
+/// client's QP has max_inline_data 0 and max_send_sge 1 and sends its 16
+/// bytes with IBV_SEND_INLINE, which rxe and mlx5 accept (rxe rounds the
+/// inline limit up to max_send_sge × 16 bytes, the room of a WQE).
+fn xserver_xclient(kind: &str, saddr: &str, caddr: &str, port: &str) {
+    if !have("rdma_xserver") || !have("rdma_xclient") {
+        skip!("rdma_xserver/rdma_xclient are not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let mut s = Reap(Some(dropin_command("rdma_xserver", saddr).args(["-c", kind, "-p", port]).spawn().unwrap()));
+    assert!(device_up(saddr), "rdma_xserver did not open its device on {saddr}");
+    let mut last = String::new();
+    for _ in 0..20 {
+        let args = ["-c", kind, "-s", saddr, "-p", port];
+        let mut c = Reap(Some(dropin_command("rdma_xclient", caddr).args(args).spawn().unwrap()));
+        let (ok, out) = c.wait("rdma_xclient", Duration::from_secs(30));
+        if ok {
+            let (sok, sout) = s.wait("rdma_xserver", Duration::from_secs(30));
+            assert!(sok && sout.contains("end 0"), "rdma_xserver -c {kind}: {sout}\nclient: {out}");
+            assert!(out.contains("end 0"), "{out}");
+            return;
+        }
+        // Connection refused: a REQ before the server listened (REJ 8).
+        if !out.contains("rdma_connect") {
+            let (_, sout) = s.wait("rdma_xserver", Duration::from_millis(1));
+            panic!("rdma_xclient -c {kind}: {out}\nserver: {sout}");
+        }
+        last = out;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("rdma_xclient -c {kind} never connected: {last}");
+}
+
+#[test]
+fn rdma_xclient_rc_sends_inline_beyond_max_inline_data() {
+    xserver_xclient("r", "127.0.0.171", "127.0.0.172", "7481");
+}

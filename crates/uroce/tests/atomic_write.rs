@@ -171,7 +171,10 @@ fn carries_its_eight_bytes_in_the_wqe_whatever_max_inline_data() {
     qa.post_send(&w).unwrap();
     assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);
     assert_eq!(dst.to_vec(), b"8 bytes!");
+    // A SEND's inline data is limited: to the WQE's room, max_send_sge (4)
+    // × 16 bytes, as rxe rounds max_inline_data 0 up.
+    assert_eq!(qa.cap().max_inline_data, 64);
     let mut send = SendWr::new(2, WrOpcode::Send);
-    send.inline = Some(b"8 bytes!".to_vec());
+    send.inline = Some(vec![7u8; 65]);
     assert_eq!(qa.post_send(&send).unwrap_err().errno, Errno::EINVAL, "a SEND's inline data is limited");
 }

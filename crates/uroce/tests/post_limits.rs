@@ -120,3 +120,27 @@ fn lists_on_a_qp_in_error_stop_at_the_free_slots_too() {
     assert_eq!((i, e.errno), (256, Errno::ENOMEM));
     assert_eq!(cq.wait(512, T).unwrap().len(), 512);
 }
+
+/// The inline limit is rounded up as rxe does (`rxe_qp_init_req`): to
+/// max_send_sge × 16 bytes when that is larger than what was asked, and
+/// reported so by create_qp and query_qp; inline data up to the limit of a
+/// connected QP is taken, one byte more is EINVAL.
+#[test]
+fn inline_limit_is_rounded_up_to_the_sges_room() {
+    let (a, b) = connected(None);
+    let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    for (sge, asked, got) in [(1, 0, 16), (3, 20, 48), (1, 100, 100)] {
+        let cap = QpCap { max_send_sge: sge, max_inline_data: asked, ..cap };
+        let qp = a.pd.create_qp(&QpInitAttr { cap, ..QpInitAttr::rc(&a.cq, &a.cq) }).unwrap();
+        assert_eq!((qp.cap().max_inline_data, qp.query().cap.max_inline_data), (got, got), "{sge} SGEs, {asked} asked");
+    }
+    let rx = b.pd.register(vec![0u8; 4096], Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv(&RecvWr { wr_id: 1, sg_list: uroce::sgl![rx.sge(0, 4096)] }).unwrap();
+    let limit = a.qp.cap().max_inline_data as usize;
+    let mut s = SendWr::new(1, WrOpcode::Send);
+    s.inline = Some(vec![5u8; limit]);
+    a.qp.post_send(&s).unwrap();
+    assert_eq!(b.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);
+    s.inline = Some(vec![5u8; limit + 1]);
+    assert_eq!(a.qp.post_send(&s).unwrap_err().errno, Errno::EINVAL);
+}

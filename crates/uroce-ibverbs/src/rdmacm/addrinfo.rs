@@ -108,6 +108,14 @@ pub unsafe extern "C" fn uroce_cm_rdma_getaddrinfo(
                 let len = if h.ai_dst_len > 0 { h.ai_dst_len } else { sa_len(fam) };
                 r.ai_dst_addr = dup_addr(h.ai_dst_addr as *const libc::sockaddr, len) as *mut sockaddr;
                 r.ai_dst_len = len;
+                // With neither node nor service, the family is the hints'
+                // addresses' (libfabric resolves a peer this way).
+                if r.ai_family == 0 {
+                    r.ai_family = fam;
+                }
+            }
+            if r.ai_family == 0 {
+                r.ai_family = h.ai_family;
             }
         }
     }

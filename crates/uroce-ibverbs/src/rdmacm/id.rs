@@ -375,21 +375,48 @@ pub unsafe extern "C" fn uroce_cm_rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut
     let Some(a) = (unsafe { read_sockaddr(addr) }) else { return fail(libc::EAFNOSUPPORT) };
     rc(with_id(id, |g, u| {
         let s = &g.ids[&(u as usize)];
-        if s.dev.is_some() {
+        // Bound already: a device, or a wildcard address with its port
+        // (rsockets sets only the family of a new id's source address).
+        // SAFETY: a live id.
+        let bound = unsafe { src_of(u) }.is_some_and(|b| !b.ip().is_unspecified() || b.port() != 0);
+        if s.dev.is_some() || bound {
             return Err(libc::EINVAL);
         }
-        let d = dev::device_for(g, Some(a.ip()))?;
+        // As the kernel: an address no device has but a loopback one binds
+        // to the first device (`cma_bind_loopback`); the wildcard address
+        // binds no device (`id->verbs` stays NULL until an address is
+        // resolved or the id listens). Unlike the kernel, the id's address
+        // then becomes the device's: a uroce device is a host of its own
+        // (a peer process has its own device), so 127.0.0.1 would name no
+        // device a peer can reach, and a peer learns the address from
+        // `rdma_get_local_addr` (libfabric binds "localhost" when the
+        // application names no node, then sends its address to the peer).
+        let any = a.ip().is_unspecified();
         let mut a = a;
+        let d = match dev::device_for(g, if any { None } else { Some(a.ip()) }) {
+            Err(libc::EADDRNOTAVAIL) if a.ip().is_loopback() => {
+                let d = dev::device_for(g, None)?;
+                if a.is_ipv4() == g.devs[d].ip.is_ipv4() {
+                    a.set_ip(g.devs[d].ip);
+                }
+                d
+            }
+            r => r?,
+        };
         if a.port() == 0 {
             // As the kernel: binding to port 0 takes an ephemeral port.
             a.set_port(g.devs[d].ep.ephemeral_port());
         }
         // SAFETY: a live id.
         unsafe {
-            attach_dev(g, u, d);
+            if !any {
+                attach_dev(g, u, d);
+            }
             set_src(u, a);
         }
-        g.ids.get_mut(&(u as usize)).expect("live").dev = Some(d);
+        if !any {
+            g.ids.get_mut(&(u as usize)).expect("live").dev = Some(d);
+        }
         Ok(())
     }))
 }
@@ -409,6 +436,9 @@ pub unsafe extern "C" fn uroce_cm_rdma_resolve_addr(
         let dev = match g.ids[&(u as usize)].dev {
             Some(x) => x,
             None => {
+                // A source given here, else the (wildcard) address bound before.
+                // SAFETY: a live id.
+                let s = s.or(unsafe { src_of(u) });
                 let x = dev::device_for(g, s.map(|s| s.ip()))?;
                 // SAFETY: a live id.
                 unsafe {
@@ -476,7 +506,9 @@ pub unsafe extern "C" fn uroce_cm_rdma_listen(id: *mut rdma_cm_id, backlog: c_in
                 // SAFETY: a live id.
                 unsafe {
                     attach_dev(g, u, d);
-                    set_src(u, SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0));
+                    if src_of(u).is_none() {
+                        set_src(u, SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0));
+                    }
                 }
                 g.ids.get_mut(&(u as usize)).expect("live").dev = Some(d);
                 d
@@ -862,10 +894,24 @@ pub unsafe extern "C" fn uroce_cm_rdma_destroy_qp(id: *mut rdma_cm_id) {
 
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rdma_migrate_id(id: *mut rdma_cm_id, ch: *mut rdma_event_channel) -> c_int {
-    let mut g = super::lock();
-    if id.is_null() || !g.ids.contains_key(&(id as usize)) {
+    let sync = {
+        let g = super::lock();
+        match g.ids.get(&(id as usize)) {
+            Some(s) => s.sync,
+            None => return fail(libc::EINVAL),
+        }
+    };
+    // librdmacm: a synchronous id stays synchronous only with a new private channel.
+    if sync && ch.is_null() {
         return fail(libc::EINVAL);
     }
+    if sync {
+        // As librdmacm: the event a synchronous call kept in `id->event` is
+        // acked first (libfabric migrates ids made by rdma_create_ep).
+        // SAFETY: a live id; its held event is ours.
+        unsafe { ack_pending(id as *mut UId) };
+    }
+    let mut g = super::lock();
     while g.ids.get(&(id as usize)).is_some_and(|s| s.unacked > 0) {
         g = super::ACKED.wait(g).unwrap_or_else(|p| p.into_inner());
     }

@@ -148,6 +148,11 @@ impl Qp {
         if !xrc_send && init.srq.as_ref().is_some_and(|s| s.xrc.is_some()) {
             return Err(Error::inval("create_qp: an XRC SRQ serves XRC_RECV QPs only"));
         }
+        // As rxe (`rxe_qp_init_req`): a send WQE has room for max_send_sge
+        // SGEs of 16 bytes or the inline data, whichever is larger, and
+        // inline data may fill that room; the QP reports the rounded limit
+        // (create_qp's caps, ibv_query_qp). mlx5 rounds up to its WQE too.
+        let c = QpCap { max_inline_data: c.max_inline_data.max(c.max_send_sge * 16).min(MAX_INLINE), ..c };
         let cap = if xrc_send { QpCap { max_recv_wr: 0, max_recv_sge: 0, ..c } } else { c };
         Ok(Qp {
             qpn,

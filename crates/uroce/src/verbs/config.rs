@@ -5,7 +5,7 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `UROCE_DEVICE` | device name | `uroce0` |
-//! | `UROCE_ADDR` | IPv4 or IPv6 unicast address to bind (not `0.0.0.0`, `::`, broadcast or multicast) | the first free of 127.0.0.1 … 127.0.0.254 |
+//! | `UROCE_ADDR` | IPv4 or IPv6 unicast address to bind (not `0.0.0.0`, `::`, broadcast or multicast), or the name of a network interface: its first IPv4 address, else its first IPv6 address that is not link-local | the first free of 127.0.0.1 … 127.0.0.254 |
 //! | `UROCE_PORT` | UDP port of this device and its peers (not 0) | 4791 |
 //! | `UROCE_MTU` | active MTU in bytes: 256, 512, 1024, 2048 or 4096 | from the interface MTU − 80 (rxe's rule) |
 //! | `UROCE_CAPTURE` | write a pcap of every packet to this file (`%p` = pid; created 0600, never through a link; an existing file is replaced only if it is a regular file of this user) | off |
@@ -29,6 +29,48 @@
 //! client and a server on one host simply work.
 
 use crate::ib::{Error, Mtu, Result};
+
+/// The address `UROCE_ADDR=<interface>` names: the interface's first IPv4
+/// address, else its first IPv6 address that is not link-local.
+pub fn interface_address(name: &str) -> Option<IpAddr> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list`, freed below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return None;
+    }
+    let (mut v4, mut v6) = (None, None);
+    let mut p = list;
+    while !p.is_null() {
+        // SAFETY: an entry of getifaddrs' list, alive until freeifaddrs.
+        let i = unsafe { &*p };
+        p = i.ifa_next;
+        // SAFETY: ifa_name is a NUL-terminated string of the entry.
+        let ifname = unsafe { std::ffi::CStr::from_ptr(i.ifa_name) };
+        if i.ifa_addr.is_null() || ifname.to_bytes() != name.as_bytes() {
+            continue;
+        }
+        // SAFETY: ifa_addr is a sockaddr of the family it says.
+        match unsafe { (*i.ifa_addr).sa_family } as i32 {
+            libc::AF_INET if v4.is_none() => {
+                // SAFETY: as above, an AF_INET sockaddr.
+                let s = unsafe { &*(i.ifa_addr as *const libc::sockaddr_in) };
+                v4 = Some(IpAddr::from(u32::from_be(s.sin_addr.s_addr).to_be_bytes()));
+            }
+            libc::AF_INET6 if v6.is_none() => {
+                // SAFETY: as above, an AF_INET6 sockaddr.
+                let s = unsafe { &*(i.ifa_addr as *const libc::sockaddr_in6) };
+                let a = std::net::Ipv6Addr::from(s.sin6_addr.s6_addr);
+                if a.segments()[0] & 0xffc0 != 0xfe80 {
+                    v6 = Some(IpAddr::V6(a));
+                }
+            }
+            _ => {}
+        }
+    }
+    // SAFETY: the list getifaddrs made.
+    unsafe { libc::freeifaddrs(list) };
+    v4.or(v6)
+}
 use std::net::IpAddr;
 use std::path::PathBuf;
 
@@ -140,7 +182,14 @@ impl DeviceConfig {
         let bad = |k: &str, e: String| Error::inval(format!("{k}: {e}"));
         let flag = |k: &str, v: &str| crate::config::parse_bool(v).map_err(|e| bad(k, e));
         if let Some(v) = var("UROCE_ADDR") {
-            let a: IpAddr = v.parse().map_err(|_| bad("UROCE_ADDR", format!("not an IP address: {v}")))?;
+            let a: IpAddr = match v.parse() {
+                Ok(a) => a,
+                // An interface name: its address (libfabric's verbs provider
+                // wants a device on an interface other than `lo`).
+                Err(_) => interface_address(&v).ok_or_else(|| {
+                    bad("UROCE_ADDR", format!("not an IP address, nor an interface with an address: {v}"))
+                })?,
+            };
             crate::config::check_address(a).map_err(|e| bad("UROCE_ADDR", e))?;
             c.addr = Some(a);
         }
@@ -222,5 +271,11 @@ mod tests {
         assert!(with(&[("UROCE_SCATTER_TO_CQE", "2")]).is_err());
         assert!(with(&[("UROCE_SCATTER_TO_CQE", "1"), ("MLX5_SCATTER_TO_CQE", "0")]).unwrap().scatter_to_cqe);
         assert!(!with(&[("UROCE_SCATTER_TO_CQE", "0"), ("MLX5_SCATTER_TO_CQE", "2")]).unwrap().scatter_to_cqe);
+    }
+
+    #[test]
+    fn an_interface_name_gives_its_address() {
+        assert_eq!(interface_address("lo"), Some(std::net::Ipv4Addr::LOCALHOST.into()));
+        assert_eq!(interface_address("no-such-interface0"), None);
     }
 }

@@ -5,8 +5,11 @@ use crate::ib::{Error, Result, Wc};
 use crate::proto::cq::CompletionQueue as Ring;
 use std::sync::Arc;
 
-/// Largest CQ (rxe: RXE_MAX_CQE).
-pub const MAX_CQE: u32 = 32767;
+/// Largest CQ: mlx5's (ConnectX) 2^22 - 1 rather than rxe's 32767. A uroce
+/// CQ is memory that grows with the completions it holds, not a ring sized
+/// up front, so a large CQ costs nothing until it fills; libfabric's
+/// ofi_rxm sizes its CQ (384 + 384) × 256 = 196608 by default.
+pub const MAX_CQE: u32 = 4_194_303;
 
 pub struct CompletionQueue {
     pub(crate) ctx: Context,
