@@ -362,6 +362,46 @@ impl Drop for Capture {
 mod tests {
     use super::*;
 
+    /// Recording never waits for the file: past the queue's room records are
+    /// dropped and counted, and after the capture is dropped and settled
+    /// the file holds every record that was not, whole.
+    #[test]
+    fn records_are_queued_or_counted_and_the_file_ends_whole() {
+        let d = std::env::temp_dir().join(format!("uroce-capture-queue-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let path = d.join("q.pcap");
+        let c = Capture::create_new(&path).unwrap();
+        let ip = IpInfo {
+            src: "127.0.0.1".parse().unwrap(),
+            dst: "127.0.0.2".parse().unwrap(),
+            sport: 4791,
+            dport: 4791,
+            ipv4_id: 3,
+        };
+        let n = 3 * QUEUE as u64;
+        let payload = [0x5au8; 1024];
+        for _ in 0..n {
+            c.record(&ip, &payload);
+        }
+        let dropped = c.dropped();
+        assert!(dropped < n, "some records reach the queue");
+        drop(c);
+        settle();
+        let f = std::fs::File::open(&path).unwrap();
+        let r = crate::wire::pcap::PcapReader::new(f).unwrap();
+        let mut written = 0u64;
+        for frame in r {
+            let frame = frame.expect("whole records only");
+            let (got, p) =
+                crate::wire::pcap::extract_roce(crate::wire::pcap::LINKTYPE_ETHERNET, &frame.data, 4791).unwrap();
+            assert_eq!((got, p), (ip, &payload[..]));
+            written += 1;
+        }
+        assert_eq!(written + dropped, n, "each record written or counted");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
     #[test]
     fn create_never_follows_links_nor_replaces_others() {
         let d = std::env::temp_dir().join(format!("uroce-capture-test-{}", std::process::id()));

@@ -316,6 +316,35 @@ mod tests {
     use super::*;
     use crate::wire::{build_packet, icrc, Bth, Headers, Opcode};
 
+    /// The bytes the hand-written writer produced: file header, an IPv4
+    /// frame (DF, TTL 64, the ID, a checksum that holds, UDP checksum 0).
+    #[test]
+    fn file_header_and_ipv4_frame_bytes() {
+        let mut out = Vec::new();
+        PcapWriter::new(&mut out).unwrap().flush().unwrap();
+        let mut want = vec![0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        want.extend_from_slice(&SNAPLEN.to_le_bytes());
+        want.extend_from_slice(&LINKTYPE_ETHERNET.to_le_bytes());
+        assert_eq!(out, want);
+        let ip = IpInfo {
+            src: "127.0.0.1".parse().unwrap(),
+            dst: "127.0.0.2".parse().unwrap(),
+            sport: 49152,
+            dport: 4791,
+            ipv4_id: 0x1234,
+        };
+        let f = roce_frame(&ip, b"abcd").unwrap();
+        let mut h = vec![0x45, 0, 0, 32, 0x12, 0x34, 0x40, 0, 64, 17, 0, 0, 127, 0, 0, 1, 127, 0, 0, 2];
+        let sum = h.chunks(2).fold(0u32, |a, w| a + u16::from_be_bytes([w[0], w[1]]) as u32);
+        let sum = !(((sum & 0xFFFF) + (sum >> 16)) as u16);
+        h[10..12].copy_from_slice(&sum.to_be_bytes());
+        let mut want = vec![2, 0, 127, 0, 0, 2, 2, 0, 127, 0, 0, 1, 0x08, 0x00];
+        want.extend_from_slice(&h);
+        want.extend_from_slice(&[0xc0, 0x00, 0x12, 0xb7, 0, 12, 0, 0]);
+        want.extend_from_slice(b"abcd");
+        assert_eq!(f, want);
+    }
+
     #[test]
     fn write_then_read_v4_and_v6() {
         let mut out = Vec::new();
