@@ -6,3 +6,4 @@ pub mod demo;
 pub mod devices;
 pub mod peers;
 pub mod stat;
+pub mod table;

@@ -63,34 +63,13 @@ fn counters_json(s: &PeerStats) -> Value {
     Value::Object(c)
 }
 
-/// Rows under a header, each column as wide as its widest cell: text
-/// columns left-aligned, numbers right-aligned.
+/// Rows under a header, each column as wide as its widest cell, two
+/// spaces apart: text columns (the first `text_cols`) left-aligned, numbers
+/// right-aligned.
 fn table(header: &[&str], rows: &[Vec<String>], text_cols: usize) -> String {
-    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            w[i] = w[i].max(c.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut l = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            if i > 0 {
-                l.push_str("  ");
-            }
-            if i < text_cols {
-                l.push_str(&format!("{c:<width$}", width = w[i]));
-            } else {
-                l.push_str(&format!("{c:>width$}", width = w[i]));
-            }
-        }
-        l.trim_end().to_string() + "\n"
-    };
-    let mut out = line(header.to_vec());
-    for r in rows {
-        out.push_str(&line(r.iter().map(String::as_str).collect()));
-    }
-    out
+    let cols: Vec<super::table::Col> =
+        header.iter().enumerate().map(|(i, &name)| super::table::Col { name, right: i >= text_cols, min: 0 }).collect();
+    super::table::lines(&cols, rows, 2).into_iter().map(|l| l + "\n").collect()
 }
 
 pub fn run(a: Args) -> ExitCode {

@@ -156,45 +156,46 @@ fn drops(s: &Value) -> u64 {
         .fold(0u64, |a, (_, v)| a.saturating_add(counter(v)))
 }
 
+/// The columns of the `uroce stat` table: name, right-aligned, minimum width.
+const COLUMNS: [(&str, bool, u16); 11] = [
+    ("pid", true, 8),
+    ("device", false, 12),
+    ("tx_packets", true, 12),
+    ("tx_bytes", true, 14),
+    ("rx_packets", true, 12),
+    ("rx_bytes", true, 14),
+    ("retrans", true, 8),
+    ("naks", true, 6),
+    ("drops", true, 6),
+    ("odp_flt", true, 8),
+    ("inline_rx", true, 10),
+];
+
 fn table(procs: &[Value], qps: bool) -> String {
-    let mut o = String::new();
-    let hdr = format!(
-        "{:>8} {:<12} {:>12} {:>14} {:>12} {:>14} {:>8} {:>6} {:>6} {:>8} {:>10}\n",
-        "pid",
-        "device",
-        "tx_packets",
-        "tx_bytes",
-        "rx_packets",
-        "rx_bytes",
-        "retrans",
-        "naks",
-        "drops",
-        "odp_flt",
-        "inline_rx"
-    );
-    o.push_str(&hdr);
+    // Each device row, and the detail lines printed under it.
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let mut details: Vec<String> = Vec::new();
     let row = |pid: &str, name: &str, s: &Value, odp: &Value| {
         let g = |k: &str| counter(&s[k]);
-        format!(
-            "{:>8} {:<12} {:>12} {:>14} {:>12} {:>14} {:>8} {:>6} {:>6} {:>8} {:>10}\n",
-            pid,
-            name,
-            g("tx_packets"),
-            g("tx_bytes"),
-            g("rx_packets"),
-            g("rx_bytes"),
-            g("retransmits"),
-            g("naks_sent").saturating_add(g("naks_received")),
-            drops(s),
-            odp["page_faults"].as_u64().unwrap_or(0),
-            g("rx_inline_recvs")
-        )
+        vec![
+            pid.to_string(),
+            name.to_string(),
+            g("tx_packets").to_string(),
+            g("tx_bytes").to_string(),
+            g("rx_packets").to_string(),
+            g("rx_bytes").to_string(),
+            g("retransmits").to_string(),
+            g("naks_sent").saturating_add(g("naks_received")).to_string(),
+            drops(s).to_string(),
+            odp["page_faults"].as_u64().unwrap_or(0).to_string(),
+            g("rx_inline_recvs").to_string(),
+        ]
     };
     for p in procs {
         let pid = p["pid"].to_string();
         for d in p["devices"].as_array().into_iter().flatten() {
-            o.push_str(&row(&pid, d["name"].as_str().unwrap_or("?"), &d["stats"], &d["odp"]));
-            o.push_str(&link_lines(&d["links"]));
+            rows.push(row(&pid, d["name"].as_str().unwrap_or("?"), &d["stats"], &d["odp"]));
+            let mut o = link_lines(&d["links"]);
             if qps {
                 for q in d["qps"].as_array().into_iter().flatten() {
                     let g = |k: &str| q["stats"][k].as_u64().unwrap_or(0);
@@ -227,13 +228,26 @@ fn table(procs: &[Value], qps: bool) -> String {
                     ));
                 }
             }
+            details.push(o);
         }
     }
     let t = totals(procs);
     if procs.len() > 1 {
         for (name, c) in &t {
             let s = Value::Object(c.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<Map<_, _>>());
-            o.push_str(&row("total", name, &s, &s));
+            rows.push(row("total", name, &s, &s));
+            details.push(String::new());
+        }
+    }
+    let cols: Vec<super::table::Col> =
+        COLUMNS.iter().map(|&(name, right, min)| super::table::Col { name, right, min }).collect();
+    let mut o = String::new();
+    let lines = super::table::lines(&cols, &rows, 1);
+    for (i, l) in lines.iter().enumerate() {
+        o.push_str(l);
+        o.push('\n');
+        if let Some(d) = i.checked_sub(1).and_then(|k| details.get(k)) {
+            o.push_str(d);
         }
     }
     if procs.is_empty() {
@@ -287,13 +301,21 @@ fn help(name: &str) -> &'static str {
     }
 }
 
+/// A label value of the Prometheus text format: `\\`, `"` and newline
+/// escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// The Prometheus text exposition format 0.0.4, hand-written: see "Hand-written
+/// or library" in docs/architecture.md for why not prometheus-client.
 fn prometheus(procs: &[Value]) -> String {
     // Group samples by metric so each gets one HELP/TYPE header.
     let mut metrics: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for p in procs {
         let pid = p["pid"].to_string();
         for d in p["devices"].as_array().into_iter().flatten() {
-            let dev = d["name"].as_str().unwrap_or("?");
+            let dev = label(d["name"].as_str().unwrap_or("?"));
             for section in ["stats", "odp"] {
                 for (k, v) in d[section].as_object().into_iter().flatten() {
                     metrics
@@ -407,7 +429,7 @@ fn peer_metrics(totals: &[uroce::mem::peer::PeerStats]) -> String {
              # TYPE uroce_peer_{c}_total counter\n"
         ));
         for t in totals {
-            let client = t.name.replace('\\', "\\\\").replace('"', "\\\"");
+            let client = label(&t.name);
             o.push_str(&format!("uroce_peer_{c}_total{{client=\"{client}\"}} {}\n", t.counters()[i].1));
         }
     }
@@ -477,6 +499,55 @@ mod tests {
             t.contains("link -> 10.0.0.9:4791 by udp: memory tx 0 (0 B) rx 0 (0 B), udp tx 0 (0 B) rx 3 (60 B)"),
             "{t}"
         );
+    }
+
+    #[test]
+    fn the_table_keeps_its_columns_and_rows_line_up() {
+        let procs = vec![
+            json!({ "pid": 7, "devices": [{ "name": "uroce0", "stats": { "tx_packets": 5, "rx_bytes": u64::MAX }, "odp": {},
+                    "qps": [{ "qpn": 17, "type": "RC", "state": "Rts", "dest_qpn": 18, "peer": "127.0.0.1", "stats": {} }] }] }),
+            json!({ "pid": 12345, "devices": [{ "name": "uroce0", "stats": { "tx_packets": 1 }, "odp": {} }] }),
+        ];
+        let t = table(&procs, true);
+        let lines: Vec<&str> = t.lines().collect();
+        // The header as the hand-written formatter printed it.
+        assert_eq!(
+            lines[0],
+            format!(
+                "{:>8} {:<12} {:>12} {:>14} {:>12} {:>14} {:>8} {:>6} {:>6} {:>8} {:>10}",
+                "pid",
+                "device",
+                "tx_packets",
+                "tx_bytes",
+                "rx_packets",
+                "rx_bytes",
+                "retrans",
+                "naks",
+                "drops",
+                "odp_flt",
+                "inline_rx"
+            )
+            .replace("      rx_bytes", "            rx_bytes"),
+            "{t}"
+        );
+        assert!(lines[1].starts_with("       7 uroce0       ") && lines[1].contains(&u64::MAX.to_string()), "{t}");
+        assert!(lines[2].starts_with("           qp 0x000011 RC  Rts  -> 0x000012 @ 127.0.0.1"), "{t}");
+        assert!(lines[3].starts_with("   12345 uroce0 ") && lines[4].starts_with("   total uroce0 "), "{t}");
+        // Rows line up with the header, widened for the largest number.
+        for l in [lines[1], lines[3], lines[4]] {
+            assert_eq!(l.len(), lines[0].len(), "{t}");
+        }
+    }
+
+    #[test]
+    fn prometheus_label_values_are_escaped() {
+        let procs = vec![json!({ "pid": 7, "devices": [{ "name": "a\"b\\c\nd", "stats": { "tx_packets": 5 } }] })];
+        let p = prometheus(&procs);
+        assert!(
+            p.contains("# HELP uroce_tx_packets_total RoCE packets sent\n# TYPE uroce_tx_packets_total counter\n"),
+            "{p}"
+        );
+        assert!(p.contains(r#"uroce_tx_packets_total{pid="7",device="a\"b\\c\nd"} 5"#), "{p}");
     }
 
     #[test]

@@ -7,13 +7,20 @@
 //! file of this user with one link; [`Capture::create_new`] (a
 //! `uroce capture` request) never replaces anything: "capture file exists".
 //!
+//! No file I/O runs on the data path nor under any lock: [`Capture::record`]
+//! copies the packet into a bounded queue ([`QUEUE`] records) that one
+//! writer thread per capture drains into the file; when the queue is full
+//! the record is dropped and counted ([`Capture::dropped`]), never waited
+//! for. Dropping a `Capture` only closes its queue: the writer writes what
+//! is queued, flushes, closes the file and ends on its own ([`settle`]
+//! waits for that).
+//!
 //! A capture file is complete at process exit whatever the application
-//! leaks: every live capture is listed (weakly) in a process-wide registry
-//! that an `atexit` hook flushes, and records are flushed to the file at
-//! most [`FLUSH_EVERY`] after they were written and whenever
+//! leaks: every capture is listed in a process-wide registry that an
+//! `atexit` hook flushes ([`flush_all`], bounded waits), and records reach
+//! the file at most [`FLUSH_EVERY`] after they were queued and whenever
 //! [`flush_all`] runs (the statistics publisher calls it every period).
-//! Records are written whole under the writer's lock, so a flushed file
-//! ends on a record boundary.
+//! Records are written whole, so a flushed file ends on a record boundary.
 
 use crate::wire::pcap::PcapWriter;
 use crate::wire::IpInfo;
@@ -22,22 +29,38 @@ use std::io::{self, BufWriter};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
-/// Buffered records reach the file at most this long after being written.
+/// Queued records reach the file at most this long after being queued.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(200);
+/// Records queued for the writer at most; more are dropped and counted.
+pub const QUEUE: usize = 4096;
+/// How long [`flush_all`], [`settle`] and a capture's start wait for the
+/// writers at most.
+pub const WAIT: Duration = Duration::from_secs(5);
 
-struct Inner {
-    writer: PcapWriter<BufWriter<File>>,
-    /// When the oldest unflushed record was written.
-    dirty_since: Option<Instant>,
+enum Msg {
+    Record { ts: SystemTime, ip: IpInfo, bytes: Vec<u8> },
+    /// Flush, then answer.
+    Flush(SyncSender<()>),
 }
 
-type Shared = Arc<Mutex<Inner>>;
+/// What the registry, the capture and its writer thread share.
+struct Entry {
+    /// The queue; `None` once the capture is dropped (the writer then ends).
+    tx: Mutex<Option<SyncSender<Msg>>>,
+    /// Set by the writer thread when it has flushed and closed the file.
+    done: AtomicBool,
+    dropped: AtomicU64,
+}
 
 pub struct Capture {
-    inner: Shared,
+    entry: Arc<Entry>,
+    /// The queue, also here so that [`Capture::record`] takes no lock.
+    tx: SyncSender<Msg>,
 }
 
 impl std::fmt::Debug for Capture {
@@ -46,8 +69,8 @@ impl std::fmt::Debug for Capture {
     }
 }
 
-fn registry() -> &'static Mutex<Vec<Weak<Mutex<Inner>>>> {
-    static R: OnceLock<Mutex<Vec<Weak<Mutex<Inner>>>>> = OnceLock::new();
+fn registry() -> &'static Mutex<Vec<Weak<Entry>>> {
+    static R: OnceLock<Mutex<Vec<Weak<Entry>>>> = OnceLock::new();
     R.get_or_init(|| {
         extern "C" fn flush_at_exit() {
             flush_all();
@@ -67,30 +90,115 @@ fn try_lock<T>(m: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
     }
 }
 
-/// Flushes every live capture of this process (at exit, and periodically).
-pub fn flush_all() {
-    // Bounded waits (this runs at exit, when another thread may hold a lock
-    // for an instant): the registry is held only to push or list.
-    let mut live: Vec<Shared> = Vec::new();
-    for _ in 0..1000 {
+/// Every capture of this process whose writer has not ended. Bounded wait
+/// (this runs at exit, when another thread may hold the registry for an
+/// instant: it is held only to push or list).
+fn entries(deadline: Instant) -> Vec<Arc<Entry>> {
+    loop {
         if let Some(mut r) = try_lock(registry()) {
-            r.retain(|w| w.strong_count() > 0);
-            live = r.iter().filter_map(Weak::upgrade).collect();
-            break;
+            r.retain(|w| w.upgrade().is_some_and(|e| !e.done.load(Ordering::Acquire)));
+            return r.iter().filter_map(Weak::upgrade).collect();
+        }
+        if Instant::now() >= deadline {
+            return Vec::new();
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    for c in live {
-        // Bounded: a writer is held only while one record is written.
-        for _ in 0..1000 {
-            if let Some(mut g) = try_lock(&c) {
-                let _ = g.writer.flush();
-                g.dirty_since = None;
-                break;
+}
+
+/// Flushes every capture of this process (at exit, and periodically) and
+/// waits, at most [`WAIT`] in all, for the writers of dropped captures to
+/// finish their files.
+pub fn flush_all() {
+    let deadline = Instant::now() + WAIT;
+    let mut acks = Vec::new();
+    for e in entries(deadline) {
+        let tx = try_lock(&e.tx).and_then(|g| g.clone());
+        if let Some(tx) = tx {
+            let (ack_tx, ack_rx) = mpsc::sync_channel(1);
+            if send_until(&tx, Msg::Flush(ack_tx), deadline) {
+                acks.push(ack_rx);
             }
-            std::thread::sleep(Duration::from_millis(1));
         }
     }
+    for a in acks {
+        let _ = a.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+    }
+    settle_until(deadline);
+}
+
+/// Waits, at most [`WAIT`], until the writer of every dropped capture has
+/// written what was queued and closed its file (`uroce capture --pid …
+/// stop` answers after this, so that the file it names is complete).
+pub fn settle() {
+    settle_until(Instant::now() + WAIT);
+}
+
+fn settle_until(deadline: Instant) {
+    loop {
+        let closing = entries(deadline).iter().any(|e| try_lock(&e.tx).is_some_and(|g| g.is_none()));
+        if !closing || Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Queues `m`, retrying while the queue is full until `deadline` (never on
+/// the data path: flushes only). Whether it was queued.
+fn send_until(tx: &SyncSender<Msg>, mut m: Msg, deadline: Instant) -> bool {
+    loop {
+        match tx.try_send(m) {
+            Ok(()) => return true,
+            Err(TrySendError::Disconnected(_)) => return false,
+            Err(TrySendError::Full(back)) => m = back,
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The writer thread: writes queued records, flushes [`FLUSH_EVERY`] after
+/// the oldest unflushed one and when asked, and at the queue's close
+/// flushes, closes the file and marks the capture done.
+fn writer(mut w: PcapWriter<BufWriter<File>>, rx: Receiver<Msg>, entry: Arc<Entry>) {
+    let mut dirty_since: Option<Instant> = None;
+    let mut warned = false;
+    loop {
+        let wait = dirty_since.map_or(Duration::from_secs(3600), |t| FLUSH_EVERY.saturating_sub(t.elapsed()));
+        let flush = match rx.recv_timeout(wait) {
+            Ok(Msg::Record { ts, ip, bytes }) => {
+                if let Err(e) = w.write_roce(ts, &ip, &bytes) {
+                    if !std::mem::replace(&mut warned, true) {
+                        tracing::warn!("packet capture: {e}");
+                    }
+                }
+                let t = *dirty_since.get_or_insert_with(Instant::now);
+                t.elapsed() >= FLUSH_EVERY
+            }
+            Ok(Msg::Flush(ack)) => {
+                let _ = w.flush();
+                dirty_since = None;
+                let _ = ack.try_send(());
+                false
+            }
+            Err(RecvTimeoutError::Timeout) => true,
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        if flush {
+            let _ = w.flush();
+            dirty_since = None;
+        }
+    }
+    let _ = w.flush();
+    drop(w);
+    let n = entry.dropped.load(Ordering::Relaxed);
+    if n > 0 {
+        tracing::warn!("packet capture: {n} packets not captured (the writer fell behind)");
+    }
+    entry.done.store(true, Ordering::Release);
 }
 
 /// An error opening a capture file, naming the file.
@@ -181,46 +289,118 @@ impl Capture {
         Self::start(path, open_new(path))
     }
 
+    /// Opens the writer: its thread writes the file header and flushes it
+    /// before this returns, so a capture's file is a valid pcap from the
+    /// start.
     fn start(path: &Path, f: io::Result<File>) -> io::Result<Capture> {
         let f = f.map_err(|e| open_error(path, e))?;
-        let writer = PcapWriter::new(BufWriter::new(f)).map_err(|e| open_error(path, e))?;
-        let inner = Arc::new(Mutex::new(Inner { writer, dirty_since: None }));
-        registry().lock().unwrap().push(Arc::downgrade(&inner));
-        Ok(Capture { inner })
-    }
-
-    pub fn record(&self, ip: &IpInfo, udp_payload: &[u8]) {
-        let mut g = self.inner.lock().unwrap();
-        if let Err(e) = g.writer.write_roce(SystemTime::now(), ip, udp_payload) {
-            tracing::warn!("packet capture: {e}");
-        }
-        let now = Instant::now();
-        match g.dirty_since {
-            Some(t) if now.duration_since(t) >= FLUSH_EVERY => {
-                let _ = g.writer.flush();
-                g.dirty_since = None;
+        let (tx, rx) = mpsc::sync_channel(QUEUE);
+        let entry = Arc::new(Entry { tx: Mutex::new(Some(tx.clone())), done: AtomicBool::new(false), dropped: AtomicU64::new(0) });
+        let (ready_tx, ready_rx) = mpsc::sync_channel::<io::Result<()>>(1);
+        let e = entry.clone();
+        std::thread::Builder::new()
+            .name("uroce-capture".into())
+            .spawn(move || {
+                let header = PcapWriter::new(BufWriter::new(f)).and_then(|mut w| w.flush().map(|()| w));
+                match header {
+                    Ok(w) => {
+                        let _ = ready_tx.send(Ok(()));
+                        writer(w, rx, e);
+                    }
+                    Err(err) => {
+                        e.done.store(true, Ordering::Release);
+                        let _ = ready_tx.send(Err(err));
+                    }
+                }
+            })
+            .map_err(|e| open_error(path, e))?;
+        match ready_rx.recv_timeout(WAIT) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(open_error(path, e)),
+            Err(_) => {
+                return Err(open_error(path, io::Error::new(io::ErrorKind::TimedOut, "the capture writer did not start")))
             }
-            Some(_) => {}
-            None => g.dirty_since = Some(now),
+        }
+        registry().lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(&entry));
+        Ok(Capture { entry, tx })
+    }
+
+    /// Queues one packet for the file; never blocks nor does file I/O (a
+    /// full queue drops the record and counts it).
+    pub fn record(&self, ip: &IpInfo, udp_payload: &[u8]) {
+        let m = Msg::Record { ts: SystemTime::now(), ip: *ip, bytes: udp_payload.to_vec() };
+        if self.tx.try_send(m).is_err() {
+            self.entry.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 
+    /// Packets not captured because the writer was behind.
+    pub fn dropped(&self) -> u64 {
+        self.entry.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Asks the writer to flush and waits for it, at most [`WAIT`].
     pub fn flush(&self) {
-        let mut g = self.inner.lock().unwrap();
-        let _ = g.writer.flush();
-        g.dirty_since = None;
+        let deadline = Instant::now() + WAIT;
+        let (ack_tx, ack_rx) = mpsc::sync_channel(1);
+        if send_until(&self.tx, Msg::Flush(ack_tx), deadline) {
+            let _ = ack_rx.recv_timeout(WAIT);
+        }
     }
 }
 
 impl Drop for Capture {
+    /// Closes the queue without waiting: the writer finishes the file on its
+    /// own ([`settle`], [`flush_all`] wait for it).
     fn drop(&mut self) {
-        self.flush();
+        // Held by others only to clone the sender: never for long.
+        self.entry.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Recording never waits for the file: past the queue's room records are
+    /// dropped and counted, and after the capture is dropped and settled
+    /// the file holds every record that was not, whole.
+    #[test]
+    fn records_are_queued_or_counted_and_the_file_ends_whole() {
+        let d = std::env::temp_dir().join(format!("uroce-capture-queue-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let path = d.join("q.pcap");
+        let c = Capture::create_new(&path).unwrap();
+        let ip = IpInfo {
+            src: "127.0.0.1".parse().unwrap(),
+            dst: "127.0.0.2".parse().unwrap(),
+            sport: 4791,
+            dport: 4791,
+            ipv4_id: 3,
+        };
+        let n = 3 * QUEUE as u64;
+        let payload = [0x5au8; 1024];
+        for _ in 0..n {
+            c.record(&ip, &payload);
+        }
+        let dropped = c.dropped();
+        assert!(dropped < n, "some records reach the queue");
+        drop(c);
+        settle();
+        let f = std::fs::File::open(&path).unwrap();
+        let r = crate::wire::pcap::PcapReader::new(f).unwrap();
+        let mut written = 0u64;
+        for frame in r {
+            let frame = frame.expect("whole records only");
+            let (got, p) =
+                crate::wire::pcap::extract_roce(crate::wire::pcap::LINKTYPE_ETHERNET, &frame.data, 4791).unwrap();
+            assert_eq!((got, p), (ip, &payload[..]));
+            written += 1;
+        }
+        assert_eq!(written + dropped, n, "each record written or counted");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     #[test]
     fn create_never_follows_links_nor_replaces_others() {

@@ -236,6 +236,8 @@ fn serve_capture_request() {
         for d in &live {
             let _ = d.rt.set_capture(None);
         }
+        // The writers finish the files off every lock: answer once they have.
+        crate::io::capture::settle();
         "stopped".to_string()
     } else if let Some(path) = text.strip_prefix("start ") {
         let mut errors = Vec::new();

@@ -3,8 +3,10 @@
 //! extraction of RoCEv2 packets from captured frames.
 
 use super::IpInfo;
+use std::cell::RefCell;
 use std::io::{self, Read, Write};
 use std::net::IpAddr;
+use std::rc::Rc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub const LINKTYPE_ETHERNET: u32 = 1;
@@ -12,115 +14,132 @@ pub const LINKTYPE_RAW: u32 = 101;
 pub const LINKTYPE_LINUX_SLL: u32 = 113;
 pub const LINKTYPE_LINUX_SLL2: u32 = 276;
 
-/// Writes a pcap stream of Ethernet frames.
+/// Writes a pcap stream of Ethernet frames (the file format by
+/// `pcap-file`, the Ethernet/IP/UDP headers by `etherparse`).
 pub struct PcapWriter<W: Write> {
-    w: W,
+    w: pcap_file::pcap::PcapWriter<Sink<W>>,
+    sink: Sink<W>,
 }
+
+/// The stream under the `pcap-file` writer, shared with [`PcapWriter`] so
+/// that it can be flushed (`pcap-file` hands out no reference to it).
+struct Sink<W>(Rc<RefCell<W>>);
+
+impl<W: Write> Write for Sink<W> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.0.borrow_mut().write(b)
+    }
+    fn write_all(&mut self, b: &[u8]) -> io::Result<()> {
+        self.0.borrow_mut().write_all(b)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.borrow_mut().flush()
+    }
+}
+
+/// The largest frame a capture record holds (the pcap header's snaplen).
+pub const SNAPLEN: u32 = 262_144;
 
 fn mac_for(ip: IpAddr) -> [u8; 6] {
     let o = match ip {
         IpAddr::V4(v) => v.octets(),
-        IpAddr::V6(v) => v.octets()[12..].try_into().unwrap(),
+        IpAddr::V6(v) => {
+            let o = v.octets();
+            [o[12], o[13], o[14], o[15]]
+        }
     };
     [0x02, 0x00, o[0], o[1], o[2], o[3]]
 }
 
-fn checksum(chunks: &[&[u8]]) -> u16 {
-    let mut sum = 0u32;
-    for c in chunks {
-        for pair in c.chunks(2) {
-            let w = if pair.len() == 2 { u16::from_be_bytes([pair[0], pair[1]]) } else { (pair[0] as u16) << 8 };
-            sum += w as u32;
+fn pcap_error(e: pcap_file::PcapError) -> io::Error {
+    match e {
+        pcap_file::PcapError::IoError(e) => e,
+        e => io::Error::new(io::ErrorKind::InvalidInput, e.to_string()),
+    }
+}
+
+/// The Ethernet frame Wireshark decodes as the RoCEv2 packet `udp_payload`:
+/// Ethernet, IPv4 (DF, TTL 64, ID from `ip`, UDP checksum 0 as rxe) or IPv6
+/// (hop limit 64, real UDP checksum), UDP. `InvalidInput` for a payload
+/// too large for one IP packet.
+pub fn roce_frame(ip: &IpInfo, udp_payload: &[u8]) -> io::Result<Vec<u8>> {
+    use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header, Ipv6Header, UdpHeader};
+    let too_big = |e: &dyn std::fmt::Display| io::Error::new(io::ErrorKind::InvalidInput, e.to_string());
+    let mut f = Vec::with_capacity(14 + 40 + 8 + udp_payload.len());
+    let eth = |ether_type| Ethernet2Header { source: mac_for(ip.src), destination: mac_for(ip.dst), ether_type };
+    let udp = match (ip.src, ip.dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let udp =
+                UdpHeader::without_ipv4_checksum(ip.sport, ip.dport, udp_payload.len()).map_err(|e| too_big(&e))?;
+            let mut h =
+                Ipv4Header::new(udp.length, 64, IpNumber::UDP, s.octets(), d.octets()).map_err(|e| too_big(&e))?;
+            h.identification = ip.ipv4_id;
+            h.dont_fragment = true;
+            h.header_checksum = h.calc_header_checksum();
+            f.extend_from_slice(&eth(EtherType::IPV4).to_bytes());
+            f.extend_from_slice(&h.to_bytes());
+            udp
         }
-    }
-    while sum >> 16 != 0 {
-        sum = (sum & 0xFFFF) + (sum >> 16);
-    }
-    !(sum as u16)
+        (s, d) => {
+            let v6 = |a: IpAddr| match a {
+                IpAddr::V4(v) => v.to_ipv6_mapped(),
+                IpAddr::V6(v) => v,
+            };
+            let len = u16::try_from(8 + udp_payload.len()).map_err(|e| too_big(&e))?;
+            let h = Ipv6Header {
+                payload_length: len,
+                next_header: IpNumber::UDP,
+                hop_limit: 64,
+                source: v6(s).octets(),
+                destination: v6(d).octets(),
+                ..Default::default()
+            };
+            let udp = UdpHeader::with_ipv6_checksum(ip.sport, ip.dport, &h, udp_payload).map_err(|e| too_big(&e))?;
+            f.extend_from_slice(&eth(EtherType::IPV6).to_bytes());
+            f.extend_from_slice(&h.to_bytes());
+            udp
+        }
+    };
+    f.extend_from_slice(&udp.to_bytes());
+    f.extend_from_slice(udp_payload);
+    Ok(f)
 }
 
 impl<W: Write> PcapWriter<W> {
-    pub fn new(mut w: W) -> io::Result<Self> {
-        let mut h = Vec::with_capacity(24);
-        h.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
-        h.extend_from_slice(&2u16.to_le_bytes());
-        h.extend_from_slice(&4u16.to_le_bytes());
-        h.extend_from_slice(&0i32.to_le_bytes());
-        h.extend_from_slice(&0u32.to_le_bytes());
-        h.extend_from_slice(&262_144u32.to_le_bytes());
-        h.extend_from_slice(&LINKTYPE_ETHERNET.to_le_bytes());
-        w.write_all(&h)?;
-        Ok(PcapWriter { w })
+    /// Writes the file header: classic pcap 2.4, little-endian, µs
+    /// timestamps, Ethernet, snaplen [`SNAPLEN`].
+    pub fn new(w: W) -> io::Result<Self> {
+        use pcap_file::{pcap::PcapHeader, DataLink, Endianness, TsResolution};
+        let header = PcapHeader {
+            version_major: 2,
+            version_minor: 4,
+            ts_correction: 0,
+            ts_accuracy: 0,
+            snaplen: SNAPLEN,
+            datalink: DataLink::ETHERNET,
+            ts_resolution: TsResolution::MicroSecond,
+            endianness: Endianness::Little,
+        };
+        let shared = Rc::new(RefCell::new(w));
+        let w = pcap_file::pcap::PcapWriter::with_header(Sink(shared.clone()), header).map_err(pcap_error)?;
+        Ok(PcapWriter { w, sink: Sink(shared) })
     }
 
-    /// Writes one RoCEv2 packet: Ethernet, IPv4 (DF, TTL 64, ID from `ip`,
-    /// UDP checksum 0 as rxe) or IPv6 (hop limit 64, real UDP checksum), UDP.
+    /// Writes one RoCEv2 packet as [`roce_frame`] builds it.
     pub fn write_roce(&mut self, ts: SystemTime, ip: &IpInfo, udp_payload: &[u8]) -> io::Result<()> {
-        let mut f = Vec::with_capacity(62 + udp_payload.len());
-        f.extend_from_slice(&mac_for(ip.dst));
-        f.extend_from_slice(&mac_for(ip.src));
-        let udp_len = (8 + udp_payload.len()) as u16;
-        let mut udp = [0u8; 8];
-        udp[0..2].copy_from_slice(&ip.sport.to_be_bytes());
-        udp[2..4].copy_from_slice(&ip.dport.to_be_bytes());
-        udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
-        match (ip.src, ip.dst) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => {
-                f.extend_from_slice(&[0x08, 0x00]);
-                let mut h = [0u8; 20];
-                h[0] = 0x45;
-                h[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
-                h[4..6].copy_from_slice(&ip.ipv4_id.to_be_bytes());
-                h[6] = 0x40;
-                h[8] = 64;
-                h[9] = 17;
-                h[12..16].copy_from_slice(&s.octets());
-                h[16..20].copy_from_slice(&d.octets());
-                let c = checksum(&[&h]);
-                h[10..12].copy_from_slice(&c.to_be_bytes());
-                f.extend_from_slice(&h);
-            }
-            (s, d) => {
-                let v6 = |a: IpAddr| match a {
-                    IpAddr::V4(v) => v.to_ipv6_mapped(),
-                    IpAddr::V6(v) => v,
-                };
-                let (s, d) = (v6(s).octets(), v6(d).octets());
-                f.extend_from_slice(&[0x86, 0xDD]);
-                let mut h = [0u8; 40];
-                h[0] = 0x60;
-                h[4..6].copy_from_slice(&udp_len.to_be_bytes());
-                h[6] = 17;
-                h[7] = 64;
-                h[8..24].copy_from_slice(&s);
-                h[24..40].copy_from_slice(&d);
-                f.extend_from_slice(&h);
-                let mut pseudo = [0u8; 40];
-                pseudo[0..16].copy_from_slice(&s);
-                pseudo[16..32].copy_from_slice(&d);
-                pseudo[34..36].copy_from_slice(&udp_len.to_be_bytes());
-                pseudo[39] = 17;
-                let mut c = checksum(&[&pseudo, &udp, udp_payload]);
-                if c == 0 {
-                    c = 0xFFFF;
-                }
-                udp[6..8].copy_from_slice(&c.to_be_bytes());
-            }
-        }
-        f.extend_from_slice(&udp);
-        f.extend_from_slice(udp_payload);
+        self.write_frame(ts, &roce_frame(ip, udp_payload)?)
+    }
+
+    /// Writes one record holding `frame` (at most [`SNAPLEN`] bytes).
+    pub fn write_frame(&mut self, ts: SystemTime, frame: &[u8]) -> io::Result<()> {
         let t = ts.duration_since(UNIX_EPOCH).unwrap_or_default();
-        let mut rec = [0u8; 16];
-        rec[0..4].copy_from_slice(&(t.as_secs() as u32).to_le_bytes());
-        rec[4..8].copy_from_slice(&t.subsec_micros().to_le_bytes());
-        rec[8..12].copy_from_slice(&(f.len() as u32).to_le_bytes());
-        rec[12..16].copy_from_slice(&(f.len() as u32).to_le_bytes());
-        self.w.write_all(&rec)?;
-        self.w.write_all(&f)
+        let len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
+        self.w.write_packet(&pcap_file::pcap::PcapPacket::new(t, len, frame)).map_err(pcap_error)?;
+        Ok(())
     }
 
     pub fn flush(&mut self) -> io::Result<()> {
-        self.w.flush()
+        self.sink.flush()
     }
 }
 
@@ -296,6 +315,35 @@ pub fn extract_roce(linktype: u32, frame: &[u8], port: u16) -> Option<(IpInfo, &
 mod tests {
     use super::*;
     use crate::wire::{build_packet, icrc, Bth, Headers, Opcode};
+
+    /// The bytes the hand-written writer produced: file header, an IPv4
+    /// frame (DF, TTL 64, the ID, a checksum that holds, UDP checksum 0).
+    #[test]
+    fn file_header_and_ipv4_frame_bytes() {
+        let mut out = Vec::new();
+        PcapWriter::new(&mut out).unwrap().flush().unwrap();
+        let mut want = vec![0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        want.extend_from_slice(&SNAPLEN.to_le_bytes());
+        want.extend_from_slice(&LINKTYPE_ETHERNET.to_le_bytes());
+        assert_eq!(out, want);
+        let ip = IpInfo {
+            src: "127.0.0.1".parse().unwrap(),
+            dst: "127.0.0.2".parse().unwrap(),
+            sport: 49152,
+            dport: 4791,
+            ipv4_id: 0x1234,
+        };
+        let f = roce_frame(&ip, b"abcd").unwrap();
+        let mut h = vec![0x45, 0, 0, 32, 0x12, 0x34, 0x40, 0, 64, 17, 0, 0, 127, 0, 0, 1, 127, 0, 0, 2];
+        let sum = h.chunks(2).fold(0u32, |a, w| a + u16::from_be_bytes([w[0], w[1]]) as u32);
+        let sum = !(((sum & 0xFFFF) + (sum >> 16)) as u16);
+        h[10..12].copy_from_slice(&sum.to_be_bytes());
+        let mut want = vec![2, 0, 127, 0, 0, 2, 2, 0, 127, 0, 0, 1, 0x08, 0x00];
+        want.extend_from_slice(&h);
+        want.extend_from_slice(&[0xc0, 0x00, 0x12, 0xb7, 0, 12, 0, 0]);
+        want.extend_from_slice(b"abcd");
+        assert_eq!(f, want);
+    }
 
     #[test]
     fn write_then_read_v4_and_v6() {
