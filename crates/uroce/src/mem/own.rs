@@ -75,8 +75,8 @@ impl Drop for Owned {
     }
 }
 
-/// Private memory that registration moved into a memfd, at `at..at + len`
-/// of the application's space with protection `prot`.
+/// Private memory that registration moved into memfd `ino`, at
+/// `at..at + len` of the application's space.
 struct Moved {
     at: usize,
     len: usize,
@@ -324,6 +324,10 @@ fn move_private(lo: usize, n: usize, prot: i32, dst: usize) -> Result<Arc<Moved>
     if let Some((what, e)) = failed {
         return Err(errno_err(what, e));
     }
+    // uroce's mapping gets the application's protection: a read-only
+    // registration stays read-only (`rereg` checks it for write access).
+    // SAFETY: our mapping of the memfd.
+    unsafe { libc::mprotect(dst as *mut libc::c_void, n, prot) };
     Ok(Arc::new(Moved { at: lo, len: n, ino: st.st_ino, pid: std::process::id() }))
 }
 
