@@ -83,6 +83,13 @@ counters! {
         /// Copies that might block (on-demand paging, peer memory) run by a
         /// copy job outside the engine's locks (`proto::copy`).
         copies_deferred,
+        /// RNR NAKs answering a request that met a page fault (its copy
+        /// job faults the pages in), as mlx5 answers a responder page fault;
+        /// also counted in `rnr_naks_sent`.
+        fault_rnr_naks,
+        /// Retransmission timeouts not counted against `retry_cnt`: the QP
+        /// waited for a local copy job (an ODP fault on this side).
+        timeouts_behind_copies,
         /// Packets dropped because too many waited behind their QP's copy
         /// job (a reliable sender sends them again).
         rx_drop_busy,
