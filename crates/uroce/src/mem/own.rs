@@ -91,14 +91,17 @@ impl Drop for Moved {
         }
         let _fork = ForkLock::take();
         give_back(self.at, self.len, self.ino);
-        registry().lock().unwrap().retain(|w| w.strong_count() > 0);
+        registry().lock().unwrap().retain(|(_, w)| w.strong_count() > 0);
     }
 }
 
 /// Live moved ranges, for `fork` and for registrations that overlap them.
 /// Only touched under [`ForkLock`].
-fn registry() -> &'static Mutex<Vec<Weak<Moved>>> {
-    static R: Mutex<Vec<Weak<Moved>>> = Mutex::new(Vec::new());
+/// Each entry with its memfd's inode, so that a lookup upgrades only the
+/// one it takes (an upgraded reference dropped under the lock could be the
+/// last, whose `Drop` takes the lock again).
+fn registry() -> &'static Mutex<Vec<(u64, Weak<Moved>)>> {
+    static R: Mutex<Vec<(u64, Weak<Moved>)>> = Mutex::new(Vec::new());
     &R
 }
 
@@ -141,7 +144,7 @@ fn install_atfork() {
         // The only thread of the child; the parent's threads are gone, so
         // nobody else holds the registry (every user holds the fork lock).
         if let Ok(reg) = registry().try_lock() {
-            for m in reg.iter().filter_map(Weak::upgrade) {
+            for m in reg.iter().filter_map(|(_, w)| w.upgrade()) {
                 // (Its Drop does nothing in the child: another pid.)
                 give_back(m.at, m.len, m.ino);
             }
@@ -237,7 +240,7 @@ fn fill(owned: &mut Owned, vmas: &[Vma], end: usize) -> Result<bool> {
         let (lo, hi) = ((v.lo as usize).max(app), (v.hi as usize).min(end));
         let dst = mine + (lo - app);
         let ours = v.shared && v.name.contains("uroce-mr");
-        let live = ours.then(|| reg.iter().filter_map(Weak::upgrade).find(|m| m.ino == v.inode)).flatten();
+        let live = ours.then(|| reg.iter().find(|(ino, _)| *ino == v.inode).and_then(|(_, w)| w.upgrade())).flatten();
         // A memfd of ours whose registrations are all gone (its memory is
         // being given back) is moved again, into a memfd of its own.
         if v.shared && (!ours || live.is_some()) {
@@ -259,7 +262,7 @@ fn fill(owned: &mut Owned, vmas: &[Vma], end: usize) -> Result<bool> {
             owned.pieces.extend(live);
         } else {
             let m = move_private(lo, hi - lo, v.prot, dst)?;
-            reg.push(Arc::downgrade(&m));
+            reg.push((m.ino, Arc::downgrade(&m)));
             owned.pieces.push(m);
         }
     }
@@ -300,7 +303,7 @@ fn move_private(lo: usize, n: usize, prot: i32, dst: usize) -> Result<Arc<Moved>
     // From here to `drop(held)`: no allocation, no lock that a thread whose
     // write is held may hold.
     let held = match writes {
-        true => match super::safe::hold_writes(lo, n) {
+        true => match hold(lo, n) {
             Some(h) => Some(h),
             None => return Err(Error::new(Errno::EAGAIN, "reg_mr: too many registrations moving memory at once")),
         },
@@ -336,6 +339,21 @@ fn move_private(lo: usize, n: usize, prot: i32, dst: usize) -> Result<Arc<Moved>
     Ok(Arc::new(Moved { at: lo, len: n, ino: st.st_ino, pid: std::process::id() }))
 }
 
+/// A slot holding writes to `lo..lo + n`, waiting up to a second for one of
+/// the 16 to be free (other threads moving memory at the same moment).
+fn hold(lo: usize, n: usize) -> Option<super::safe::HeldWrites> {
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(h) = super::safe::hold_writes(lo, n) {
+            return Some(h);
+        }
+        if t.elapsed() > std::time::Duration::from_secs(1) {
+            return None;
+        }
+        std::thread::yield_now();
+    }
+}
+
 /// Gives the application private memory again where `at..at + len` still
 /// maps memfd `ino` (with the same contents). Called under the fork lock.
 fn give_back(at: usize, len: usize, ino: u64) {
@@ -364,7 +382,7 @@ fn privatize(lo: usize, n: usize, prot: i32) {
         return;
     }
     let writes = prot & libc::PROT_WRITE != 0;
-    let held = if writes { super::safe::hold_writes(lo, n) } else { None };
+    let held = if writes { hold(lo, n) } else { None };
     if writes && held.is_none() {
         // SAFETY: our temporary mapping.
         unsafe { libc::munmap(tmp, n) };
