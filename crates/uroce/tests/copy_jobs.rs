@@ -76,14 +76,6 @@ impl World {
         }
     }
 
-    /// What node 1 sends once the deadline of an ACK it holds (for an
-    /// answer that does not come) has passed.
-    fn after_hold(&mut self, now: Instant) -> Vec<Transmit> {
-        let later = now + std::time::Duration::from_millis(1);
-        self.nodes[1].engine.handle_timeout(later);
-        self.out(1, later)
-    }
-
     fn jobs(&mut self) -> usize {
         let mut n = 0;
         while let Some(mut j) = self.nodes[1].engine.poll_copy() {

@@ -377,8 +377,13 @@ fn connect_short(a: &End, b: &End) {
         at.dest_qp_num = y.qp.qp_num();
         at.max_dest_rd_atomic = 4;
         at.min_rnr_timer = 12;
-        at.ah_attr =
-            AddressVector { dgid: y.ctx.query_gid(0).unwrap(), is_global: true, hop_limit: 64, port_num: 1, ..Default::default() };
+        at.ah_attr = AddressVector {
+            dgid: y.ctx.query_gid(0).unwrap(),
+            is_global: true,
+            hop_limit: 64,
+            port_num: 1,
+            ..Default::default()
+        };
         x.qp.modify(&at, req(QpState::Init, QpState::Rtr)).unwrap();
         at.qp_state = QpState::Rts;
         (at.timeout, at.retry_cnt, at.rnr_retry, at.max_rd_atomic) = (8, 3, 3, 4);
