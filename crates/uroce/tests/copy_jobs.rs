@@ -168,8 +168,8 @@ fn a_request_sent_again_during_its_fault_gets_rnr_naks_with_longer_waits() {
             _ => None,
         })
         .collect();
-    // min_rnr_timer is 1 (0.01 ms) here: then 3, 5, 7 (0.03, 0.06, 0.12 ms).
-    assert_eq!(timers, vec![1, 3, 5, 7]);
+    // min_rnr_timer is 1 (0.01 ms) here: then 5, 9, 13 (0.06, 0.24, 0.96 ms).
+    assert_eq!(timers, vec![1, 5, 9, 13]);
     assert_eq!(w.nodes[1].engine.stats().copies_deferred, 1, "one job");
 }
 

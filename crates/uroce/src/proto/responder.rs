@@ -187,7 +187,7 @@ impl Qp {
 
     /// A retransmission of the request at `psn` arrived while the copy job
     /// of its page fault still runs: true if it was answered with another
-    /// RNR NAK (each with twice the wait of the one before, from the QP's
+    /// RNR NAK (each with four times the wait of the one before, from the QP's
     /// `min_rnr_timer` on: a fault that outlasts the first wait on a busy
     /// host does not use up a small `rnr_retry` at once); false if it is not
     /// that request (the engine parks it behind the job).
@@ -196,9 +196,9 @@ impl Qp {
         if p != psn || self.qp_type == QpType::Uc {
             return false;
         }
-        // Timer codes step by about 1.5x; two steps double the wait (0 is
-        // already the longest, 655 ms).
-        let t = if t == 0 { 0 } else { (t + 2).min(31) };
+        // Timer codes step by about 1.5x; four steps make the wait four
+        // times longer (0 is already the longest, 655 ms).
+        let t = if t == 0 { 0 } else { (t + 4).min(31) };
         self.resp.fault = Some((p, t));
         ctx.stats.rnr_naks_sent += 1;
         ctx.stats.fault_rnr_naks += 1;
