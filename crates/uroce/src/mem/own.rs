@@ -489,4 +489,96 @@ mod tests {
             libc::munmap(a as *mut libc::c_void, n);
         }
     }
+
+    /// A writer thread keeps writing while its memory is registered and
+    /// deregistered again and again: no write is lost (writes during a move
+    /// wait in the fault handler, then land in the new pages).
+    #[test]
+    fn concurrent_writes_survive_the_moves() {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let n = 4 * 4096;
+        let a = anon(n);
+        let stop = Arc::new(AtomicBool::new(false));
+        let last = Arc::new(AtomicU64::new(0));
+        let w = {
+            let (stop, last) = (stop.clone(), last.clone());
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    for page in 0..4 {
+                        // SAFETY: our mapping (moved under us, never unmapped).
+                        unsafe { std::ptr::write_volatile((a + page * 4096 + 8) as *mut u64, i) };
+                    }
+                    last.store(i, Ordering::Release);
+                }
+            })
+        };
+        for _ in 0..200 {
+            let o = take(a + 100, (n - 200) as u64).unwrap().unwrap();
+            let seen = last.load(Ordering::Acquire);
+            for page in 0..4 {
+                // SAFETY: uroce's mapping of the pages.
+                let v = unsafe { std::ptr::read_volatile((o.host(a) + page * 4096 + 8) as *const u64) };
+                assert!(v >= seen, "page {page}: {v} < {seen}: a write was lost in the move");
+            }
+            drop(o);
+        }
+        stop.store(true, Ordering::Relaxed);
+        w.join().unwrap();
+        let seen = last.load(Ordering::Acquire);
+        for page in 0..4 {
+            // SAFETY: our mapping.
+            assert_eq!(unsafe { *((a + page * 4096 + 8) as *const u64) }, seen);
+        }
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(a as *mut libc::c_void, n) };
+    }
+
+    /// `rereg` onto a new range: the new range's pages are owned, the old
+    /// range is private memory again.
+    #[test]
+    fn rereg_owns_the_new_range_and_gives_the_old_back() {
+        use crate::ib::Access;
+        use crate::mem::{Memory, Rereg, Translation, Want};
+        let (a, b) = (anon(2 * 4096), anon(2 * 4096));
+        let mem = Memory::default();
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        // SAFETY: the mappings outlive the region (b is replaced on purpose).
+        let mr = unsafe { mem.register(1, a, 8192, a as u64, rw, None) }.unwrap();
+        let t = Translation { addr: b, len: 8192, iova: b as u64, owner: None };
+        // SAFETY: as above.
+        let mr2 = unsafe { mem.rereg(mr.key, Rereg { translation: Some(t), ..Default::default() }) }.unwrap();
+        drop(mr);
+        let v = maps::vmas(a as u64, (a + 8192) as u64).unwrap();
+        assert!(v.iter().all(|v| !v.shared), "the old range is private again: {v:?}");
+        // The application maps new memory over the new range: a remote
+        // WRITE through the key reaches the old pages, not the new mapping.
+        // SAFETY: MAP_FIXED over our own mapping.
+        let p = unsafe {
+            libc::mmap(
+                b as *mut libc::c_void,
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(p as usize, b);
+        assert!(mem.write_remote(mr2.key, 1, 1, b as u64 + 10, &[9u8; 100]).unwrap());
+        // SAFETY: the new mapping.
+        assert!(unsafe { std::slice::from_raw_parts(b as *const u8, 8192) }.iter().all(|&x| x == 0));
+        let span = mem.resolve(mr2.key, 1, b as u64 + 10, 100, Want::LocalRead).unwrap();
+        let mut back = [0u8; 100];
+        span.read(0, &mut back).unwrap();
+        assert_eq!(back, [9u8; 100]);
+        drop(span);
+        mem.deregister(mr2.key).unwrap();
+        // SAFETY: our mappings.
+        unsafe {
+            libc::munmap(a as *mut libc::c_void, 8192);
+            libc::munmap(b as *mut libc::c_void, 8192);
+        }
+    }
 }
