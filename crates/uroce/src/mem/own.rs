@@ -61,6 +61,11 @@ impl Owned {
     pub fn host(&self, addr: usize) -> usize {
         self.mine + (addr - self.app)
     }
+
+    /// The application's address of uroce's `host` (inside the range).
+    pub fn app_address(&self, host: usize) -> usize {
+        self.app + (host - self.mine)
+    }
 }
 
 impl Drop for Owned {

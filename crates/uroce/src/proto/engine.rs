@@ -850,7 +850,9 @@ impl Engine {
             let is_response = pkt.headers.bth.opcode.info().is_some_and(|i| i.flags.contains(OpFlags::RESPONSE));
             self.asked = false;
             self.with_qp(now, qpn, |qp, ctx| qp.dispatch(ctx, &pkt, is_response, &p.ip, p.data.len()));
-            if !std::mem::take(&mut self.asked) {
+            // Answered with an RNR NAK (a page fault): the requester sends
+            // it again; not parked.
+            if !std::mem::take(&mut self.asked) || self.nakked {
                 continue;
             }
             if let Some(QpSlot { copies, .. }) = self.qps.get_mut(&qpn) {
