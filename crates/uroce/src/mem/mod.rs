@@ -172,7 +172,16 @@ impl Memory {
             return Ok((addr, None));
         }
         maps::check(addr, len, writable(access))?;
-        let pages = own::take(addr, len)?.map(Arc::new);
+        // Memory uroce cannot own, or a move that failed (out of mappings:
+        // `vm.max_map_count`), is reached by address as before (the pin
+        // below reports memory that is not there).
+        let pages = match own::take(addr, len) {
+            Ok(p) => p.map(Arc::new),
+            Err(e) => {
+                tracing::warn!(addr, len, error = %e.what, "reg_mr: pages not owned; the region follows the address space");
+                None
+            }
+        };
         let host = pages.as_ref().map_or(addr, |o| o.host(addr));
         self.pins.lock().unwrap().pin(host as u64, len)?;
         Ok((host, pages))
