@@ -520,8 +520,10 @@ pub extern "C" fn ibv_get_sysfs_path() -> *const c_char {
     c"/sys".as_ptr()
 }
 
-/// Succeeds: uroce reaches registered memory by virtual address from its
-/// own threads, so it needs no `MADV_DONTFORK` (README, "fork and uroce").
+/// Succeeds: uroce's own mappings of registered memory are already
+/// `MADV_DONTFORK`, and a child gets private copies of registered ranges
+/// (README, "fork and uroce"), as on a kernel with copy-on-fork of pinned
+/// pages.
 #[no_mangle]
 pub extern "C" fn ibv_fork_init() -> c_int {
     0

@@ -1,8 +1,14 @@
-//! Copy jobs at the engine level (`proto::copy`): a WRITE into ODP pages the
-//! device has not translated becomes a job; the QP's later packets wait
-//! behind it in order, at most 256 of them (more are dropped and counted);
-//! once the job is done they run, and the ACK covers them all. A job given
-//! back after its QP was reset or destroyed changes nothing.
+//! Copy jobs at the engine level (`proto::copy`): a WRITE or READ into ODP
+//! pages the device has not translated becomes a job, and the request is
+//! answered with an RNR NAK (as mlx5 answers a responder page fault), again
+//! with a longer wait for each copy of it that comes while the job runs; the
+//! QP's later packets wait behind the job in order, at most 256 of them
+//! (more are dropped and counted), and run after it (out of sequence then:
+//! the requester sends again from the NAKed request after its RNR wait).
+//! A local fault (a READ response into untranslated pages) does not count
+//! against the transport's retries. A job given back after its QP was
+//! reset or destroyed changes nothing. Deterministic: the engines are driven
+//! directly, time included.
 
 #[path = "simnet/mod.rs"]
 #[allow(dead_code)]
@@ -70,14 +76,6 @@ impl World {
         }
     }
 
-    /// What node 1 sends once the deadline of an ACK it holds (for an
-    /// answer that does not come) has passed.
-    fn after_hold(&mut self, now: Instant) -> Vec<Transmit> {
-        let later = now + std::time::Duration::from_millis(1);
-        self.nodes[1].engine.handle_timeout(later);
-        self.out(1, later)
-    }
-
     /// Runs node 1's copy jobs and gives them back at `now`: the test's
     /// clock, never the real one (a loaded machine would move that past the
     /// deadlines the test steps to).
@@ -105,8 +103,17 @@ fn acks(packets: &[Transmit]) -> Vec<u32> {
         .collect()
 }
 
+fn rnr_naks(packets: &[Transmit]) -> Vec<u32> {
+    packets
+        .iter()
+        .filter_map(|t| Packet::parse(&t.data).ok())
+        .filter(|p| matches!(p.headers.aeth.map(|a| a.kind()), Some(AethKind::RnrNak { .. })))
+        .map(|p| p.headers.bth.psn)
+        .collect()
+}
+
 #[test]
-fn packets_wait_behind_a_copy_job_in_order_and_one_ack_covers_them() {
+fn a_page_fault_is_answered_with_an_rnr_nak_and_the_request_sent_again_completes() {
     let now = Instant::now();
     let mut w = world();
     // Three WRITEs into one untranslated page, and one into another.
@@ -117,20 +124,23 @@ fn packets_wait_behind_a_copy_job_in_order_and_one_ack_covers_them() {
     let sent = w.out(0, now);
     assert_eq!(sent.len(), 4);
     w.deliver(0, now, &sent);
-    // The first asked for a job; the others wait behind it; nothing is
-    // acknowledged yet and nothing was written.
-    assert!(acks(&w.out(1, now)).is_empty());
+    // The first asked for a job and was answered with an RNR NAK, as mlx5
+    // answers a page fault; the others wait behind the job. Nothing is
+    // acknowledged and nothing written yet.
+    let out = w.out(1, now);
+    assert_eq!((rnr_naks(&out), acks(&out)), (vec![500], vec![]));
     assert_eq!(w.dst.contents()[..2048], [0u8; 2048]);
     let s = w.nodes[1].engine.stats();
-    assert_eq!((s.copies_deferred, s.rx_packets), (1, 4), "{s:?}");
-    // The job runs; the parked WRITEs run in order: the second and third
-    // find the page translated now, the fourth asks for a job of its own.
-    assert_eq!(w.jobs(now), 2);
-    assert_eq!(w.nodes[1].engine.stats().copies_deferred, 2);
-    // (The ACK is held for an answer: its deadline passes.)
-    let out = w.after_hold(now);
-    assert_eq!(acks(&out).last(), Some(&503), "the last ACK covers all four WRITEs");
+    assert_eq!((s.copies_deferred, s.fault_rnr_naks, s.rx_packets), (1, 1, 4), "{s:?}");
+    // The job runs: the WRITEs behind it are out of sequence now (the
+    // requester sends from 500 again after its RNR wait) and dropped.
+    assert_eq!(w.jobs(now), 1);
+    assert_eq!(w.nodes[1].engine.stats().rx_out_of_sequence, 3);
+    assert!(w.out(1, now).is_empty(), "no sequence NAK after the RNR NAK");
     w.deliver(1, now, &out);
+    // Everything again after the RNR wait: the first takes the job's result,
+    // two more find the page in, the fourth faults in its own page.
+    assert_eq!(settle(&mut w, now), 1);
     let wcs: Vec<(u64, WcStatus)> =
         std::iter::from_fn(|| w.nodes[0].cq.poll_one()).map(|c| (c.wr_id, c.status)).collect();
     assert_eq!(wcs, (1..=4).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>());
@@ -138,7 +148,32 @@ fn packets_wait_behind_a_copy_job_in_order_and_one_ack_covers_them() {
     assert_eq!(dst[..2048], src[..2048]);
     assert_eq!(dst[16384..16484], src[16384..16484]);
     assert_eq!(dst[2048..16384], [0u8; 14336], "nothing written outside the WRITEs");
-    assert_eq!(w.nodes[1].engine.stats().rx_drop_busy, 0);
+    let (r, q) = (w.nodes[1].engine.stats(), w.nodes[0].engine.stats());
+    assert_eq!((r.copies_deferred, r.fault_rnr_naks), (2, 2), "{r:?}");
+    assert_eq!((q.rnr_naks_received, q.timeouts), (2, 0), "the RNR budget, not the transport's: {q:?}");
+}
+
+#[test]
+fn a_request_sent_again_during_its_fault_gets_rnr_naks_with_longer_waits() {
+    let now = Instant::now();
+    let mut w = world();
+    w.write(now, 1, 0, 64);
+    let sent = w.out(0, now);
+    for _ in 0..4 {
+        w.deliver(0, now, &sent);
+    }
+    let timers: Vec<u8> = w
+        .out(1, now)
+        .iter()
+        .filter_map(|t| Packet::parse(&t.data).ok())
+        .filter_map(|p| match p.headers.aeth.map(|a| a.kind()) {
+            Some(AethKind::RnrNak { timer }) => Some(timer),
+            _ => None,
+        })
+        .collect();
+    // min_rnr_timer is 1 (0.01 ms) here: then 5, 9, 13 (0.06, 0.24, 0.96 ms).
+    assert_eq!(timers, vec![1, 5, 9, 13]);
+    assert_eq!(w.nodes[1].engine.stats().copies_deferred, 1, "one job");
 }
 
 #[test]
@@ -146,20 +181,63 @@ fn at_most_256_packets_wait_behind_a_job_the_rest_are_dropped_and_counted() {
     let now = Instant::now();
     let mut w = world();
     w.write(now, 1, 0, 64);
+    w.write(now, 2, 64, 64);
     let sent = w.out(0, now);
-    // The WRITE, then 299 copies of it (as a fabric duplicating it would).
+    // The first WRITE faults; then 300 copies of the second (as a fabric
+    // duplicating it would) wait behind its job.
+    w.deliver(0, now, &sent[..1]);
     for _ in 0..300 {
-        w.deliver(0, now, &sent);
+        w.deliver(0, now, &sent[1..]);
     }
     let s = w.nodes[1].engine.stats();
-    assert_eq!((s.copies_deferred, s.rx_drop_busy, s.rx_packets), (1, 300 - 256, 300), "{s:?}");
+    assert_eq!((s.copies_deferred, s.rx_drop_busy, s.rx_packets), (1, 300 - 256, 301), "{s:?}");
     assert_eq!(w.jobs(now), 1);
-    // Executed once; its copies were duplicates, answered with ACKs.
+    // They ran after it: out of sequence (the first WRITE comes again).
     let s = w.nodes[1].engine.stats();
-    assert_eq!(s.rx_duplicates, 255, "{s:?}");
-    let out = w.after_hold(now);
-    assert!(acks(&out).iter().all(|&p| p == 500) && !acks(&out).is_empty());
-    assert_eq!(w.dst.contents()[..64], w.src.contents()[..64]);
+    assert_eq!(s.rx_out_of_sequence, 256, "{s:?}");
+    let out = w.out(1, now);
+    w.deliver(1, now, &out);
+    assert_eq!(settle(&mut w, now), 0);
+    assert_eq!(w.dst.contents()[..128], w.src.contents()[..128]);
+}
+
+#[test]
+fn a_local_fault_does_not_count_against_the_transport_retries() {
+    let now = Instant::now();
+    let mut w = world();
+    // Node 0 READs node 1's pinned memory into its own untranslated ODP
+    // pages: the READ response's copy is a job on node 0, and the
+    // transport timer expires while it waits.
+    let local = Buf::new(16384, |_| 0);
+    let lkey = local.register_odp(&w.nodes[0].mem, Access::LOCAL_WRITE);
+    let remote = Buf::new(4096, |i| (i % 7) as u8);
+    // SAFETY: `remote` outlives node 1's use of the key (dropped after it).
+    let rkey = unsafe { remote.register(&w.nodes[1].mem, Access::LOCAL_WRITE | Access::REMOTE_READ) };
+    let mut wr = SendWr::new(9, WrOpcode::RdmaRead);
+    wr.sg_list = uroce::sgl![Sge { addr: local.addr(), length: 1024, lkey }];
+    wr.remote_addr = remote.addr();
+    wr.rkey = rkey;
+    w.nodes[0].engine.post_send(now, w.conn.req_qpn, wr).unwrap();
+    let req = w.out(0, now);
+    w.deliver(0, now, &req);
+    let resp = w.out(1, now);
+    w.deliver(1, now, &resp);
+    let job = w.nodes[0].engine.poll_copy().expect("the READ response's copy is a job");
+    // Far past the ACK timeout (exponent 14: 67 ms), several times.
+    for i in 1..=5 {
+        let later = now + std::time::Duration::from_millis(200 * i);
+        w.nodes[0].engine.handle_timeout(later);
+        let _ = w.out(0, later);
+    }
+    let s = w.nodes[0].engine.stats();
+    assert_eq!((s.timeouts, s.retransmits), (0, 0), "{s:?}");
+    assert!(s.timeouts_behind_copies >= 1, "{s:?}");
+    let mut job = job;
+    job.run(&*w.nodes[0].mem);
+    w.nodes[0].engine.copy_done(now, job);
+    assert_eq!(w.nodes[0].cq.poll_one().map(|c| (c.wr_id, c.status)), Some((9, WcStatus::Success)));
+    assert_eq!(local.contents()[..1024], remote.contents()[..1024]);
+    drop(w);
 }
 
 /// A world whose WRITE into untranslated pages asked for a job, and that
@@ -192,9 +270,10 @@ fn a_job_given_back_after_its_qp_was_reset_or_destroyed_changes_nothing() {
 }
 
 /// Everything both nodes send until both are quiet (at most 1000 rounds),
-/// running node 1's copy jobs as they come; returns how many ran.
-fn settle(w: &mut World, now: Instant) -> usize {
-    let mut jobs = 0;
+/// running node 1's copy jobs as they come and letting 1 ms pass when
+/// nothing moves (RNR waits, held ACKs); returns how many jobs ran.
+fn settle(w: &mut World, start: Instant) -> usize {
+    let (mut jobs, mut now) = (0, start);
     for _ in 0..1000 {
         let (a, b) = (w.out(0, now), w.out(1, now));
         w.deliver(0, now, &a);
@@ -202,13 +281,15 @@ fn settle(w: &mut World, now: Instant) -> usize {
         let j = w.jobs(now);
         jobs += j;
         if a.is_empty() && b.is_empty() && j == 0 {
-            let later = now + std::time::Duration::from_millis(1);
-            w.nodes[1].engine.handle_timeout(later);
-            let b = w.out(1, later);
-            w.deliver(1, later, &b);
-            if b.is_empty() {
+            now += std::time::Duration::from_millis(1);
+            w.nodes[0].engine.handle_timeout(now);
+            w.nodes[1].engine.handle_timeout(now);
+            let (a, b) = (w.out(0, now), w.out(1, now));
+            if a.is_empty() && b.is_empty() {
                 return jobs;
             }
+            w.deliver(0, now, &a);
+            w.deliver(1, now, &b);
         }
     }
     panic!("no end");

@@ -2,9 +2,13 @@
 //! back — munmap, mprotect(PROT_NONE), mprotect(PROT_READ), ftruncate of a
 //! shared file mapping — and a peer then WRITEs, READs and runs atomics on
 //! it, or the application SENDs from it: the process survives, and each
-//! access completes with the status a device gives (remote: NAK, requester
-//! sees REM_ACCESS_ERR; local: LOC_PROT_ERR) or, where the memory is still
-//! there to read, succeeds. Registration checks the mapping's access as
+//! access does what it does on a kernel device, which holds the pages it
+//! pinned. After munmap or mprotect every operation reaches the old pages
+//! and succeeds; memory mapped later at the same address is never reached
+//! (issue 28: a peer's WRITE through the old key must not land in it, a
+//! READ must not return its bytes). Past the end of a truncated shared
+//! file the pages are gone: remote accesses fail with REM_ACCESS_ERR, local
+//! ones with LOC_PROT_ERR. Registration checks the mapping's access as
 //! get_user_pages does (EFAULT).
 
 mod common;
@@ -190,18 +194,18 @@ fn local_recv(a: &End, local: &MemoryRegion, n: u32) {
 }
 
 /// Every operation after `change`: the process survives and each status is
-/// a device's.
+/// a device's: the pinned pages serve every operation, except past the end
+/// of a truncated file.
 fn survives(change: Change) {
     let _g = serial();
     let devs = pair_with(None);
-    // Memory still readable (PROT_READ) serves READs and SENDs.
-    let readable = change == Change::ProtRead;
-    let ok_if_readable = |s| if readable { WcStatus::Success } else { s };
+    let pinned = change != Change::Truncate;
+    let ok_if_readable = |s| if pinned { WcStatus::Success } else { s };
     let cases = [
-        (Op::RemoteWrite, WcStatus::RemAccessErr),
+        (Op::RemoteWrite, ok_if_readable(WcStatus::RemAccessErr)),
         (Op::RemoteRead, ok_if_readable(WcStatus::RemAccessErr)),
-        (Op::FetchAdd, WcStatus::RemAccessErr),
-        (Op::CmpSwp, WcStatus::RemAccessErr),
+        (Op::FetchAdd, ok_if_readable(WcStatus::RemAccessErr)),
+        (Op::CmpSwp, ok_if_readable(WcStatus::RemAccessErr)),
         (Op::Send(64), ok_if_readable(WcStatus::LocProtErr)),
         (Op::Send(4096), ok_if_readable(WcStatus::LocProtErr)),
     ];
@@ -308,6 +312,138 @@ fn registration_checks_the_mapping_access() {
     assert!(reg(rw.0, rw.1, ALL).is_ok());
 }
 
+/// Replaces `LEN` bytes at `addr` by a new anonymous mapping filled with
+/// `fill` (MAP_FIXED: atomic, no window for another thread).
+fn map_again(addr: usize, fill: u8) {
+    // SAFETY: the test's own victim range.
+    unsafe {
+        let p = libc::mmap(
+            addr as *mut libc::c_void,
+            LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        );
+        assert_eq!(p as usize, addr);
+        std::ptr::write_bytes(p as *mut u8, fill, LEN);
+    }
+}
+
+/// Issue 28's deterministic case: register, munmap, map new memory at the
+/// address, then a peer WRITE and READ through the old key. The WRITE
+/// reaches the old pages, not the new mapping; the READ returns the old
+/// pages' bytes, never the new mapping's.
+#[test]
+fn a_write_through_an_old_key_never_reaches_memory_mapped_later() {
+    let _g = serial();
+    let devs = pair_with(None);
+    let (a, b) = (end(devs.0.clone()), end(devs.1.clone()));
+    a.qp.connect_rc(&b.ctx.query_gid(0).unwrap(), b.qp.qp_num(), 300, 400).unwrap();
+    b.qp.connect_rc(&a.ctx.query_gid(0).unwrap(), a.qp.qp_num(), 400, 300).unwrap();
+    for round in 0..20u64 {
+        let victim = Victim::new(false);
+        // SAFETY: the mapping is replaced under the region on purpose.
+        let mr = unsafe { b.pd.register_raw(victim.addr as *mut u8, LEN, victim.addr as u64, ALL) }.unwrap();
+        // SAFETY: our victim mapping.
+        assert_eq!(unsafe { libc::munmap(victim.addr as *mut libc::c_void, LEN) }, 0);
+        map_again(victim.addr, 0x22);
+        let local = a.pd.register(vec![0xabu8; LEN], ALL).unwrap();
+        let mut w = wr(round * 2, WrOpcode::RdmaWrite, local.sge(0, PAGE as u32));
+        w.remote_addr = mr.iova() + PAGE as u64;
+        w.rkey = mr.rkey();
+        a.qp.post_send(&w).unwrap();
+        assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success, "the pinned pages take the WRITE");
+        // SAFETY: the new mapping, ours.
+        let now = unsafe { std::slice::from_raw_parts(victim.addr as *const u8, LEN) };
+        assert!(now.iter().all(|&x| x == 0x22), "round {round}: the WRITE landed in the new mapping");
+        let back = a.pd.register(vec![0u8; LEN], ALL).unwrap();
+        let mut r = wr(round * 2 + 1, WrOpcode::RdmaRead, back.sge(0, LEN as u32));
+        r.remote_addr = mr.iova();
+        r.rkey = mr.rkey();
+        a.qp.post_send(&r).unwrap();
+        assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);
+        let mut got = vec![0u8; LEN];
+        back.read_at(0, &mut got).unwrap();
+        assert!(got[..PAGE].iter().all(|&x| x == 0x11), "round {round}: the old bytes");
+        assert!(got[PAGE..2 * PAGE].iter().all(|&x| x == 0xab), "round {round}: the WRITE's bytes");
+        assert!(got[2 * PAGE..].iter().all(|&x| x == 0x11), "round {round}: never the new mapping's");
+        drop(mr);
+    }
+}
+
+/// Many threads map, fill and check memory while a peer WRITEs and READs
+/// through keys whose memory the application unmaps meanwhile: no byte ever
+/// lands in a mapping made after the registration's pages went away, and
+/// no READ returns such a mapping's bytes (checked by pattern). 10 000
+/// rounds, or fewer when 60 s are up on a busy machine.
+#[test]
+fn unmapping_under_a_peers_traffic_never_touches_new_mappings() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let _g = serial();
+    let devs = pair_with(None);
+    let (a, b) = (end(devs.0.clone()), end(devs.1.clone()));
+    a.qp.connect_rc(&b.ctx.query_gid(0).unwrap(), b.qp.qp_num(), 300, 400).unwrap();
+    b.qp.connect_rc(&a.ctx.query_gid(0).unwrap(), a.qp.qp_num(), 400, 300).unwrap();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let checked = std::sync::Arc::new(AtomicU64::new(0));
+    // Mappers: map (the kernel reuses the addresses the victims free),
+    // fill with their own pattern, yield, check, unmap.
+    let mappers: Vec<_> = (0..3u8)
+        .map(|i| {
+            let (stop, checked) = (stop.clone(), checked.clone());
+            std::thread::spawn(move || {
+                let fill = 0x30 + i;
+                let mut bad = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    let m = Map::new(3, libc::PROT_READ | libc::PROT_WRITE);
+                    // SAFETY: our mapping.
+                    let s = unsafe { std::slice::from_raw_parts_mut(m.0 as *mut u8, m.1) };
+                    s.fill(fill);
+                    for _ in 0..20 {
+                        std::thread::yield_now();
+                    }
+                    bad += s.iter().filter(|&&x| x != fill).count();
+                    checked.fetch_add(1, Ordering::Relaxed);
+                }
+                bad
+            })
+        })
+        .collect();
+    let local = a.pd.register(vec![0xabu8; LEN], ALL).unwrap();
+    let back = a.pd.register(vec![0u8; LEN], ALL).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut rounds = 0u64;
+    while rounds < 10_000 && std::time::Instant::now() < deadline {
+        let victim = Map::new(3, libc::PROT_READ | libc::PROT_WRITE);
+        // SAFETY: our mapping.
+        unsafe { std::ptr::write_bytes(victim.0 as *mut u8, 0x11, LEN) };
+        // SAFETY: unmapped under the region on purpose.
+        let mr = unsafe { b.pd.register_raw(victim.0 as *mut u8, LEN, victim.0 as u64, ALL) }.unwrap();
+        let mut w = wr(rounds * 2, WrOpcode::RdmaWrite, local.sge(0, 2 * PAGE as u32));
+        w.remote_addr = mr.iova() + PAGE as u64;
+        w.rkey = mr.rkey();
+        let mut r = wr(rounds * 2 + 1, WrOpcode::RdmaRead, back.sge(0, LEN as u32));
+        r.remote_addr = mr.iova();
+        r.rkey = mr.rkey();
+        a.qp.post_send(&w).unwrap();
+        a.qp.post_send(&r).unwrap();
+        drop(victim); // munmap while the operations are on their way
+        let wcs = a.cq.wait(2, T).unwrap();
+        assert!(wcs.iter().all(|c| c.status == WcStatus::Success), "round {rounds}: {wcs:?}");
+        let mut got = vec![0u8; LEN];
+        back.read_at(0, &mut got).unwrap();
+        assert!(got.iter().all(|&x| x == 0x11 || x == 0xab), "round {rounds}: a READ returned another mapping's bytes");
+        drop(mr);
+        rounds += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let bad: usize = mappers.into_iter().map(|t| t.join().unwrap()).sum();
+    eprintln!("{rounds} rounds, {} mappings checked", checked.load(Ordering::Relaxed));
+    assert_eq!(bad, 0, "bytes of a peer's WRITE landed in mappings made later");
+    assert!(rounds >= 100, "only {rounds} rounds in 60 s");
+}
+
 #[test]
 fn deregistration_after_munmap_works() {
     let _g = serial();
@@ -328,9 +464,11 @@ fn deregistration_after_munmap_works() {
     let mr = unsafe { pd.register_raw(page as *mut u8, PAGE, page as u64, ALL) }.unwrap();
     // SAFETY: our mapping.
     assert_eq!(unsafe { libc::munmap(page as *mut libc::c_void, PAGE) }, 0);
+    // The region still holds the pages, as a kernel pin.
     let mut b = [0u8; 8];
-    assert_eq!(mr.read_at(0, &mut b).unwrap_err().errno, Errno::EFAULT);
-    assert_eq!(mr.write_at(0, &b).unwrap_err().errno, Errno::EFAULT);
+    mr.write_at(0, &[9u8; 8]).unwrap();
+    mr.read_at(0, &mut b).unwrap();
+    assert_eq!(b, [9u8; 8]);
     mr.dereg().map_err(|(_, e)| e).unwrap();
     // Unmap the guards alone: the hole may be another thread's by now.
     std::mem::forget(m);

@@ -356,3 +356,110 @@ fn odp_regions_serve_atomics_windows_and_receives() {
     assert_eq!(&m.bytes()[3 * PAGE..3 * PAGE + 16], &[0x33u8; 16]);
     drop(mw);
 }
+
+/// Connects `a`'s RC QP to `b`'s with issue 28 §3's short budgets: ACK
+/// timeout 8 (1 ms), retry_cnt 3, rnr_retry 3, min_rnr_timer 12 (0.64 ms).
+fn connect_short(a: &End, b: &End) {
+    use uroce::ib::{Mtu, QpAttrMask, QpState};
+    use uroce::proto::qp::required_attributes;
+    use uroce::proto::wr::{AddressVector, QpAttr};
+    for (x, y) in [(a, b), (b, a)] {
+        let req = |cur, next| QpAttrMask::STATE | required_attributes(uroce::ib::QpType::Rc, cur, next);
+        let mut at = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            ..QpAttr::default()
+        };
+        x.qp.modify(&at, req(QpState::Reset, QpState::Init)).unwrap();
+        at.qp_state = QpState::Rtr;
+        at.path_mtu = Mtu::Mtu1024;
+        at.dest_qp_num = y.qp.qp_num();
+        at.max_dest_rd_atomic = 4;
+        at.min_rnr_timer = 12;
+        at.ah_attr = AddressVector {
+            dgid: y.ctx.query_gid(0).unwrap(),
+            is_global: true,
+            hop_limit: 64,
+            port_num: 1,
+            ..Default::default()
+        };
+        x.qp.modify(&at, req(QpState::Init, QpState::Rtr)).unwrap();
+        at.qp_state = QpState::Rts;
+        (at.timeout, at.retry_cnt, at.rnr_retry, at.max_rd_atomic) = (8, 3, 3, 4);
+        x.qp.modify(&at, req(QpState::Rtr, QpState::Rts)).unwrap();
+    }
+}
+
+/// Issue 28 §3: 64 KiB WRITEs into untouched pages of a 1 GiB ODP region,
+/// and READs of a range mapped again after munmap, with short timeouts
+/// (timeout 8, retry_cnt 3, rnr_retry 3) beside two busy loops: every one
+/// succeeds. A responder page fault is answered with RNR NAKs while the
+/// copy job faults the pages in, so the requester waits on its RNR budget
+/// (with longer waits each time) instead of running out of transport
+/// retries.
+#[test]
+fn odp_faults_on_a_busy_machine_with_short_timeouts() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _serial = serial();
+    let (a, b) = pair_with(None);
+    let (a, b) = (end(a), end(b));
+    connect_short(&a, &b);
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let busy: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut x = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
+            })
+        })
+        .collect();
+    let big = Map::rw(1 << 30);
+    let mr = b.pd.register_odp(big.addr as u64, 1 << 30, RW).unwrap();
+    let chunk = 64 * 1024;
+    let pattern: Vec<u8> = (0..chunk).map(|i| (i % 251) as u8).collect();
+    let src = a.pd.register(pattern.clone(), Access::LOCAL_WRITE).unwrap();
+    let mut failures = Vec::new();
+    for round in 0..16usize {
+        // Untouched pages, 64 MiB apart.
+        let at = big.addr + round * (64 << 20);
+        let st = rdma(&a, WrOpcode::RdmaWrite, src.sge(0, chunk as u32), at as u64, mr.rkey());
+        if st != WcStatus::Success {
+            failures.push(format!("WRITE {round}: {st:?}"));
+            break;
+        }
+        // SAFETY: the WRITE completed; the pages are mapped.
+        assert_eq!(unsafe { std::slice::from_raw_parts(at as *const u8, chunk) }, &pattern[..]);
+    }
+    drop(mr);
+    drop(big);
+    if failures.is_empty() {
+        let m = Map::rw(16 * PAGE);
+        m.fill(0xAA);
+        let mr = b.pd.register_odp(m.addr as u64, (16 * PAGE) as u64, RW).unwrap();
+        let dst = a.pd.register(vec![0u8; 16 * PAGE], Access::LOCAL_WRITE).unwrap();
+        for round in 0..8u8 {
+            m.remap();
+            m.fill(round);
+            let st = rdma(&a, WrOpcode::RdmaRead, dst.sge(0, (16 * PAGE) as u32), m.addr as u64, mr.rkey());
+            if st != WcStatus::Success {
+                failures.push(format!("READ {round}: {st:?}"));
+                break;
+            }
+            assert!(dst.to_vec().iter().all(|&x| x == round), "READ {round}: the new mapping's bytes");
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in busy {
+        t.join().unwrap();
+    }
+    let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
+    eprintln!(
+        "requester: rnr_naks_received {} timeouts {} retransmits {}; responder: fault_rnr_naks {} copies_deferred {}",
+        sa.rnr_naks_received, sa.timeouts, sa.retransmits, sb.fault_rnr_naks, sb.copies_deferred
+    );
+    assert!(failures.is_empty(), "{failures:?}");
+}

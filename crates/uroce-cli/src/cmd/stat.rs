@@ -294,6 +294,8 @@ fn help(name: &str) -> &'static str {
         "rx_inline_recvs" => "receives completed inline (scatter-to-CQE, copied at poll time)",
         "rx_inline_bytes" => "message bytes of receives completed inline",
         "copies_deferred" => "copies that might block (peer memory, ODP faults) run by copy workers outside the engine",
+        "fault_rnr_naks" => "RNR NAKs answering requests that met an ODP page fault (as mlx5)",
+        "timeouts_behind_copies" => "retransmission timeouts not counted: the QP waited for its own copy job",
         "rx_drop_busy" => "received packets dropped: too many waited behind their QP's copy job",
         n if n.starts_with("rx_drop_") => "received packets dropped, by reason",
         n if n.starts_with("page_") => "on-demand paging counters (mlx5 meanings)",

@@ -172,7 +172,7 @@ mod tests {
     use crate::mem::{Backing, MemoryRegion};
 
     fn region(key: u32) -> MemoryRegion {
-        MemoryRegion::new(1, key, 0, 0, Access::empty(), Backing::Host { addr: 0, owner: None })
+        MemoryRegion::new(1, key, 0, 0, Access::empty(), Backing::Host { addr: 0, owner: None, pages: None })
     }
 
     fn first_keys(t: &mut KeyTable, n: usize) -> Vec<u32> {

@@ -59,6 +59,62 @@ pub(crate) fn check(addr: usize, len: u64, write: bool) -> Result<()> {
     }
 }
 
+/// One mapping of `/proc/self/maps`, as `own` needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Vma {
+    pub lo: u64,
+    pub hi: u64,
+    /// `PROT_*` bits of the mapping.
+    pub prot: i32,
+    pub shared: bool,
+    /// Offset of `lo` in the mapped object.
+    pub offset: u64,
+    /// `major:minor` of the mapped file's device, as written.
+    pub dev: String,
+    pub inode: u64,
+    /// The path or `[heap]`-style name; empty for plain anonymous memory.
+    pub name: String,
+}
+
+/// The mappings that overlap `start..end`, in address order (holes are
+/// the caller's to notice).
+pub(crate) fn vmas(start: u64, end: u64) -> std::io::Result<Vec<Vma>> {
+    let text = std::fs::read_to_string("/proc/self/maps")?;
+    Ok(parse_vmas(&text, start, end))
+}
+
+fn parse_vmas(text: &str, start: u64, end: u64) -> Vec<Vma> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut f = line.splitn(6, ' ');
+        let (Some(range), Some(perms), Some(off), Some(dev), Some(inode)) = (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        let Some((lo, hi)) = range.split_once('-') else { continue };
+        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else { continue };
+        if hi <= start {
+            continue;
+        }
+        if lo >= end {
+            break;
+        }
+        let p = perms.as_bytes();
+        let bit = |i: usize, c: u8, v: i32| if p.get(i) == Some(&c) { v } else { 0 };
+        out.push(Vma {
+            lo,
+            hi,
+            prot: bit(0, b'r', libc::PROT_READ) | bit(1, b'w', libc::PROT_WRITE) | bit(2, b'x', libc::PROT_EXEC),
+            shared: p.get(3) == Some(&b's'),
+            offset: u64::from_str_radix(off, 16).unwrap_or(0),
+            dev: dev.to_string(),
+            inode: inode.parse().unwrap_or(0),
+            name: f.next().unwrap_or("").trim().to_string(),
+        });
+    }
+    out
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum Verdict {
     Ok,
@@ -164,6 +220,17 @@ mod tests {
         assert_eq!(v(0x450000, 0x653000, false), Verdict::Hole(0x452000), "a hole inside");
         assert_eq!(v(0x7ffc_f000, 0x7ffd_1000, true), Verdict::Hole(0x7ffd_0000), "past the end");
         assert_eq!(v(0x8000_0000, 0x8000_1000, false), Verdict::Hole(0x8000_0000));
+    }
+
+    #[test]
+    fn vmas_of_a_range() {
+        let v = parse_vmas(MAPS, 0x651000, 0x656000);
+        assert_eq!(v.len(), 3);
+        assert_eq!((v[0].lo, v[0].prot, v[0].shared, v[0].inode), (0x651000, libc::PROT_READ, false, 173521));
+        assert_eq!(v[0].name, "/usr/bin/dbus-daemon");
+        assert_eq!((v[2].lo, v[2].hi, v[2].prot, v[2].inode), (0x655000, 0x660000, libc::PROT_READ | libc::PROT_WRITE, 0));
+        assert_eq!(v[2].name, "");
+        assert_eq!(parse_vmas(MAPS, 0x7ffc_0000, 0x7ffc_1000)[0].name, "[stack]");
     }
 
     #[test]

@@ -23,6 +23,7 @@ mod maps;
 mod mr;
 mod mw;
 mod notifier;
+mod own;
 pub mod odp;
 pub mod peer;
 mod pin;
@@ -156,14 +157,34 @@ impl Memory {
                     .insert(|key| MemoryRegion::new(pd, key, iova, len, access, backing)));
             }
         }
-        if len > 0 {
-            maps::check(addr, len, writable(access))?;
-            self.pins.lock().unwrap().pin(addr as u64, len)?;
-        }
+        let (host, pages) = self.pin(addr, len, access)?;
         let mr = self.keys.write().unwrap().insert(|key| {
-            MemoryRegion::new(pd, key, iova, len, access, Backing::Host { addr, owner: owner.map(Arc::from) })
+            MemoryRegion::new(pd, key, iova, len, access, Backing::Host { addr: host, owner: owner.map(Arc::from), pages })
         });
         Ok(mr)
+    }
+
+    /// Checks and pins `addr..addr+len` for a pinned registration: uroce's
+    /// own mapping of its pages where `own` can make one, else the
+    /// application's. Returns the host address of `addr` to access.
+    fn pin(&self, addr: usize, len: u64, access: Access) -> Result<(usize, Option<Arc<own::Owned>>)> {
+        if len == 0 {
+            return Ok((addr, None));
+        }
+        maps::check(addr, len, writable(access))?;
+        // Memory uroce cannot own, or a move that failed (out of mappings:
+        // `vm.max_map_count`), is reached by address as before (the pin
+        // below reports memory that is not there).
+        let pages = match own::take(addr, len) {
+            Ok(p) => p.map(Arc::new),
+            Err(e) => {
+                tracing::warn!(addr, len, error = %e.what, "reg_mr: pages not owned; the region follows the address space");
+                None
+            }
+        };
+        let host = pages.as_ref().map_or(addr, |o| o.host(addr));
+        self.pins.lock().unwrap().pin(host as u64, len)?;
+        Ok((host, pages))
     }
 
     /// The old name of [`Memory::register`].
@@ -365,7 +386,7 @@ impl Memory {
         let (access, old_access) = (change.access.unwrap_or(old.access), old.access);
         check_access_flags(access)?;
         let (old_addr, old_owner, old_odp) = match &old.backing {
-            Backing::Host { addr, owner } => (*addr, owner.clone(), None),
+            Backing::Host { addr, owner, pages } => (*addr, Some((owner.clone(), pages.clone())), None),
             Backing::Odp { addr, odp } => (*addr, None, Some(odp.clone())),
             Backing::Peer(_) => {
                 return Err(Error::new(Errno::EOPNOTSUPP, "rereg_mr: peer-memory regions cannot be re-registered"))
@@ -391,9 +412,9 @@ impl Memory {
         drop(old);
         let new_translation = change.translation.is_some();
         let pinned = old_odp.is_none();
+        let (mut host, mut pages) = (addr, None);
         if new_translation && pinned {
-            maps::check(addr, len, writable(access))?;
-            self.pins.lock().unwrap().pin(addr as u64, len)?;
+            (host, pages) = self.pin(addr, len, access)?;
         } else if pinned && writable(access) && !writable(old_access) && len > 0 {
             // The pages were checked for reading only (as mlx5 refuses a
             // writable access on a umem pinned read-only, with EPERM).
@@ -406,8 +427,11 @@ impl Memory {
             },
             (Some(odp), None) => Backing::Odp { addr, odp },
             // The buffer owner is shared with the new region unless the range changes.
-            (None, Some(t)) => Backing::Host { addr, owner: t.owner.map(Arc::from) },
-            (None, None) => Backing::Host { addr, owner: old_owner },
+            (None, Some(t)) => Backing::Host { addr: host, owner: t.owner.map(Arc::from), pages },
+            (None, None) => {
+                let (owner, pages) = old_owner.unwrap_or_default();
+                Backing::Host { addr, owner, pages }
+            }
         };
         let replaced = self
             .keys
@@ -416,7 +440,7 @@ impl Memory {
             .replace(key, new_translation, |k| MemoryRegion::new(pd, k, iova, len, access, backing));
         let Some((old, new)) = replaced else {
             if new_translation && pinned {
-                self.pins.lock().unwrap().unpin(addr as u64, len);
+                self.pins.lock().unwrap().unpin(host as u64, len);
             }
             return Err(Error::inval("rereg_mr: region went away"));
         };

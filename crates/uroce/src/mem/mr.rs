@@ -2,6 +2,7 @@
 
 use super::indirect::IndirectKey;
 use super::odp::OdpRegion;
+use super::own::Owned;
 use super::peer::PeerMapping;
 use super::span::{Piece, Place, Span};
 use crate::ib::Access;
@@ -10,9 +11,11 @@ use std::sync::Arc;
 
 /// Where a region's bytes live.
 pub enum Backing {
-    /// Pinned memory of this process at `addr` (the host address of `iova`).
+    /// Pinned memory of this process at `addr` (the host address of `iova`):
+    /// uroce's own mapping of the registered pages when `pages` is set
+    /// (see `own`), else the application's address.
     /// `owner`, when set, keeps the buffer alive as long as the region.
-    Host { addr: usize, owner: Option<Arc<dyn std::any::Any + Send + Sync>> },
+    Host { addr: usize, owner: Option<Arc<dyn std::any::Any + Send + Sync>>, pages: Option<Arc<Owned>> },
     /// On-demand paging: memory of this process at `addr`, neither pinned nor
     /// necessarily mapped (implicit ODP: `addr = iova = 0`, the whole space).
     Odp { addr: usize, odp: Arc<OdpRegion> },
@@ -25,10 +28,11 @@ pub enum Backing {
 impl std::fmt::Debug for Backing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Backing::Host { addr, owner } => f
+            Backing::Host { addr, owner, pages } => f
                 .debug_struct("Host")
                 .field("addr", &format_args!("{addr:#x}"))
                 .field("owned", &owner.is_some())
+                .field("pages", pages)
                 .finish(),
             Backing::Odp { addr, odp } => f
                 .debug_struct("Odp")

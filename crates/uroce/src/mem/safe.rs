@@ -122,6 +122,28 @@ pub(crate) fn writable(addr: usize, len: usize) -> bool {
     true
 }
 
+/// Holds user-space writes to `start..start+len` while the returned guard
+/// lives: the caller makes the range read-only, and a thread (other than
+/// the caller) whose write faults there waits in the fault handler until the
+/// guard is dropped, then retries the write. `own` uses it to move pages
+/// under a running application without losing a concurrent write. `None`
+/// when all slots are taken (or there is no handler on this architecture).
+/// Between arming and dropping, the caller must not allocate or take a lock
+/// that a waiting thread may hold.
+pub(crate) fn hold_writes(start: usize, len: usize) -> Option<HeldWrites> {
+    install();
+    imp::hold(start, len).map(HeldWrites)
+}
+
+/// Writes held by [`hold_writes`]; released on drop.
+pub(crate) struct HeldWrites(usize);
+
+impl Drop for HeldWrites {
+    fn drop(&mut self) {
+        imp::release_hold(self.0);
+    }
+}
+
 /// Installs the fault handler once (no-op after the first call, and on
 /// architectures without one).
 pub(crate) fn install() {
@@ -402,6 +424,50 @@ mod imp {
     };
     static ARMED: [Guard; GUARDS] = [FREE; GUARDS];
 
+    /// Ranges whose writes are held (see `hold_writes`): `[start, end)` and
+    /// the holding thread; `end == 0` is a free slot.
+    struct Hold {
+        tid: AtomicI32,
+        start: AtomicUsize,
+        end: AtomicUsize,
+    }
+    const HOLDS: usize = 16;
+    #[allow(clippy::declare_interior_mutable_const)]
+    const NO_HOLD: Hold = Hold { tid: AtomicI32::new(0), start: AtomicUsize::new(0), end: AtomicUsize::new(0) };
+    static HELD: [Hold; HOLDS] = [NO_HOLD; HOLDS];
+
+    pub(super) fn hold(start: usize, len: usize) -> Option<usize> {
+        let tid = gettid();
+        let i = HELD.iter().position(|h| h.tid.compare_exchange(0, tid, Ordering::Acquire, Ordering::Relaxed).is_ok())?;
+        HELD[i].start.store(start, Ordering::Relaxed);
+        HELD[i].end.store(start.saturating_add(len), Ordering::Release);
+        Some(i)
+    }
+
+    pub(super) fn release_hold(i: usize) {
+        HELD[i].end.store(0, Ordering::Release);
+        HELD[i].tid.store(0, Ordering::Release);
+    }
+
+    /// Waits while a write fault at `addr` of another thread falls in a held
+    /// range; true if it waited (the write is then retried). Async-signal-
+    /// safe: atomic loads and `sched_yield`.
+    fn wait_if_held(addr: usize) -> bool {
+        let tid = gettid();
+        let Some(h) = HELD.iter().find(|h| {
+            let t = h.tid.load(Ordering::Acquire);
+            t != 0 && t != tid && (h.start.load(Ordering::Relaxed)..h.end.load(Ordering::Acquire)).contains(&addr)
+        }) else {
+            return false;
+        };
+        let (start, holder) = (h.start.load(Ordering::Relaxed), h.tid.load(Ordering::Relaxed));
+        while h.tid.load(Ordering::Acquire) == holder && h.start.load(Ordering::Relaxed) == start && h.end.load(Ordering::Acquire) != 0 {
+            // SAFETY: sched_yield has no preconditions and is async-signal-safe.
+            unsafe { libc::sched_yield() };
+        }
+        true
+    }
+
     fn gettid() -> i32 {
         // SAFETY: gettid has no arguments and cannot fail.
         unsafe { libc::syscall(libc::SYS_gettid) as i32 }
@@ -516,6 +582,10 @@ mod imp {
             let uc = ctx as *mut libc::ucontext_t;
             let from_fault = !info.is_null() && (*info).si_code > 0;
             if from_fault && !uc.is_null() {
+                // A write into memory whose pages `own` is moving: wait, retry.
+                if sig == libc::SIGSEGV && wait_if_held((*info).si_addr() as usize) {
+                    return;
+                }
                 let rip = &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize];
                 if let Some(fix) = fixup(*rip as usize) {
                     *rip = fix as i64;
@@ -631,6 +701,12 @@ mod imp {
     }
 
     pub(super) fn install() {}
+
+    pub(super) fn hold(_: usize, _: usize) -> Option<usize> {
+        None
+    }
+
+    pub(super) fn release_hold(_: usize) {}
 }
 
 #[cfg(test)]

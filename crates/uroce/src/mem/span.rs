@@ -347,7 +347,7 @@ impl Span {
         self.len == 0
     }
 
-    /// The address in this process of the span's byte `offset`, for memory
+    /// The application's address of the span's byte `offset`, for memory
     /// of this process (pinned or on-demand paged; none for peer memory or
     /// past the end). For diagnostics and simulations that map an access
     /// back to the buffer it touches.
@@ -361,7 +361,13 @@ impl Span {
                     None => off,
                 };
                 return match p.place.offset(off) {
-                    Place::Host(a) | Place::Odp(a) => Some(a),
+                    // The application's address, also where uroce reaches
+                    // the pages through its own mapping (`own`).
+                    Place::Host(a) => Some(match &p.mr.backing {
+                        super::Backing::Host { pages: Some(o), .. } => o.app_address(a),
+                        _ => a,
+                    }),
+                    Place::Odp(a) => Some(a),
                     Place::Peer(_) => None,
                 };
             }

@@ -223,6 +223,10 @@ pub(crate) struct Copies {
     defer: bool,
     pub(crate) waiting: Option<u32>,
     pub(crate) build_waits: bool,
+    /// The input that asked for the job was answered with an RNR NAK (a
+    /// responder's page fault): the engine does not park it, the requester
+    /// sends it again.
+    pub(crate) nakked: bool,
     next_id: u32,
     pub(crate) done: SmallVec<[Box<Done>; 1]>,
     pub(crate) job: Option<Box<CopyJob>>,
@@ -237,6 +241,7 @@ impl Copies {
             defer,
             waiting: None,
             build_waits: false,
+            nakked: false,
             next_id: 0,
             done: SmallVec::new(),
             job: None,

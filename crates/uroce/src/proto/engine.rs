@@ -161,6 +161,8 @@ pub struct Engine {
     copies: VecDeque<Box<CopyJob>>,
     /// The last input asked for a copy job (read after a dispatch).
     asked: bool,
+    /// ... and was answered with an RNR NAK: not parked.
+    nakked: bool,
     /// Packets parked behind copy jobs, over all QPs (none: a transmit
     /// pass need not look).
     parked: usize,
@@ -312,6 +314,7 @@ impl Engine {
             next_ipv4_id: 1,
             copies: VecDeque::new(),
             asked: false,
+            nakked: false,
             parked: 0,
         }
     }
@@ -388,6 +391,7 @@ impl Engine {
             copy: copies,
         };
         let r = f(qp, &mut ctx);
+        self.nakked = std::mem::take(&mut ctx.copy.nakked);
         if let Some(job) = ctx.copy.job.take() {
             // The input asked for a copy job (`proto::copy`).
             ctx.stats.copies_deferred += 1;
@@ -722,7 +726,12 @@ impl Engine {
                 ctx.stats.rx_packets += 1;
                 ctx.stats.rx_bytes += data.len() as u64;
                 if ctx.copy.waiting.is_some() {
-                    // Behind the QP's copy job, in order.
+                    // The request whose page fault the job serves, sent
+                    // again: another RNR NAK. Anything else: behind the
+                    // QP's copy job, in order.
+                    if !is_response && qp.fault_rnr_again(ctx, bth.psn) {
+                        return Ok(Rx::Handled);
+                    }
                     return Ok(Rx::Park);
                 }
                 qp.dispatch(ctx, pkt, is_response, ip, data.len());
@@ -749,6 +758,7 @@ impl Engine {
             IcrcCheck::Zero | IcrcCheck::Bad => {}
         }
         match verdict {
+            Ok(Rx::Handled) if self.asked && self.nakked => {}
             Ok(Rx::Handled) if self.asked => {
                 // It asked for a copy job: it runs again, first, when the
                 // job is done.
@@ -840,7 +850,9 @@ impl Engine {
             let is_response = pkt.headers.bth.opcode.info().is_some_and(|i| i.flags.contains(OpFlags::RESPONSE));
             self.asked = false;
             self.with_qp(now, qpn, |qp, ctx| qp.dispatch(ctx, &pkt, is_response, &p.ip, p.data.len()));
-            if !std::mem::take(&mut self.asked) {
+            // Answered with an RNR NAK (a page fault): the requester sends
+            // it again; not parked.
+            if !std::mem::take(&mut self.asked) || self.nakked {
                 continue;
             }
             if let Some(QpSlot { copies, .. }) = self.qps.get_mut(&qpn) {

@@ -446,6 +446,14 @@ impl Qp {
             if !outstanding || self.req.rnr_timer.is_some() {
                 return;
             }
+            if ctx.copy.waiting.is_some() {
+                // A local copy job (an ODP fault on this side) holds the
+                // QP's packets, the peer's ACKs among them: not the
+                // transport's fault, not counted against `retry_cnt`.
+                ctx.stats.timeouts_behind_copies += 1;
+                self.req.timer = ack_timeout(self.attr.timeout).map(|d| now + d);
+                return;
+            }
             ctx.stats.timeouts += 1;
             tracing::warn!(
                 qpn = self.qpn,

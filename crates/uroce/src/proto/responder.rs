@@ -107,6 +107,12 @@ pub(crate) struct Responder {
     /// responses owed for earlier requests, as a responder answers in
     /// order. Later requests are dropped meanwhile.
     failing: Option<AsyncEventType>,
+    /// A request met an on-demand-paging fault (a copy job faults its pages
+    /// in) and was answered with an RNR NAK, as mlx5 answers a responder
+    /// page fault: its PSN and the RNR timer sent. Its retransmissions
+    /// that arrive while the job runs get RNR NAKs with a longer wait each
+    /// (see [`Qp::fault_rnr_again`]).
+    fault: Option<(u32, u8)>,
     /// XRC target: the SRQ the request being executed named.
     pub(crate) xrc_srq: Option<Arc<SharedRecvQueue>>,
     /// The ACK held for the application's answer (see `proto::ack`).
@@ -179,6 +185,29 @@ impl Qp {
         self.resp.epsn
     }
 
+    /// A retransmission of the request at `psn` arrived while the copy job
+    /// of its page fault still runs: true if it was answered with another
+    /// RNR NAK (each with four times the wait of the one before, from the QP's
+    /// `min_rnr_timer` on: a fault that outlasts the first wait on a busy
+    /// host does not use up a small `rnr_retry` at once); false if it is not
+    /// that request (the engine parks it behind the job).
+    pub(crate) fn fault_rnr_again(&mut self, ctx: &mut Ctx, psn: u32) -> bool {
+        let Some((p, t)) = self.resp.fault else { return false };
+        if p != psn || self.qp_type == QpType::Uc {
+            return false;
+        }
+        // Timer codes step by about 1.5x; four steps make the wait four
+        // times longer (0 is already the longest, 655 ms).
+        let t = if t == 0 { 0 } else { (t + 4).min(31) };
+        self.resp.fault = Some((p, t));
+        ctx.stats.rnr_naks_sent += 1;
+        ctx.stats.fault_rnr_naks += 1;
+        let msn = self.resp.msn;
+        self.resp.out.push_back(Out::Ack { psn: p, aeth: Aeth::rnr_nak(t, msn) });
+        ctx.mark_ready(self.qpn);
+        true
+    }
+
     /// Handles an RC or UC request packet.
     pub(crate) fn on_request(&mut self, ctx: &mut Ctx, pkt: &Packet) {
         if !matches!(self.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) || self.resp.failing.is_some() {
@@ -226,6 +255,7 @@ impl Qp {
         match self.execute(ctx, pkt, flags) {
             Ok(()) => {
                 self.resp.nak_sent = false;
+                self.resp.fault = None;
             }
             Err(Refuse::Rnr) => {
                 ctx.stats.rnr_naks_sent += 1;
@@ -244,7 +274,23 @@ impl Qp {
                 });
             }
             Err(Refuse::Drop) => {}
-            Err(Refuse::Defer) => return,
+            Err(Refuse::Defer) if uc => return,
+            Err(Refuse::Defer) => {
+                // A page fault (the copy may block: a job faults the pages
+                // in): an RNR NAK, so that the requester waits on its RNR
+                // budget, not its transport timer, and sends the request
+                // again, which then finds the pages in (or the job's
+                // result). Later packets of the message are dropped until
+                // it comes again (as after a sequence NAK).
+                ctx.copy.nakked = true;
+                let t = self.attr.min_rnr_timer;
+                self.resp.fault = Some((p, t));
+                self.resp.nak_sent = true;
+                ctx.stats.rnr_naks_sent += 1;
+                ctx.stats.fault_rnr_naks += 1;
+                let msn = self.resp.msn;
+                self.resp.out.push_back(Out::Ack { psn: p, aeth: Aeth::rnr_nak(t, msn) });
+            }
         }
         if self.resp.recv.is_none() && self.resp.write.is_none() {
             // Between messages an XRC target holds no SRQ.
@@ -590,6 +636,29 @@ impl Qp {
             return Err(Refuse::Nak(NakCode::RemoteAccess));
         }
         let p = pkt.headers.bth.psn;
+        // A page fault under the READ's first packet: a job faults it (and
+        // the rest of the READ) in, and the request is answered with an RNR
+        // NAK (see `on_request`), as mlx5 does, rather than accepted and
+        // its response left waiting behind the job.
+        let chunk = len.min(self.mtu() as u64);
+        let fp = Fingerprint { site: Site::ReadResponse, psn: p, len: chunk, addr: reth.va };
+        if self.qp_type != QpType::Uc && chunk > 0 && !ctx.copy.holds(fp) {
+            let mem = ctx.mem;
+            if let Ok(span) = mem.resolve_remote(reth.rkey, pd, self.qpn, reth.va, chunk, Want::RemoteRead) {
+                if ctx.copy.wants_job(mem, fp, std::slice::from_ref(&span)) {
+                    let mut buf = vec![0u8; chunk as usize];
+                    if let Err(CopyError::Deferred) = ctx.copy.read(mem, fp, smallvec::smallvec![span], &mut buf) {
+                        let rest = (len - chunk).min(AHEAD_MAX);
+                        if rest > 0 {
+                            if let Ok(s) = mem.resolve_remote(reth.rkey, pd, self.qpn, reth.va + chunk, rest, Want::RemoteRead) {
+                                ctx.copy.ahead(s, false);
+                            }
+                        }
+                        return Err(Refuse::Defer);
+                    }
+                }
+            }
+        }
         let n = super::requester::num_packets(len, self.mtu());
         self.add_resource(RdResource { first_psn: p, last_psn: psn::add(p, n - 1), kind: RdKind::Read });
         self.resp.msn = psn::add(self.resp.msn, 1);

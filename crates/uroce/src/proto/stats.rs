@@ -83,6 +83,13 @@ counters! {
         /// Copies that might block (on-demand paging, peer memory) run by a
         /// copy job outside the engine's locks (`proto::copy`).
         copies_deferred,
+        /// RNR NAKs answering a request that met a page fault (its copy
+        /// job faults the pages in), as mlx5 answers a responder page fault;
+        /// also counted in `rnr_naks_sent`.
+        fault_rnr_naks,
+        /// Retransmission timeouts not counted against `retry_cnt`: the QP
+        /// waited for a local copy job (an ODP fault on this side).
+        timeouts_behind_copies,
         /// Packets dropped because too many waited behind their QP's copy
         /// job (a reliable sender sends them again).
         rx_drop_busy,
@@ -99,7 +106,7 @@ mod tests {
         let qp = Stats { rx_packets: 4, rx_bytes: 400, tx_packets: 2, naks_sent: 1, ..Default::default() };
         dev.add_qp_share(&qp);
         assert_eq!((dev.rx_packets, dev.rx_bytes, dev.tx_packets, dev.naks_sent), (10, 1000, 5, 1));
-        assert_eq!(Stats::LEN, 28);
+        assert_eq!(Stats::LEN, 30);
         // Inline receives are the QP's: the device's is the sum.
         let inl = Stats { rx_inline_recvs: 2, rx_inline_bytes: 40, ..Default::default() };
         dev.add_qp_share(&inl);
