@@ -14,10 +14,12 @@ pub mod capture;
 mod copier;
 pub mod faults;
 pub mod link;
+pub mod medium;
 pub mod netdev;
 mod runtime;
 mod shard;
 mod socket;
+mod udp;
 
 pub use capture::Capture;
 pub use runtime::{EventSink, Runtime, RuntimeConfig};
