@@ -79,10 +79,10 @@ impl Mode {
 const RETRY: Duration = Duration::from_secs(1);
 /// Longest an accepted connection may take to send its hello (it waits
 /// in the hub's poll set meanwhile, costing nobody a wait).
-pub const SETUP_TIMEOUT: Duration = Duration::from_millis(500);
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(1);
 /// Longest the hub waits for a peer's answer when it links (a stopped
 /// peer costs the hub, never a sender, this once per RETRY).
-pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(100);
+pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(200);
 /// Accepted connections waiting for their hello at most (beyond: closed,
 /// counted as refused).
 const MAX_PENDING: usize = 16;
