@@ -4,7 +4,7 @@
 //! device's address, a fake socket that answers for one, a doorbell that
 //! would block (an eventfd at its maximum, a full datagram queue made
 //! blocking), a fake socket that never accepts, a stopped peer, and 1 500
-//! link attempts. The attacker is this test binary run again
+//! link attempts; and a socket file a killed process left is reaped. The attacker is this test binary run again
 //! (`attacker`, ignored unless a test starts it).
 
 mod common;
@@ -57,6 +57,19 @@ fn total(ctx: &Context, key: &str) -> u64 {
         .flat_map(|(_, c)| c)
         .find(|(k, _)| *k == key)
         .map_or(0, |(_, v)| v)
+}
+
+/// Waits (10 s at most) until `ctx`'s link counter `key` is at least `min`
+/// (the victim counts a refusal just after the attacker sees it).
+fn wait_total(ctx: &Context, key: &str, min: u64) -> bool {
+    let t = Instant::now();
+    while total(ctx, key) < min {
+        if t.elapsed() > Duration::from_secs(10) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
 }
 
 /// WRITEs 64 KiB a -> b over `qp` and checks them, within LIMIT.
@@ -195,9 +208,9 @@ fn a_claim_of_another_devices_address_is_refused_both_ways() {
     // A hello to v claiming w's address, as the attacker: refused, and v's
     // traffic to w stays on the legitimate link.
     let a = Attacker::start(&format!("link,{},{},dgram,0,1", v.ctx.local_addr(), w.ctx.local_addr()));
-    let answers = a.said("answers");
+    let answers = a.said("attacker-answers");
     assert_eq!(field(&answers, "ok"), 0, "the claim was answered: {answers}");
-    assert!(total(&v.ctx, "links_refused_claim") >= 1, "counted: {:?}", v.ctx.medium_counters());
+    assert!(wait_total(&v.ctx, "links_refused_claim", 1), "counted: {:?}", v.ctx.medium_counters());
     stream(&v, &qp, &w, 20);
     a.finish();
 
@@ -205,7 +218,7 @@ fn a_claim_of_another_devices_address_is_refused_both_ways() {
     // every hello): v does not link to it; u gets v's traffic by UDP.
     let u_addr = addr(81, 3);
     let a = Attacker::start(&format!("answer,{u_addr}"));
-    a.said("ready");
+    a.said("attacker-ready");
     let u = open(81, 3); // its own advertisement is taken: UDP only
     let to_u = qp_to(&v, &u, 300);
     let refused = total(&v.ctx, "links_refused_claim");
@@ -233,16 +246,16 @@ fn a_doorbell_that_would_block_does_not_freeze_the_victim() {
     // An eventfd at its maximum counter, blocking: not a doorbell.
     let own = addr(82, 5);
     let a = Attacker::start(&format!("link,{},{own},eventfd-max,1,1", v.ctx.local_addr()));
-    let answers = a.said("answers");
+    let answers = a.said("attacker-answers");
     assert_eq!(field(&answers, "ok"), 0, "an eventfd doorbell was accepted: {answers}");
-    assert!(total(&v.ctx, "links_refused_bad") >= 1);
+    assert!(wait_total(&v.ctx, "links_refused_bad", 1), "counted: {:?}", v.ctx.medium_counters());
     a.finish();
 
     // A datagram doorbell whose queue is full and made blocking, on a
     // link whose consumer sleeps: v rings it on every publish.
     let own = addr(82, 6);
     let a = Attacker::start(&format!("link,{},{own},dgram-full,1,1", v.ctx.local_addr()));
-    let answers = a.said("answers");
+    let answers = a.said("attacker-answers");
     assert_eq!(field(&answers, "ok"), 1, "the attacker's own address links: {answers}");
     // Its own CQ: its WRITE ends in RETRY_EXC_ERR, away from the stream's.
     let fake_cq = v.ctx.create_cq(16, None).unwrap();
@@ -275,15 +288,20 @@ fn a_fake_socket_that_never_accepts_and_a_stopped_peer_do_not_stall_traffic() {
     // u's name is taken by a socket that never accepts.
     let u_addr = addr(83, 3);
     let fake = Attacker::start(&format!("listen,{u_addr}"));
-    fake.said("ready");
+    fake.said("attacker-ready");
     let u = open(83, 3);
     let to_u = qp_to(&v, &u, 300);
     // s is a real device whose process is stopped.
     let s_addr = addr(83, 4);
     let s = Attacker::start(&format!("device,{s_addr}"));
-    s.said("ready");
+    s.said("attacker-ready");
     // SAFETY: a signal to our own child.
     unsafe { libc::kill(s.pid() as i32, libc::SIGSTOP) };
+    let t = Instant::now();
+    while !std::fs::read_to_string(format!("/proc/{}/status", s.pid())).unwrap_or_default().contains("State:\tT") {
+        assert!(t.elapsed() < Duration::from_secs(10), "the peer did not stop");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     // Its own CQ: its WRITE ends in RETRY_EXC_ERR, away from the stream's.
     let s_cq = v.ctx.create_cq(16, None).unwrap();
     let to_s = v.pd.create_qp(&QpInitAttr::rc(&s_cq, &s_cq)).unwrap();
@@ -304,8 +322,9 @@ fn a_fake_socket_that_never_accepts_and_a_stopped_peer_do_not_stall_traffic() {
     let (pid, c) = view(&v.ctx, u_addr).unwrap();
     assert_eq!(pid, None, "not linked to the fake: {c:?}");
     assert!(c["udp_tx_packets"] > 0, "u's traffic went by UDP: {c:?}");
-    assert!(view(&v.ctx, s_addr).is_some_and(|(pid, _)| pid.is_none()), "not linked to the stopped peer");
-    assert!(total(&v.ctx, "links_refused_bad") >= 1, "the fake's silence counted: {:?}", v.ctx.medium_counters());
+    let s_view = view(&v.ctx, s_addr);
+    assert!(s_view.as_ref().is_none_or(|(pid, _)| pid.is_none()), "linked to the stopped peer: {s_view:?}");
+    assert!(wait_total(&v.ctx, "links_refused_bad", 1), "the fake's silence counted: {:?}", v.ctx.medium_counters());
     // SAFETY: as above.
     unsafe { libc::kill(s.pid() as i32, libc::SIGKILL) };
 }
@@ -325,7 +344,7 @@ fn link_attempts_beyond_the_cap_are_refused_and_reaped() {
     let answers = loop {
         stream(&v, &qp, &w, 2);
         if let Ok(l) = a.lines.try_recv() {
-            if let Some(at) = l.find("answers") {
+            if let Some(at) = l.find("attacker-answers") {
                 break l[at..].to_string();
             }
         }
@@ -340,13 +359,17 @@ fn link_attempts_beyond_the_cap_are_refused_and_reaped() {
     );
     let links = total(&v.ctx, "links");
     assert!(links <= max && links <= links_before + ok, "{links} links (cap {max})");
-    let refused = total(&v.ctx, "links_refused_cap") + total(&v.ctx, "links_refused_bad");
     let not_connected = field(&answers, "connect_failed");
-    assert!(
-        refused + not_connected + ok >= 1500,
-        "every attempt linked, refused or never connected: {answers}, {:?}",
-        v.ctx.medium_counters()
-    );
+    let refused = || total(&v.ctx, "links_refused_cap") + total(&v.ctx, "links_refused_bad");
+    let t = Instant::now();
+    while refused() + not_connected + ok < 1500 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "every attempt linked, refused or never connected: {answers}, {:?}",
+            v.ctx.medium_counters()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     stream(&v, &qp, &w, 20);
     // The attacker goes: its links are reaped.
     a.finish();
@@ -356,6 +379,23 @@ fn link_attempts_beyond_the_cap_are_refused_and_reaped() {
         std::thread::sleep(Duration::from_millis(10));
     }
     stream(&v, &qp, &w, 10);
+}
+
+#[test]
+fn a_socket_file_left_by_a_killed_process_is_reaped() {
+    if link_off() {
+        skip!("UROCE_LINK=udp turns the link off");
+    }
+    // A socket file nobody listens on (its process was killed).
+    let (dir, name) = links_dir_name(addr(85, 9));
+    drop(discovery::listen(&dir, &name).unwrap());
+    assert!(dir.contains(&name));
+    let _v = open(85, 1); // its hub sweeps the directory when it starts
+    let t = Instant::now();
+    while dir.contains(&name) {
+        assert!(t.elapsed() < Duration::from_secs(10), "the stale socket file {name} stays");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 // ----- the attacking process -----
@@ -470,7 +510,7 @@ fn attack_link(victim: SocketAddr, claimed: SocketAddr, bell: &str, bind: bool, 
         undecided = next;
     }
     silent += undecided.len();
-    println!("answers ok={ok} refused={refused} silent={silent} connect_failed={connect_failed}");
+    println!("attacker-answers ok={ok} refused={refused} silent={silent} connect_failed={connect_failed}");
     std::io::stdout().flush().unwrap();
     wait_for_stdin_eof();
     drop((socks, keep));
@@ -495,7 +535,7 @@ fn attacker() {
             // Advertised, never accepting.
             let (dir, name) = links_dir_name(a(1));
             let _l = discovery::listen(&dir, &name).unwrap();
-            println!("ready");
+            println!("attacker-ready");
             wait_for_stdin_eof();
             let _ = dir.remove(&name);
         }
@@ -503,7 +543,7 @@ fn attacker() {
             // Advertised; answers every hello with OK and a doorbell.
             let (dir, name) = links_dir_name(a(1));
             let l = discovery::listen(&dir, &name).unwrap();
-            println!("ready");
+            println!("attacker-ready");
             std::io::stdout().flush().unwrap();
             let mut keep = Vec::new();
             let t = Instant::now();
@@ -528,7 +568,7 @@ fn attacker() {
             // A real device, advertised (the test stops this process).
             let x = a(1);
             let _ctx = Context::open(&DeviceConfig::at("atk-device", x.ip(), x.port())).unwrap();
-            println!("ready");
+            println!("attacker-ready");
             std::io::stdout().flush().unwrap();
             wait_for_stdin_eof();
         }

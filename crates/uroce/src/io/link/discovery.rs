@@ -88,6 +88,11 @@ fn listened_on(dir: &SafeDir, name: &str) -> bool {
     }
 }
 
+/// Whether `name` is a socket file nobody listens on (never waits).
+pub fn is_stale(dir: &SafeDir, name: &str) -> bool {
+    connect_raw(dir, name).is_err_and(|e| e.raw_os_error() == Some(libc::ECONNREFUSED))
+}
+
 fn connect_raw(dir: &SafeDir, name: &str) -> io::Result<OwnedFd> {
     let (sa, len) = unix_addr(dir, name)?;
     let s = unix_socket(true)?;

@@ -653,7 +653,7 @@ impl Inner {
             discovery::ring(self.hub_wake.as_raw_fd());
         } else {
             drop(w);
-            self.set_state(dst, State::Udp(Instant::now() + RETRY));
+            self.to_udp_unless_linked(dst);
         }
     }
 
@@ -665,16 +665,22 @@ impl Inner {
         }
     }
 
-    fn set_state(&self, dst: SocketAddr, s: State) {
+    /// A setup for `dst` came to nothing: UDP until RETRY, unless a link
+    /// with it came up meanwhile (the peer linked to us).
+    fn to_udp_unless_linked(&self, dst: SocketAddr) {
         if let Some(p) = self.peer(dst) {
-            *p.state.lock().unwrap() = s;
+            let mut st = p.state.lock().unwrap();
+            let live = |x: &Link| !x.dead.load(Ordering::Relaxed) && !x.closed.load(Ordering::Relaxed);
+            if !matches!(&*st, State::Link(x) if live(x)) {
+                *st = State::Udp(Instant::now() + RETRY);
+            }
         }
     }
 
     /// Says once per peer why it is not linked: on stderr when links are
     /// forced on, else at debug level.
     fn not_linked(&self, dst: SocketAddr, why: &str) {
-        self.set_state(dst, State::Udp(Instant::now() + RETRY));
+        self.to_udp_unless_linked(dst);
         if self.mode == Mode::Shm && self.warned.lock().unwrap().insert(dst) {
             eprintln!("uroce: UROCE_LINK=shm: no shared-memory link from {} to {dst} (using UDP): {why}", self.local);
         }
@@ -692,7 +698,22 @@ impl Inner {
         add(c, 1);
     }
 
+    /// Removes the socket files of this namespace's devices that nobody
+    /// listens on any more (left by processes that were killed), at most
+    /// [`MAX_PEERS`] looked at; a live one is only connected to and closed
+    /// (its hub takes that as a probe, not a refusal).
+    fn sweep(&self) {
+        let prefix = format!("{}-", self.ns);
+        for name in self.dir.entries().into_iter().filter(|n| n.starts_with(&prefix) && *n != self.name).take(MAX_PEERS) {
+            if discovery::is_stale(&self.dir, &name) {
+                tracing::debug!("removing the stale link socket {name}");
+                let _ = self.dir.remove(&name);
+            }
+        }
+    }
+
     fn hub_loop(self: Arc<Self>) {
+        self.sweep();
         // Accepted connections whose hello has not come yet.
         let mut pending: Vec<(OwnedFd, Instant)> = Vec::new();
         while !self.shutdown.load(Ordering::SeqCst) {
@@ -722,6 +743,9 @@ impl Inner {
             // Links senders asked for (each step bounded: CONNECT_TIMEOUT).
             let wanted = std::mem::take(&mut *self.wanted.lock().unwrap());
             for dst in wanted {
+                if self.shutdown.load(Ordering::SeqCst) {
+                    break;
+                }
                 self.connect_to(dst);
             }
             // Hellos that came, or are too late.
@@ -852,7 +876,7 @@ impl Inner {
         let name = discovery::socket_name(self.ns, dst);
         if dst == self.local || !self.dir.contains(&name) {
             // Not a uroce device of this user, host and namespace.
-            self.set_state(dst, State::Udp(Instant::now() + RETRY));
+            self.to_udp_unless_linked(dst);
             return;
         }
         let room = self.check_room(&self.links.read().unwrap(), dst);
@@ -929,6 +953,9 @@ impl Inner {
     fn accept_from(&self, s: OwnedFd) {
         let r = self.handshake_accept(s).and_then(|l| self.register(l));
         if let Err(e) = r {
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                return; // a probe (another device's sweep) or a peer gone at once
+            }
             self.refused(&e);
             tracing::debug!("refused a shared-memory link: {e}");
         }
@@ -942,6 +969,9 @@ impl Inner {
         let pid = self.check_cred(&s)?;
         let mut buf = [0u8; 96];
         let (n, mut fds) = discovery::recv_with_fds(&s, &mut buf)?;
+        if n == 0 && fds.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed without a hello"));
+        }
         let from = parse_hello(&buf[..n]).ok_or_else(|| bad("bad hello"))?;
         if fds.len() != 2 || from == self.local {
             return Err(bad("bad hello"));
