@@ -1,7 +1,7 @@
 //! The medium interface: what carries a device's RoCE packets to and from
 //! its peers. The packets are the same on every medium (headers, PSNs,
 //! ACKs, ICRC); only the path changes, so every transport rule applies
-//! unchanged. Two media exist: UDP ([`super::udp`], reaches every peer) and
+//! unchanged. Two media exist: UDP (`io::udp`, reaches every peer) and
 //! the same-host memory link ([`super::link`], reaches uroce devices of
 //! this user, host and namespace). A third (io_uring sockets, AF_XDP) is a
 //! new file that implements [`Medium`]; the runtime drives its media
