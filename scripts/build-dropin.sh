@@ -23,6 +23,11 @@ cc -shared -fPIC -o "$out/librdmacm.so.1" crates/uroce-rdmacm/rdmacm.c \
 ln -sf librdmacm.so.1 "$out/librdmacm.so"
 mkdir -p "$out/include"
 cp crates/uroce-ibverbs/include/uroce.h "$out/include/"
+# infiniband/verbs.h: the system's (#include_next) plus seed 003's
+# declarations (uroce_noncontig.h), so seed-style programs build with
+# -I"$out/include" alone.
+mkdir -p "$out/include/infiniband"
+cp crates/uroce-ibverbs/include/infiniband/*.h "$out/include/infiniband/"
 # Seed 003's man pages (ibv_rereg_mr_interleaved.3, ibv_rereg_mr_sg.3), beside uroce.h.
 mkdir -p "$out/include/man/man3"
 cp crates/uroce-ibverbs/include/man/*.3 "$out/include/man/man3/"

@@ -172,6 +172,21 @@ fn bad_environment_is_refused_naming_the_variable() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // MLX5_SCATTER_TO_CQE follows mlx5: only "0" disables, any other value
+    // is ignored and the device is still there.
+    for v in ["2", "false", "0"] {
+        let out = Command::new(UROCE)
+            .args(["devices"])
+            .env("UROCE_ADDR", "127.0.0.78")
+            .env("UROCE_PORT", "47918")
+            .env("MLX5_SCATTER_TO_CQE", v)
+            .env_remove("UROCE_CONFIG")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "MLX5_SCATTER_TO_CQE={v}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("hca_id: uroce0"), "MLX5_SCATTER_TO_CQE={v}: {text}");
+    }
 }
 
 #[test]

@@ -83,11 +83,12 @@ fn tx_of(v: &Value, device: &str) -> u64 {
     v["totals"][device]["tx_packets"].as_u64().unwrap_or(0)
 }
 
-/// Waits (≤ 15 s) until `f` holds.
+/// Waits until `f` holds (at most 60 s: only a hang takes that long, however
+/// busy the machine).
 fn until(what: &str, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
     while !f() {
-        assert!(t.elapsed() < Duration::from_secs(15), "timed out waiting for {what}");
+        assert!(t.elapsed() < Duration::from_secs(60), "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -159,7 +160,9 @@ fn stat_and_capture_watch_another_process() {
     let pcap = rt.join("live.pcap");
     let out = uroce(&rt, &["capture", "--pid", &pid.to_string(), "--file", pcap.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    std::thread::sleep(Duration::from_millis(500));
+    // The process answered: it captures. Stop once it has sent more.
+    let started = tx_of(&stat_json(&rt), "demo-a");
+    until("packets sent while capturing", || tx_of(&stat_json(&rt), "demo-a") > started + 10);
     let out = uroce(&rt, &["capture", "--pid", &pid.to_string(), "--stop"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // A capture request never replaces an existing file.
@@ -346,7 +349,100 @@ fn peers_start_and_stop_a_client() {
     assert!(text.contains("disabled = []"), "{text}");
     assert_eq!(std::fs::read_to_string(rt.join("memory_peers.state")).unwrap(), "ssd-svc started\n");
     assert_eq!(status(())["clients"][0]["started"], true);
-    // Bad names and unknown clients.
+    // Bad names and unknown clients: refused, nothing written.
     assert_eq!(run(&["peers", "stop", "a/b"]).status.code(), Some(2));
     assert_eq!(run(&["peers", "status", "nope"]).status.code(), Some(3));
+    let (cfg_before, state_before) =
+        (std::fs::read_to_string(&cfg).unwrap(), std::fs::read_to_string(rt.join("memory_peers.state")).unwrap());
+    for verb in ["stop", "start"] {
+        let out = run(&["peers", verb, "nosuch"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{verb} nosuch: {err}");
+        assert!(err.contains("unknown client \"nosuch\"") && err.contains("ssd-svc"), "{err}");
+        assert!(out.stdout.is_empty(), "{verb} nosuch printed {}", String::from_utf8_lossy(&out.stdout));
+    }
+    assert_eq!(std::fs::read_to_string(&cfg).unwrap(), cfg_before);
+    assert_eq!(std::fs::read_to_string(rt.join("memory_peers.state")).unwrap(), state_before);
+    // `status`: 0 while every client to load loads and is started (nv_mem
+    // is not in [peers] load here), 3 once one is stopped.
+    assert_eq!(run(&["peers", "status"]).status.code(), Some(0));
+    assert_eq!(run(&["peers", "status", "--json"]).status.code(), Some(0));
+    assert!(run(&["peers", "stop", "ssd-svc"]).status.success());
+    assert_eq!(run(&["peers", "status"]).status.code(), Some(3));
+    assert_eq!(run(&["peers", "status", "--json"]).status.code(), Some(3));
+    assert!(run(&["peers", "start", "ssd-svc"]).status.success());
+    assert_eq!(run(&["peers", "status"]).status.code(), Some(0));
+    // A known client that cannot load: start records the setting but says
+    // it did not load, and fails.
+    let out = run(&["peers", "start", "nv_mem"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("nv_mem is started but does not load: not in [peers] load"), "{err}");
+    // Asked to load nv_mem: status is 0 only where it loads (libcuda and a
+    // GPU), else 3 with the reason.
+    let text =
+        std::fs::read_to_string(&cfg).unwrap().replace("load = [\"storage\"]", "load = [\"storage\", \"nv_mem\"]");
+    std::fs::write(&cfg, text).unwrap();
+    let v = status(());
+    let nv = v["clients"].as_array().unwrap().iter().find(|c| c["name"] == "nv_mem").expect("nv_mem listed").clone();
+    let out = run(&["peers", "status"]);
+    let want = if nv["loaded"] == true { 0 } else { 3 };
+    assert_eq!(out.status.code(), Some(want), "{nv}: {}", String::from_utf8_lossy(&out.stdout));
+    if want == 3 {
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.lines().any(|l| l.starts_with("nv_mem ") && l.contains("not loaded: ")), "{text}");
+    }
+}
+
+/// A process killed with SIGKILL runs no exit handler: its `<pid>/`
+/// directory (stats.json) and its devices' link sockets stay behind until
+/// the next reader (`uroce stat`) reaps them; a live process's are kept.
+#[test]
+fn what_a_sigkilled_process_left_is_reaped() {
+    let rt = tmpdir("reap");
+    let port = 37000 + (std::process::id() % 1000) as u16;
+    let mut killed = Reap(traffic(&rt, 120, port, None));
+    let pid = killed.0.id();
+    let links = rt.join("links");
+    let sockets = |dir: &Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(&format!("-{port}")))
+            .collect()
+    };
+    until("the demo's stats.json and its two link sockets", || {
+        rt.join(pid.to_string()).join("stats.json").exists() && sockets(&links).len() == 2
+    });
+    // A live process beside it, on another port: untouched by the reaping.
+    let live = Reap(traffic(&rt, 120, port + 1, None));
+    let live_pid = live.0.id();
+    until("the live demo's stats.json", || rt.join(live_pid.to_string()).join("stats.json").exists());
+    killed.0.kill().unwrap(); // SIGKILL
+    killed.0.wait().unwrap();
+    assert!(rt.join(pid.to_string()).join("stats.json").exists(), "left behind by SIGKILL");
+    assert_eq!(sockets(&links).len(), 2, "left behind by SIGKILL");
+    // Link sockets are reaped once older than the reader's listing of bound
+    // sockets (a second's margin): wait, bounded.
+    let t = Instant::now();
+    loop {
+        let out = uroce(&rt, &["stat", "--json"]);
+        assert!(out.status.success());
+        if !rt.join(pid.to_string()).exists() && sockets(&links).is_empty() {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "not reaped: {:?}", std::fs::read_dir(&*rt).map(|d| d.count()));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let v = stat_json(&rt);
+    let pids: Vec<u64> = v["processes"].as_array().unwrap().iter().filter_map(|p| p["pid"].as_u64()).collect();
+    assert_eq!(pids, vec![live_pid as u64], "{v}");
+    assert!(rt.join(live_pid.to_string()).join("start_time").exists());
+    let live_port = format!("-{}", port + 1);
+    let kept =
+        std::fs::read_dir(&links).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(&live_port));
+    assert_eq!(kept.count(), 2, "the live process's link sockets are kept");
+    drop(live);
 }

@@ -13,6 +13,17 @@ pub fn fail(e: &Error) -> i32 {
     e.errno.0
 }
 
+/// Returns `err`, also set in errno when non-zero: the convention of the
+/// verbs whose provider passes the kernel's errno straight through
+/// (rdma-core's `execute_ioctl` returns the `errno` the ioctl set), e.g.
+/// `ibv_dereg_mr`, `ibv_advise_mr`, `ibv_dealloc_mw`, mlx5's `bind_mw`.
+pub fn ret(err: i32) -> i32 {
+    if err != 0 {
+        set_errno(err);
+    }
+    err
+}
+
 /// NULL with errno set.
 pub fn null<T>(e: i32) -> *mut T {
     set_errno(e);

@@ -5,7 +5,7 @@
 //! and ODP statistics.
 
 use crate::device::UContext;
-use crate::errno::{fail, null, set_errno};
+use crate::errno::{fail, null, ret, set_errno};
 use crate::ffi::*;
 use crate::objects::{UMr, UPd, UQp};
 use std::ffi::c_int;
@@ -29,7 +29,9 @@ unsafe fn sge_list(list: *const ibv_sge, n: usize) -> Vec<Sge> {
         .collect()
 }
 
-/// `verbs_context.advise_mr`.
+/// `verbs_context.advise_mr`: 0 or an errno value, also set in errno (as
+/// mlx5's, whose `ibv_cmd_advise_mr` returns the ioctl's errno; EOPNOTSUPP
+/// for a region that is not ODP).
 pub unsafe extern "C" fn advise_mr(
     pd: *mut ibv_pd,
     advice: u32,
@@ -38,22 +40,22 @@ pub unsafe extern "C" fn advise_mr(
     num_sge: u32,
 ) -> c_int {
     if pd.is_null() || flags & !ADVISE_FLAG_FLUSH != 0 {
-        return libc::EINVAL;
+        return ret(libc::EINVAL);
     }
     let advice = match advice {
         PREFETCH => Advice::Prefetch,
         PREFETCH_WRITE => Advice::PrefetchWrite,
         PREFETCH_NO_FAULT => Advice::PrefetchNoFault,
-        _ => return libc::EOPNOTSUPP,
+        _ => return ret(libc::EOPNOTSUPP),
     };
     // SAFETY: a PD from ibv_alloc_pd.
     let p = unsafe { &*(pd as *const UPd) };
-    let Some(inner) = p.inner.as_ref() else { return libc::EINVAL };
+    let Some(inner) = p.inner.as_ref() else { return ret(libc::EINVAL) };
     // SAFETY: the caller's SGE array.
     let sges = unsafe { sge_list(sg_list, num_sge as usize) };
     match inner.advise_mr(advice, flags & ADVISE_FLAG_FLUSH != 0, &sges) {
         Ok(()) => 0,
-        Err(e) => e.errno.0,
+        Err(e) => ret(e.errno.0),
     }
 }
 

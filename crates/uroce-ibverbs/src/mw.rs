@@ -2,7 +2,7 @@
 //! `dealloc_mw` ops behind verbs.h's inline `ibv_alloc_mw`, `ibv_bind_mw`
 //! (type 1) and `ibv_dealloc_mw`, and the BIND_MW work request (type 2).
 
-use crate::errno::null;
+use crate::errno::{null, ret};
 use crate::ffi::*;
 use crate::objects::{UMr, UPd, UQp};
 use std::ffi::c_int;
@@ -42,7 +42,7 @@ pub unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, ty: ibv_mw_type) -> *mut ibv_
 
 pub unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
     if mw.is_null() {
-        return libc::EINVAL;
+        return ret(libc::EINVAL);
     }
     // SAFETY: a window from alloc_mw.
     let b = unsafe { Box::from_raw(mw as *mut UMw) };
@@ -53,10 +53,10 @@ pub unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
 }
 
 /// `ibv_bind_mw` (type 1): posts the bind on the QP; `mw->rkey` gets the new
-/// key. A positive errno on failure.
+/// key. A positive errno on failure, also set in errno (as mlx5_bind_mw).
 pub unsafe extern "C" fn bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, bind: *mut ibv_mw_bind) -> c_int {
     if qp.is_null() || mw.is_null() || bind.is_null() {
-        return libc::EINVAL;
+        return ret(libc::EINVAL);
     }
     // SAFETY: our QP and window, and the caller's bind description.
     let (q, w, b) = unsafe { (&*(qp as *const UQp), &mut *(mw as *mut UMw), &*bind) };
@@ -64,7 +64,7 @@ pub unsafe extern "C" fn bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, bind: *mut ib
     // SAFETY: an MR from ibv_reg_mr, or NULL.
     let mr = unsafe { (info.mr as *const UMr).as_ref() }.and_then(|m| m.inner.as_ref());
     let access = Access::from_bits_retain(info.mw_access_flags);
-    let Some(window) = w.inner.as_ref() else { return libc::EINVAL };
+    let Some(window) = w.inner.as_ref() else { return ret(libc::EINVAL) };
     match q.inner.as_ref().unwrap().bind_mw(
         window,
         b.wr_id,
@@ -78,7 +78,7 @@ pub unsafe extern "C" fn bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, bind: *mut ib
             w.mw.rkey = k;
             0
         }
-        Err(e) => e.errno.0,
+        Err(e) => ret(e.errno.0),
     }
 }
 

@@ -6,7 +6,7 @@
 //! (`uroce::mem::indirect`): its new lkey/rkey serve SEND, RECV, RDMA
 //! WRITE/READ and atomics at offsets `0..mr->length`.
 
-use crate::errno::set_errno;
+use crate::errno::ret;
 use crate::ffi::*;
 use crate::objects::UMr;
 use std::ffi::{c_int, c_uint};
@@ -25,13 +25,6 @@ pub struct IbvMrInterleaved {
 
 /// Most entries of one layout (the indirect key's slots).
 const MAX_ENTRIES: c_uint = 4096;
-
-fn ret(err: c_int) -> c_int {
-    if err != 0 {
-        set_errno(err);
-    }
-    err
-}
 
 fn apply(mr: *mut ibv_mr, layout: Layout) -> c_int {
     // SAFETY: an MR from ibv_reg_mr (ibv_mr is the first member of UMr).

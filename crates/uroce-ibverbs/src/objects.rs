@@ -3,7 +3,7 @@
 //! the first field of a `#[repr(C)]` struct that also holds the uroce handle.
 
 use crate::device::UContext;
-use crate::errno::{fail, null, set_errno};
+use crate::errno::{fail, null, ret, set_errno};
 use crate::ffi::*;
 use std::ffi::c_int;
 use uroce::ib::{Access, Gid, Mtu, QpAttrMask, QpState, QpType};
@@ -78,15 +78,17 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     }
 }
 
+/// 0, or an errno value also set in errno (EBUSY: objects still use it), as
+/// rdma-core's, which returns the errno of the kernel's PD_DESTROY.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     if pd.is_null() {
-        return libc::EINVAL;
+        return ret(libc::EINVAL);
     }
     // A PD shared with imported copies (import.rs).
     // SAFETY: a PD from ibv_alloc_pd or ibv_import_pd.
     if let Some(rc) = unsafe { crate::import::dealloc_pd(pd) } {
-        return rc;
+        return ret(rc);
     }
     // SAFETY: as above.
     let p = unsafe { &mut *(pd as *mut UPd) };
@@ -96,7 +98,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         drop(unsafe { Box::from_raw(pd as *mut UPd) });
         return 0;
     }
-    let Some(inner) = p.inner.take() else { return libc::EINVAL };
+    let Some(inner) = p.inner.take() else { return ret(libc::EINVAL) };
     match inner.dealloc() {
         Ok(()) => {
             // SAFETY: nothing refers to it any more.
@@ -105,7 +107,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         }
         Err((inner, e)) => {
             p.inner = Some(inner);
-            e.errno.0
+            ret(e.errno.0)
         }
     }
 }
@@ -173,19 +175,21 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     unsafe { reg(pd, addr, len, iova, access as c_int) }
 }
 
+/// 0, or an errno value also set in errno (EBUSY: windows still bound), as
+/// rdma-core's, which returns the errno of the kernel's MR_DESTROY.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     if mr.is_null() {
-        return libc::EINVAL;
+        return ret(libc::EINVAL);
     }
     // An MR shared with imported copies (import.rs).
     // SAFETY: an MR from ibv_reg_mr or ibv_import_mr.
     if let Some(rc) = unsafe { crate::import::dereg_mr(mr) } {
-        return rc;
+        return ret(rc);
     }
     // SAFETY: as above.
     let m = unsafe { &mut *(mr as *mut UMr) };
-    let Some(inner) = m.inner.take() else { return libc::EINVAL };
+    let Some(inner) = m.inner.take() else { return ret(libc::EINVAL) };
     match inner.dereg() {
         Ok(()) => {
             // SAFETY: deregistered; nothing refers to it any more.
@@ -194,7 +198,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         }
         Err((inner, e)) => {
             m.inner = Some(inner);
-            e.errno.0
+            ret(e.errno.0)
         }
     }
 }
@@ -288,14 +292,16 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     }
 }
 
+/// 0, or an errno value also set in errno (EBUSY: a QP still uses it), as
+/// rdma-core's (the kernel's CQ_DESTROY).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     if cq.is_null() {
-        return libc::EINVAL;
+        return ret(libc::EINVAL);
     }
     // SAFETY: a CQ from ibv_create_cq.
     let c = unsafe { &mut *(cq as *mut UCq) };
-    let Some(inner) = c.inner.take() else { return libc::EINVAL };
+    let Some(inner) = c.inner.take() else { return ret(libc::EINVAL) };
     match inner.destroy() {
         Ok(()) => {
             // SAFETY: the CQ's context and channel outlive it.
@@ -329,7 +335,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         }
         Err((inner, e)) => {
             c.inner = Some(inner);
-            e.errno.0
+            ret(e.errno.0)
         }
     }
 }

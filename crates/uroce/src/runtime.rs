@@ -6,7 +6,12 @@
 //! Layout: `<runtime dir>/<pid>/…`, where the runtime directory is
 //! `$UROCE_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/uroce`, else
 //! `/tmp/uroce-<uid>`. A process removes its directory when it exits
-//! normally; readers ignore directories whose process is gone.
+//! normally; readers ignore directories whose process is gone, and what a
+//! process killed (SIGKILL) left — its directory and its link sockets — is
+//! reaped ([`reap`]) by the next process that opens its own directory and
+//! by each reader (`uroce stat`, `uroce peers`), in this user's own
+//! directory only. Each process records its start time in
+//! `<pid>/start_time`, so that a reused pid is told from the one that died.
 //!
 //! The directory may have been created by someone else (`/tmp` is shared),
 //! so it is trusted only after [`dir::SafeDir`]'s checks: created with mode
@@ -19,6 +24,7 @@
 //! so that other users can run `uroce stat` on this user's processes.
 
 pub mod dir;
+pub mod reap;
 
 pub use dir::{Access, Refused, SafeDir};
 use std::path::{Path, PathBuf};
@@ -83,8 +89,27 @@ pub fn open_process_dir(root: &Path, access: Access) -> Result<ProcessDir, Refus
         let _ = crate::mem::peer::totals::fold_process(&runtime, &name, access.file_mode());
         let _ = runtime.remove_tree(&name, 4);
     }
+    reap_dead(&runtime);
     let dir = runtime.subdir(&name, Some(access))?;
+    if let Err(e) = dir.write_file("start_time", reap::start_time_record().as_bytes(), access.file_mode()) {
+        tracing::debug!("{}: cannot record the start time: {e}", root.display());
+    }
     Ok(ProcessDir { runtime, name, dir, access })
+}
+
+/// Reaps what dead processes left in `rt` (see [`reap`]), when it is this
+/// user's and no one else may write into it; their peer-memory counters are
+/// folded into the host totals first, as at a normal exit.
+pub fn reap_dead(rt: &SafeDir) -> reap::Reaped {
+    let file_mode = if rt.mode().is_ok_and(|m| m & 0o055 != 0) { 0o644 } else { 0o600 };
+    let fold = |rt: &SafeDir, name: &str| {
+        let _ = crate::mem::peer::totals::fold_process(rt, name, file_mode);
+    };
+    let r = reap::reap(rt, &fold);
+    if r != reap::Reaped::default() {
+        tracing::debug!("reaped dead processes {:?} and link sockets {:?}", r.processes, r.sockets);
+    }
+    r
 }
 
 /// This process's directory, created and checked on first use and removed
@@ -163,6 +188,8 @@ pub fn live_processes() -> Listing {
             }
         }
     }
+    // What killed processes left goes (only where this user owns it all).
+    reap_dead(&rt);
     let mut pids: Vec<u32> = rt.entries().iter().filter_map(|n| n.parse().ok()).collect();
     pids.sort();
     for pid in pids.into_iter().filter(|p| process_alive(*p)) {

@@ -78,12 +78,15 @@ impl World {
         self.out(1, later)
     }
 
-    fn jobs(&mut self) -> usize {
+    /// Runs node 1's copy jobs and gives them back at `now`: the test's
+    /// clock, never the real one (a loaded machine would move that past the
+    /// deadlines the test steps to).
+    fn jobs(&mut self, now: Instant) -> usize {
         let mut n = 0;
         while let Some(mut j) = self.nodes[1].engine.poll_copy() {
             // As a copy worker would, with no lock held.
             j.run(&*self.nodes[1].mem);
-            self.nodes[1].engine.copy_done(Instant::now(), j);
+            self.nodes[1].engine.copy_done(now, j);
             n += 1;
         }
         n
@@ -122,7 +125,7 @@ fn packets_wait_behind_a_copy_job_in_order_and_one_ack_covers_them() {
     assert_eq!((s.copies_deferred, s.rx_packets), (1, 4), "{s:?}");
     // The job runs; the parked WRITEs run in order: the second and third
     // find the page translated now, the fourth asks for a job of its own.
-    assert_eq!(w.jobs(), 2);
+    assert_eq!(w.jobs(now), 2);
     assert_eq!(w.nodes[1].engine.stats().copies_deferred, 2);
     // (The ACK is held for an answer: its deadline passes.)
     let out = w.after_hold(now);
@@ -150,7 +153,7 @@ fn at_most_256_packets_wait_behind_a_job_the_rest_are_dropped_and_counted() {
     }
     let s = w.nodes[1].engine.stats();
     assert_eq!((s.copies_deferred, s.rx_drop_busy, s.rx_packets), (1, 300 - 256, 300), "{s:?}");
-    assert_eq!(w.jobs(), 1);
+    assert_eq!(w.jobs(now), 1);
     // Executed once; its copies were duplicates, answered with ACKs.
     let s = w.nodes[1].engine.stats();
     assert_eq!(s.rx_duplicates, 255, "{s:?}");
@@ -196,7 +199,7 @@ fn settle(w: &mut World, now: Instant) -> usize {
         let (a, b) = (w.out(0, now), w.out(1, now));
         w.deliver(0, now, &a);
         w.deliver(1, now, &b);
-        let j = w.jobs();
+        let j = w.jobs(now);
         jobs += j;
         if a.is_empty() && b.is_empty() && j == 0 {
             let later = now + std::time::Duration::from_millis(1);

@@ -52,11 +52,18 @@ fn cut_link(test: &str, net: u8, timeout: &str, retry: &str) -> (bool, String) {
         .env("UROCE_PEER_RETRY", retry)
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(700));
+    // Cut once the verified operations are under way (the client has
+    // verified its first 1 MiB WRITE and READ), however long a loaded
+    // machine took to get there; the cut itself is what the test is about
+    // and lasts a fixed 1.5 s.
+    let (client, lines) = stdout_lines(client);
+    let first = wait_line(&lines, "WRITE + READ of 1 MiB", Duration::from_secs(120));
     p.link(false);
     std::thread::sleep(Duration::from_millis(1500));
     p.link(true);
-    let r = wait(client, "client", Duration::from_secs(120));
+    let mut r = wait(client, "client", Duration::from_secs(120));
+    // (The client has exited: its stdout is at its end, the reader done.)
+    r.1 = first + &lines.iter().collect::<String>() + &r.1;
     // The server's result does not matter here (after a failed client it
     // may wait for a FIN delayed by the cut): stop it.
     let mut server = server;
@@ -87,4 +94,34 @@ fn link_cut_within_the_retry_budget_recovers() {
     let (ok, out) = cut_link("link cut, seven retries of 1 s", 41, "18", "7");
     assert!(ok, "{out}");
     assert!(out.contains("40000 verified operations"), "{out}");
+}
+
+/// Takes `child`'s stdout and returns the child with a channel of its lines
+/// (each ending in a newline), read by a thread as they come.
+fn stdout_lines(mut child: std::process::Child) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead;
+    let out = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line + "\n").is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// The lines up to and including the first that contains `needle`; panics
+/// with them if it does not come within `limit` (only a hang takes that long).
+fn wait_line(lines: &std::sync::mpsc::Receiver<String>, needle: &str, limit: Duration) -> String {
+    let deadline = std::time::Instant::now() + limit;
+    let mut seen = String::new();
+    while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+        seen += &line;
+        if line.contains(needle) {
+            return seen;
+        }
+    }
+    panic!("no line with {needle:?} within {limit:?}; the output so far:\n{seen}");
 }

@@ -207,21 +207,29 @@ fn invalidation_during_a_transfer_keeps_the_counters_consistent() {
     // SAFETY: a device address claimed by the storage peer.
     let mr = unsafe { b.pd.register_raw(daddr as *mut u8, len as usize, daddr, RW) }.unwrap();
     assert_adds_up(&stats("ssd3"), 1, 19, len);
+    // A watcher reads the counters over and over while the transfers and
+    // the invalidation run. The transfers start only once it has read them
+    // once, so that a loaded machine that schedules it late still sees
+    // them overlap.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let watcher = {
-        let stop = stop.clone();
+        let (stop, reads) = (stop.clone(), reads.clone());
         std::thread::spawn(move || {
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            let mut seen = 0u64;
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
             while !stop.load(std::sync::atomic::Ordering::Relaxed) && std::time::Instant::now() < deadline {
                 let s = stats("ssd3");
                 let now = (s.regions(), s.mapped_pages(), s.mapped_bytes());
                 assert!(now == (1, 19, len) || now == (0, 0, 0), "torn counters: {s:?}");
-                seen += 1;
+                reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
-            seen
         })
     };
+    let start = std::time::Instant::now();
+    while reads.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        assert!(start.elapsed() < Duration::from_secs(60), "the watcher never read the counters");
+        std::thread::yield_now();
+    }
     let src = a.pd.register(vec![3u8; len as usize], Access::empty()).unwrap();
     let mut statuses = Vec::new();
     for i in 0..40u64 {
@@ -239,7 +247,7 @@ fn invalidation_during_a_transfer_keeps_the_counters_consistent() {
         }
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    assert!(watcher.join().unwrap() > 0);
+    watcher.join().unwrap();
     assert_eq!(&statuses[..10], &[WcStatus::Success; 10]);
     assert_eq!(statuses.last(), Some(&WcStatus::RemAccessErr), "{statuses:?}");
     let s = stats("ssd3");

@@ -85,8 +85,9 @@ fn sends_reach_the_srq_they_name_and_complete_on_its_cq() {
     assert!(cq1.poll_one().is_none() && cq2.poll_one().is_none(), "each receive completes on its SRQ's CQ only");
 
     // An empty SRQ is receiver-not-ready: the SEND waits for a receive.
+    let rnr = b.ctx.stats().rnr_naks_sent;
     a.qp.post_send(&to(n1, wr(3, WrOpcode::Send, tx.sge(0, 8)))).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(50));
+    wait_until("an RNR NAK for the SEND to an empty SRQ", || b.ctx.stats().rnr_naks_sent > rnr);
     assert!(a.cq.poll_one().is_none());
     srq1.post_recv(&RecvWr { wr_id: 12, sg_list: uroce::sgl![rx1.sge(0, 64)] }).unwrap();
     assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);

@@ -1,11 +1,21 @@
 //! `uroce peers`: peer-memory clients. Without a subcommand, the host's
-//! counters per client (the user-space `/sys/kernel/mm/memory_peers`):
+//! counters per client (the user-space `/sys/kernel/infiniband/memory_peers`):
 //! what every live process publishes under
 //! `<runtime dir>/<pid>/memory_peers/<client>/` plus the totals folded from
 //! processes that have exited (see `uroce::mem::peer::totals`), row `all`;
 //! `--processes` adds a row per live process. `uroce peers status` says
 //! which clients the configuration loads, their versions, and why a client
 //! is not loaded.
+//!
+//! Exit codes (as an init script's, `service nv_peer_mem`):
+//! * `status`: 0 when every client the configuration asks to load (its
+//!   `[peers] load`, all kinds without one) loads and is started; 3 when one
+//!   of them does not load or is stopped, or the named client is neither
+//!   configured nor loaded anywhere; 2 for a configuration that does not
+//!   parse.
+//! * `start`/`stop`: 0 done; 2 an unknown or invalid client name (nothing is
+//!   written) or a bad configuration; 1 the state could not be written, or
+//!   (start) a client is now started but cannot load, with the reason.
 
 use serde_json::{json, Value};
 use std::process::ExitCode;
@@ -26,7 +36,8 @@ pub struct Args {
 #[derive(clap::Subcommand)]
 enum Sub {
     /// Which clients the configuration loads, or why not, and whether each
-    /// is started (like `service nv_peer_mem status`).
+    /// is started (like `service nv_peer_mem status`). Exits 0 when every
+    /// client to load loads and is started, 3 otherwise.
     Status { client: Option<String> },
     /// Starts a client (every configured one without a name): new
     /// registrations of running processes go through it again, and the
@@ -171,6 +182,24 @@ fn start_stop(client: Option<String>, start: bool) -> ExitCode {
         eprintln!("uroce peers {verb}: no client is configured to load; name one");
         return ExitCode::from(2);
     }
+    // Only clients that exist: configured (of a known kind), or loaded in a
+    // running process; a misspelt name must not be written anywhere.
+    let file = loaded.as_ref().map(|(f, _)| f.clone()).unwrap_or_default();
+    let statuses: Vec<_> =
+        loader::evaluate(&file, false).into_iter().filter(|s| loader::KINDS.contains(&s.kind.as_str())).collect();
+    let running = collect();
+    let known = |n: &str| statuses.iter().any(|s| s.name == n) || running.iter().any(|p| p["name"] == n);
+    if let Some(n) = names.iter().find(|n| !known(n)) {
+        let mut all: Vec<&str> = statuses.iter().map(|s| s.name.as_str()).collect();
+        all.extend(running.iter().filter_map(|p| p["name"].as_str()));
+        all.sort_unstable();
+        all.dedup();
+        eprintln!(
+            "uroce peers {verb}: unknown client {n:?}: neither configured nor loaded in a running process (clients: {})",
+            all.join(", ")
+        );
+        return ExitCode::from(2);
+    }
     // Running processes: the state file of the runtime directory.
     let root = uroce::runtime::runtime_dir();
     let access = match &loaded {
@@ -204,7 +233,23 @@ fn start_stop(client: Option<String>, start: bool) -> ExitCode {
             if start { "started" } else { "stopped" }
         ),
     }
-    ExitCode::SUCCESS
+    // Started is a setting; a client that cannot load serves nothing until
+    // it can: say so, and fail as a service whose start did not take.
+    let mut code = ExitCode::SUCCESS;
+    if start {
+        for n in &names {
+            let loads_here = statuses.iter().any(|s| &s.name == n && s.loaded);
+            if !loads_here && !running.iter().any(|p| p["name"] == n.as_str()) {
+                let why = statuses.iter().find(|s| &s.name == n).and_then(|s| s.reason.clone());
+                eprintln!(
+                    "uroce peers start: {n} is started but does not load: {}; no registration goes through it until it loads",
+                    why.as_deref().unwrap_or("not configured")
+                );
+                code = ExitCode::FAILURE;
+            }
+        }
+    }
+    code
 }
 
 /// Adds `names` to (stop) or removes them from (start) `[peers] disabled`
@@ -280,7 +325,7 @@ fn status(as_json: bool, only: Option<&str>) -> ExitCode {
             .collect();
         let v = json!({ "config": path, "clients": clients, "loaded_in": running });
         println!("{}", serde_json::to_string_pretty(&v).unwrap());
-        return ExitCode::SUCCESS;
+        return status_code(&st, &file, &state, only, &running);
     }
     println!("configuration: {}", path.as_deref().unwrap_or("none (defaults)"));
     for s in &st {
@@ -296,7 +341,28 @@ fn status(as_json: bool, only: Option<&str>) -> ExitCode {
     }
     if only.is_some() && st.is_empty() && running.is_empty() {
         println!("{}: not configured and not loaded in any process", only.unwrap_or(""));
-        return ExitCode::from(3); // as an init script's status of a stopped service
     }
-    ExitCode::SUCCESS
+    status_code(&st, &file, &state, only, &running)
+}
+
+/// `status`'s exit code (module docs): 3, as an init script's status of a
+/// service that is not running, when a client the configuration asks to
+/// load does not load or is stopped, or the named one exists nowhere.
+fn status_code(
+    st: &[loader::ClientStatus],
+    file: &uroce::config::ConfigFile,
+    state: &std::collections::BTreeMap<String, bool>,
+    only: Option<&str>,
+    running: &[Value],
+) -> ExitCode {
+    if only.is_some() && st.is_empty() && running.is_empty() {
+        return ExitCode::from(3);
+    }
+    let wanted = |kind: &str| file.peers.load.as_ref().is_none_or(|l| l.iter().any(|k| k == kind));
+    let down = st.iter().any(|s| wanted(&s.kind) && (!s.loaded || !started(&s.name, file, state)));
+    if down {
+        ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
+    }
 }

@@ -29,7 +29,8 @@ pub struct Args {
     #[arg(long)]
     prometheus: bool,
     /// Print as iproute2's `rdma statistic show` does for an mlx5 device
-    /// (`link DEV/1 name value …`, mlx5 counter names), and with --qps each
+    /// (`link DEV/1 name value …`, mlx5 counter names, the device's ODP
+    /// counters summed over its regions), and with --qps each
     /// ODP region as `rdma statistic mr show` (`dev DEV mrn N page_faults …`).
     #[arg(long, conflicts_with_all = ["json", "prometheus"])]
     rdma: bool,
@@ -338,7 +339,8 @@ const MLX5_NAMES: [(&str, &str); 6] = [
 ];
 
 /// `rdma statistic show` / `rdma statistic mr show` layout: one line per
-/// device port (`link DEV/1 `, then `name value ` pairs), and with `mrs`
+/// device port (`link DEV/1 `, then `name value ` pairs, the device's ODP
+/// counters last), and with `mrs`
 /// one per ODP region (`dev DEV mrn N `, then mlx5's ODP counter pairs),
 /// then every region as `rdma resource show mr` prints it (`dev DEV mrn N
 /// rkey 0x.. lkey 0x.. mrlen N pdn N pid N comm NAME`).
@@ -359,6 +361,12 @@ fn rdma_format(procs: &[Value], mrs: bool) -> String {
                 if !MLX5_NAMES.iter().any(|(_, ours)| ours == k) {
                     o.push_str(&format!("{k} {} ", counter(v)));
                 }
+            }
+            // The device's ODP counters (mlx5's names; the sums over every
+            // ODP region of the device, deregistered ones included), always
+            // all five, as mlx5's device-level ODP statistic.
+            for (k, _) in uroce::mem::OdpStats::default().fields() {
+                o.push_str(&format!("{k} {} ", counter(&d["odp"][k])));
             }
             o.push('\n');
             if mrs {
@@ -476,6 +484,8 @@ mod tests {
         let procs = vec![json!({ "pid": 7, "program": "/usr/bin/ib_write_bw", "devices": [{
             "name": "uroce0",
             "stats": { "tx_packets": 5, "rx_out_of_sequence": 2, "timeouts": 1 },
+            "odp": { "page_faults": 4, "page_faults_handled": 2, "page_invalidations": 1,
+                     "page_invalidations_handled": 1, "page_prefetch": 8 },
             "mrs": [
                 { "key": 0x1234, "pd": 2, "length": 8192, "odp": { "page_faults": 3, "page_invalidations": 1 } },
                 { "key": 0x2a07, "pd": 2, "length": 4096, "odp": null },
@@ -485,12 +495,28 @@ mod tests {
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 4, "{out}");
         assert!(lines[0].starts_with("link uroce0/1 out_of_buffer 0 out_of_sequence 2 "), "{out}");
-        assert!(lines[0].contains(" local_ack_timeout_err 1 ") && lines[0].ends_with("tx_packets 5 "), "{out}");
+        assert!(lines[0].contains(" local_ack_timeout_err 1 ") && lines[0].contains(" tx_packets 5 "), "{out}");
+        // The device's ODP counters, as mlx5's device-level statistic.
+        assert!(
+            lines[0].ends_with(
+                "tx_packets 5 page_faults 4 page_faults_handled 2 page_invalidations 1 \
+                 page_invalidations_handled 1 page_prefetch 8 "
+            ),
+            "{out}"
+        );
         assert!(!lines[0].contains("rx_out_of_sequence"), "named once, as mlx5 names it: {out}");
         assert_eq!(lines[1], "dev uroce0 mrn 18 page_faults 3 page_invalidations 1 ");
         // Every region as `rdma resource show mr` lists it.
         assert_eq!(lines[2], "dev uroce0 mrn 18 rkey 0x1234 lkey 0x1234 mrlen 8192 pdn 2 pid 7 comm ib_write_bw");
         assert_eq!(lines[3], "dev uroce0 mrn 42 rkey 0x2a07 lkey 0x2a07 mrlen 4096 pdn 2 pid 7 comm ib_write_bw");
         assert_eq!(rdma_format(&procs, false).lines().count(), 1);
+        // A process that published no ODP counters: zeros, never missing.
+        let bare = vec![json!({ "pid": 8, "devices": [{ "name": "uroce1", "stats": {} }] })];
+        assert_eq!(
+            rdma_format(&bare, false),
+            "link uroce1/1 out_of_buffer 0 out_of_sequence 0 duplicate_request 0 rnr_nak_retry_err 0 \
+             local_ack_timeout_err 0 packet_seq_err 0 page_faults 0 page_faults_handled 0 page_invalidations 0 \
+             page_invalidations_handled 0 page_prefetch 0 \n"
+        );
     }
 }

@@ -82,9 +82,13 @@ static void test_odp(void)
 	CHECK(uroce_mr_odp_stats(odp2, &st) == 0 && st.page_prefetch == 8, "page_prefetch %lu",
 	      (unsigned long)st.page_prefetch);
 	struct ibv_sge bad = { .addr = (uintptr_t)src, .length = 64, .lkey = smr->lkey };
-	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, IBV_ADVISE_MR_FLAG_FLUSH, &bad, 1) == EOPNOTSUPP,
-	      "advise on a pinned MR");
-	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 2, &sge, 1) == EINVAL, "advise bad flags");
+	/* The errno value is returned and set in errno, as mlx5's (the ioctl's). */
+	errno = 0;
+	int arc = ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, IBV_ADVISE_MR_FLAG_FLUSH, &bad, 1);
+	CHECK(arc == EOPNOTSUPP && errno == EOPNOTSUPP, "advise on a pinned MR: %d, errno %d", arc, errno);
+	errno = 0;
+	arc = ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 2, &sge, 1);
+	CHECK(arc == EINVAL && errno == EINVAL, "advise bad flags: %d, errno %d", arc, errno);
 	CHECK(ibv_advise_mr(pd, 7, 0, &sge, 1) == EOPNOTSUPP, "advise bad advice");
 
 	/* implicit ODP: a buffer allocated after registration */

@@ -20,7 +20,8 @@ fn root() -> PathBuf {
 fn dropin_dir() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), |t| root().join(t));
     let dir = target.join("dropin");
-    if !dir.join("libibverbs.so.1").exists() || !dir.join("libmlx5.so.1").exists() {
+    let built = ["libibverbs.so.1", "libmlx5.so.1", "include/infiniband/uroce_noncontig.h"];
+    if !built.iter().all(|f| dir.join(f).exists()) {
         let st = Command::new(root().join("scripts/build-dropin.sh")).status().expect("run build-dropin.sh");
         assert!(st.success(), "build-dropin.sh failed");
     }
@@ -39,19 +40,40 @@ pub fn run(name: &str, addr: &str, check_leaks: bool) -> bool {
 
 /// As [`run`], linking also the drop-in libraries `libs` of target/dropin
 /// (e.g. "libmlx5.so.1").
+#[allow(dead_code)]
 pub fn run_with_libs(name: &str, addr: &str, check_leaks: bool, libs: &[&str]) -> bool {
+    run_full(name, addr, check_leaks, libs, None)
+}
+
+/// As [`run`], compiled as a user of the installed drop-in would: with
+/// `-I<dropin>/include` (build-dropin.sh's copy of the headers) instead of
+/// the source tree's include directory.
+#[allow(dead_code)]
+pub fn run_dropin_include(name: &str, addr: &str, check_leaks: bool) -> bool {
+    run_full(name, addr, check_leaks, &[], Some(dropin_dir().join("include")))
+}
+
+/// The drop-in's directory (built when missing), or None after printing
+/// the test's SKIP line when verbs.h is not installed.
+#[allow(dead_code)]
+pub fn dropin() -> Option<PathBuf> {
     if !std::path::Path::new("/usr/include/infiniband/verbs.h").exists() {
         skip::whole("verbs.h is not installed (Debian package libibverbs-dev)");
-        return false;
+        return None;
     }
-    let dir = dropin_dir();
+    Some(dropin_dir())
+}
+
+fn run_full(name: &str, addr: &str, check_leaks: bool, libs: &[&str], include: Option<PathBuf>) -> bool {
+    let Some(dir) = dropin() else { return false };
+    let include = include.unwrap_or_else(|| root().join("crates/uroce-ibverbs/include"));
     let exe = dir.join(format!("{name}-test"));
     let cc = Command::new("cc")
         .args(["-O1", "-g", "-Wall", "-Werror", "-o"])
         .arg(&exe)
         .arg(root().join(format!("crates/uroce-ibverbs/tests/c/{name}.c")))
         .arg("-I")
-        .arg(root().join("crates/uroce-ibverbs/include"))
+        .arg(&include)
         .arg(dir.join("libibverbs.so.1"))
         .args(libs.iter().map(|l| dir.join(l)))
         .output()

@@ -304,6 +304,31 @@ impl SafeDir {
         Ok(File::from(fd))
     }
 
+    /// The permission bits of this directory.
+    pub fn mode(&self) -> io::Result<u32> {
+        Ok(fstat(self.fd.as_raw_fd())?.st_mode & 0o7777)
+    }
+
+    /// `lstat` of entry `name` (a link is not followed): `None` when it is
+    /// absent or cannot be examined.
+    pub fn stat_entry(&self, name: &str) -> Option<libc::stat> {
+        let c = component(name).ok()?;
+        // SAFETY: all-zero is a valid `stat`.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `c` is NUL-terminated, `st` a valid out-pointer.
+        let r = unsafe { libc::fstatat(self.fd.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+        (r == 0).then_some(st)
+    }
+
+    /// Renames entry `from` to `to` within this directory, failing (EEXIST)
+    /// rather than replacing an existing `to`.
+    pub fn rename_noreplace(&self, from: &str, to: &str) -> io::Result<()> {
+        let (f, t) = (component(from)?, component(to)?);
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: both names are NUL-terminated and relative to our descriptor.
+        cvt(unsafe { libc::renameat2(fd, f.as_ptr(), fd, t.as_ptr(), libc::RENAME_NOREPLACE) }).map(drop)
+    }
+
     /// Whether entry `name` exists (a link counts; it is not followed).
     pub fn contains(&self, name: &str) -> bool {
         let Ok(c) = component(name) else { return false };

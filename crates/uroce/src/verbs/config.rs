@@ -12,7 +12,8 @@
 //! | `UROCE_BUSY_POLL` | boolean: spin instead of sleeping | 0 |
 //! | `UROCE_IPV4_ANY_ID` | boolean: accept IPv4 ICRCs with any IP ID (Linux rxe peers) | 0 |
 //! | `UROCE_SEND_IN_PLACE` | boolean: payloads leave straight from registered memory | 1 |
-//! | `UROCE_SCATTER_TO_CQE` (or `MLX5_SCATTER_TO_CQE`) | boolean: inline receive | 1 |
+//! | `UROCE_SCATTER_TO_CQE` | boolean: inline receive | 1 |
+//! | `MLX5_SCATTER_TO_CQE` | as mlx5: only `0` turns inline receive off, any other value is ignored (`UROCE_SCATTER_TO_CQE` wins) | unset |
 //! | `UROCE_CQE_SIZE` (or `MLX5_CQE_SIZE`) | 64 (inline receive ≤ 32 B) or 128 (≤ 64 B) | 64 |
 //! | `UROCE_FAULTS` | inject faults into received packets, e.g. `loss=0.01,dup=0.01,reorder=0.02,corrupt=0.001,delay_us=300,seed=7` (testing; see [`crate::io::faults`]) | off |
 //!
@@ -110,7 +111,7 @@ impl DeviceConfig {
             None => 0,
         };
         let c = list.remove(chosen);
-        list.insert(0, c.with_env()?);
+        list.insert(0, c.with_env(|k| std::env::var(k).ok())?);
         Ok(list)
     }
 
@@ -132,10 +133,10 @@ impl DeviceConfig {
         }
     }
 
-    /// Applies the environment's overrides.
-    fn with_env(mut self) -> Result<DeviceConfig> {
+    /// Applies the environment's overrides; `env` reads one variable.
+    fn with_env(mut self, env: impl Fn(&str) -> Option<String>) -> Result<DeviceConfig> {
         let c = &mut self;
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let var = |k: &str| env(k).filter(|v| !v.is_empty());
         let bad = |k: &str, e: String| Error::inval(format!("{k}: {e}"));
         let flag = |k: &str, v: &str| crate::config::parse_bool(v).map_err(|e| bad(k, e));
         if let Some(v) = var("UROCE_ADDR") {
@@ -170,7 +171,11 @@ impl DeviceConfig {
         if let Some(v) = var("UROCE_SCATTER_TO_CQE") {
             c.scatter_to_cqe = flag("UROCE_SCATTER_TO_CQE", &v)?;
         } else if let Some(v) = var("MLX5_SCATTER_TO_CQE") {
-            c.scatter_to_cqe = flag("MLX5_SCATTER_TO_CQE", &v)?;
+            // mlx5's rule (providers/mlx5/verbs.c, use_scatter_to_cqe):
+            // only the literal "0" disables; any other value is ignored.
+            if v == "0" {
+                c.scatter_to_cqe = false;
+            }
         }
         if let Some(v) = var("UROCE_LOG") {
             tracing_subscriber::EnvFilter::try_new(&v)
@@ -190,4 +195,32 @@ impl DeviceConfig {
 /// `%p` in a path becomes the process id.
 fn expand_pid(p: &str) -> PathBuf {
     PathBuf::from(p.replace("%p", &std::process::id().to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(vars: &[(&str, &str)]) -> Result<DeviceConfig> {
+        DeviceConfig::default().with_env(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()))
+    }
+
+    #[test]
+    fn mlx5_scatter_to_cqe_turns_off_only_on_the_literal_zero() {
+        assert!(!with(&[("MLX5_SCATTER_TO_CQE", "0")]).unwrap().scatter_to_cqe);
+        // mlx5 ignores every other value: inline receive stays on and the
+        // device opens.
+        for v in ["1", "2", "false", "no", "off", "00", " 0", "x"] {
+            assert!(with(&[("MLX5_SCATTER_TO_CQE", v)]).unwrap().scatter_to_cqe, "MLX5_SCATTER_TO_CQE={v}");
+        }
+        assert!(with(&[]).unwrap().scatter_to_cqe);
+    }
+
+    #[test]
+    fn uroce_scatter_to_cqe_stays_strict_and_wins() {
+        assert!(!with(&[("UROCE_SCATTER_TO_CQE", "off")]).unwrap().scatter_to_cqe);
+        assert!(with(&[("UROCE_SCATTER_TO_CQE", "2")]).is_err());
+        assert!(with(&[("UROCE_SCATTER_TO_CQE", "1"), ("MLX5_SCATTER_TO_CQE", "0")]).unwrap().scatter_to_cqe);
+        assert!(!with(&[("UROCE_SCATTER_TO_CQE", "0"), ("MLX5_SCATTER_TO_CQE", "2")]).unwrap().scatter_to_cqe);
+    }
 }

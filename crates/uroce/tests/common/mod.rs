@@ -64,3 +64,13 @@ pub fn next_async_event(ctx: &Context) -> Option<AsyncEvent> {
     }
     None
 }
+
+/// Waits until `f` holds; panics with `what` after 60 s, which only a hang
+/// takes, however busy the machine.
+pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t = std::time::Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(60), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
