@@ -91,11 +91,15 @@ cargo test --workspace --doc --no-fail-fast 2>&1 | tee -a "$log" || status=1
 log2=$(mktemp)
 trap 'rm -f "$log" "$log2" "$checks"' EXIT
 echo "== pass 2 of 2: UROCE_LINK=udp (every packet by UDP)"
-# (The tests of the link itself, crates/uroce/tests/link.rs, need it on: pass 1 runs them.)
+# (The tests of the link itself, crates/uroce/tests/link.rs and link_attacks.rs, need it on:
+# pass 1 runs them.)
 link_tests=(two_devices_of_one_process_link_and_captures_see_every_packet two_processes_link_and_verify_their_data
             a_peer_of_another_user_is_not_linked kill_9_of_a_linked_peer_mid_transfer_gives_retry_exceeded
             a_stopped_peer_fills_its_ring_then_the_survivor_times_out_without_growing
-            one_device_uses_memory_to_a_same_host_peer_and_udp_to_a_namespace_peer_at_once)
+            one_device_uses_memory_to_a_same_host_peer_and_udp_to_a_namespace_peer_at_once
+            a_claim_of_another_devices_address_is_refused_both_ways a_doorbell_that_would_block_does_not_freeze_the_victim
+            a_fake_socket_that_never_accepts_and_a_stopped_peer_do_not_stall_traffic
+            link_attempts_beyond_the_cap_are_refused_and_reaped a_socket_file_left_by_a_killed_process_is_reaped)
 # (And tests where no packet travels between two live devices run once: a
 # client of a dead server waits 74 s for the CM's 16 tries either way.)
 once_tests=(rping_to_a_killed_server_is_unreachable)

@@ -1,6 +1,8 @@
-//! Everything that touches the operating system's network: the UDP socket of
-//! a device, the progress thread that feeds received datagrams and timer
-//! expiries to the sans-IO [`crate::proto::Engine`], and packet capture.
+//! Everything that touches the operating system's network: the media that
+//! carry a device's packets ([`medium`]: UDP, `udp`, over the device's
+//! socket, and the same-host memory [`link`]), the progress thread that
+//! feeds received packets and timer expiries to the sans-IO
+//! [`crate::proto::Engine`], and packet capture.
 //!
 //! A [`Runtime`] spreads a device's QPs over engine shards by QP number, each
 //! behind its own locks. Application threads post work through
@@ -14,10 +16,12 @@ pub mod capture;
 mod copier;
 pub mod faults;
 pub mod link;
+pub mod medium;
 pub mod netdev;
 mod runtime;
 mod shard;
 mod socket;
+mod udp;
 
 pub use capture::Capture;
 pub use runtime::{EventSink, Runtime, RuntimeConfig};

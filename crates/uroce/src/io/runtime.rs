@@ -1,4 +1,4 @@
-//! The runtime of one device: its engine shards, socket, progress thread
+//! The runtime of one device: its engine shards, media, progress thread
 //! and capture.
 //!
 //! A device's QPs are spread over [`SHARDS`](super::shard::SHARDS) engines
@@ -7,12 +7,15 @@
 //! A receive pass parses and checks every datagram (ICRC included) before
 //! it takes any lock, then hands each shard its packets, in arrival order,
 //! under that shard's locks once per batch. Events are delivered after
-//! every lock is released. The lock order is in docs/architecture.md
+//! every lock is released. Packets travel by the device's media
+//! (`io::medium`: the same-host link, then UDP for what no other medium
+//! takes), which the runtime drives without knowing which it has. The lock order is in docs/architecture.md
 //! ("Locks").
 
 use super::copier::{Copier, JobDone};
 use super::shard::{shard_of, AtomicInstant, Shard, SHARDS};
-use super::socket::{Datagram, RecvBatch, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+use super::medium::{Medium, PeerStats, Runs, RxBuffer};
+use super::socket::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 use super::{Capture, RoceSocket};
 use crate::ib::{Errno, Error, Result};
 use crate::mem::Memory;
@@ -57,35 +60,19 @@ const MAX_SLEEP: Duration = Duration::from_millis(200);
 const APP_POLL_GRACE: Duration = Duration::from_micros(500);
 /// Longest sleep while timers are pending (their granularity).
 const TICK: Duration = Duration::from_millis(1);
-/// Receive buffers filled per `recvmmsg` (each may hold a GRO batch).
-const RX_BATCH: usize = 64;
 /// Most QPs of a device.
 const MAX_QPS: usize = 0x10000;
 
 /// The receiving side's reusable storage.
 struct RxState {
-    batch: RecvBatch,
-    /// The datagrams in its filled buffers: (buffer, offset, length, sender).
-    got: Vec<(usize, usize, usize, SocketAddr)>,
+    /// Each medium's receive buffer, in the order of `Runtime::media`.
+    bufs: Vec<Box<dyn RxBuffer>>,
     /// A pass's datagrams by shard: (shard, index), sorted stably.
     order: Vec<(u16, u32)>,
     /// The IPv4 ID the next datagram likely carries (see
     /// [`check_datagram`]).
     next_ipv4_id: u16,
-    /// LINK HOOK: packets taken out of the shared-memory rings.
-    shm: super::link::RxBuf,
-    /// LINK HOOK: when the socket was last read (see [`UDP_QUIET`]).
-    udp_read_at: Instant,
 }
-
-/// LINK HOOK: while packets come by memory (a ring delivered within the
-/// last 200 µs) and the socket was empty when last read, a receive pass
-/// reads it again only once this long has passed: an empty `recvmsg` is a
-/// system call per pass, and a stream over the link makes many passes (an
-/// application that polls its CQ, one each poll). A datagram arriving
-/// meanwhile waits at most this long; once one is found, the socket is
-/// read every pass until it is empty again.
-const UDP_QUIET: Duration = Duration::from_micros(20);
 
 pub struct Runtime {
     cfg: EngineConfig,
@@ -99,7 +86,11 @@ pub struct Runtime {
     qp_count: AtomicUsize,
     /// Receive buffers; holding the lock makes a thread the receiver.
     rx: Mutex<RxState>,
-    socket: RoceSocket,
+    /// The device's UDP address (its identity on every medium).
+    local: SocketAddr,
+    /// The media, in the order they are offered packets: UDP, which takes
+    /// every run left, last.
+    media: Box<[Box<dyn Medium>]>,
     wake: OwnedFd,
     sink: RwLock<Option<Weak<dyn EventSink>>>,
     /// Packet capture, switchable while running (`uroce capture`).
@@ -117,9 +108,6 @@ pub struct Runtime {
     /// When an application thread last polled for completions.
     app_poll_at: AtomicInstant,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// LINK HOOK: the same-host shared-memory link (see `io::link`); None
-    /// when off (`UROCE_LINK=udp`) or not available.
-    link: Option<super::link::Links>,
     /// Runs the engines' copy jobs outside every lock (`io::copier`).
     copier: Arc<Copier>,
     me: Weak<Runtime>,
@@ -127,7 +115,7 @@ pub struct Runtime {
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runtime").field("local", &self.socket.local_addr()).finish_non_exhaustive()
+        f.debug_struct("Runtime").field("local", &self.local).finish_non_exhaustive()
     }
 }
 
@@ -150,9 +138,14 @@ impl Runtime {
         // Copies that may block run on the copy workers (`io::copier`).
         cfg.engine.defer_blocking_copies = true;
         let shards = (0..SHARDS).map(|_| Shard::new(Engine::new(cfg.engine.clone(), mem.clone()))).collect();
-        // LINK HOOK: advertise this device for same-host peers; peers ring
-        // our wake eventfd as their doorbell.
-        let link = super::link::Links::start(socket.local_addr(), wake.as_raw_fd())?;
+        let local = socket.local_addr();
+        // The same-host link first (it takes the runs for linked peers),
+        // UDP last (it takes the rest).
+        let mut media: Vec<Box<dyn Medium>> = Vec::new();
+        if let Some(l) = super::link::Links::start(local, wake.as_raw_fd())? {
+            media.push(Box::new(l));
+        }
+        media.push(Box::new(super::udp::Udp::new(socket)));
         let copier = Arc::new(Copier::new(mem.clone()));
         let rt = Arc::new_cyclic(|me| Runtime {
             copier,
@@ -163,14 +156,12 @@ impl Runtime {
             deadlines: (0..SHARDS).map(|_| AtomicInstant::default()).collect(),
             qp_count: AtomicUsize::new(0),
             rx: Mutex::new(RxState {
-                batch: RecvBatch::new(RX_BATCH, 65536),
-                got: Vec::with_capacity(RX_BATCH),
+                bufs: media.iter().map(|m| m.rx_buffer()).collect(),
                 order: Vec::new(),
                 next_ipv4_id: 1,
-                shm: Default::default(),
-                udp_read_at: Instant::now(),
             }),
-            socket,
+            local,
+            media: media.into_boxed_slice(),
             wake,
             sink: RwLock::new(None),
             capturing: AtomicBool::new(capture.is_some()),
@@ -181,7 +172,6 @@ impl Runtime {
             sleeping_until: AtomicInstant::default(),
             app_poll_at: AtomicInstant::default(),
             thread: Mutex::new(None),
-            link,
         });
         let weak = Arc::downgrade(&rt);
         let handle = std::thread::Builder::new().name("uroce-progress".into()).spawn(move || progress_loop(weak))?;
@@ -190,13 +180,18 @@ impl Runtime {
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.socket.local_addr()
+        self.local
     }
 
-    /// LINK HOOK: per-peer medium and counters of the shared-memory link
-    /// (empty when it is off).
-    pub fn link_stats(&self) -> Vec<super::link::LinkStats> {
-        self.link.as_ref().map(|l| l.stats()).unwrap_or_default()
+    /// Per-peer medium and counters, from the media that keep them (the
+    /// same-host link: empty when it is off).
+    pub fn link_stats(&self) -> Vec<PeerStats> {
+        self.media.iter().flat_map(|m| m.peer_stats()).collect()
+    }
+
+    /// Each medium's device-wide counters, by medium name.
+    pub fn medium_counters(&self) -> Vec<(&'static str, Vec<(&'static str, u64)>)> {
+        self.media.iter().map(|m| (m.name(), m.counters())).collect()
     }
 
     pub fn set_sink(&self, sink: Weak<dyn EventSink>) {
@@ -406,63 +401,33 @@ impl Runtime {
         self.capturing.load(Ordering::Acquire)
     }
 
-    /// Sends packets in order, batching runs for one destination into UDP
-    /// GSO sends (see [`gso_runs`]) and the GSO sends into `sendmmsg` calls.
+    /// Sends packets in order: runs for one destination (see [`gso_runs`])
+    /// go to the first medium that carries them (UDP, last, takes every run
+    /// left, as GSO sends batched into `sendmmsg` calls).
     fn send_all(&self, out: &mut [Transmit]) {
-        let runs = gso_runs(out);
+        let mut runs: Runs = gso_runs(out);
         for r in &runs {
             self.record_sent(&out[r.clone()]);
         }
-        let segs: SmallVec<[Datagram; 8]> = out.iter().map(|t| Datagram::new(t.parts())).collect();
-        // LINK HOOK: a run for a linked peer goes through its ring instead.
-        let groups: SmallVec<[(SocketAddr, &[Datagram]); 8]> = runs
-            .into_iter()
-            .filter(|r| !self.link.as_ref().is_some_and(|l| l.send(&out[r.clone()])))
-            .map(|r| (out[r.start].dst, &segs[r]))
-            .collect();
-        if groups.is_empty() {
-            return;
+        for m in self.media.iter() {
+            if runs.is_empty() {
+                break;
+            }
+            m.send(out, &mut runs);
         }
-        self.send_with_retry(&groups);
     }
 
     /// Capture records a GSO send's packets, the k-th with IP ID k.
     fn record_sent(&self, batch: &[Transmit]) {
         let guard = self.capturing.load(Ordering::Acquire).then(|| self.capture.read().unwrap());
         if let Some(c) = guard.as_deref().and_then(|c| c.as_ref()) {
-            let local = self.socket.local_addr();
+            let local = self.local;
             for (k, t) in batch.iter().enumerate() {
                 let id = if t.dst.is_ipv4() { k as u16 } else { 0 };
                 let ip =
                     IpInfo { src: local.ip(), dst: t.dst.ip(), sport: local.port(), dport: t.dst.port(), ipv4_id: id };
                 c.record(&ip, &t.bytes());
             }
-        }
-    }
-
-    fn send_with_retry(&self, mut groups: &[(SocketAddr, &[Datagram])]) {
-        let mut attempt = 0;
-        while !groups.is_empty() && attempt < 64 {
-            match self.socket.send_groups(groups) {
-                Ok(n) => groups = &groups[n..],
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::ENOBUFS)) => {
-                    attempt += 1;
-                    if attempt > 8 {
-                        std::thread::sleep(Duration::from_micros(20));
-                    } else {
-                        std::thread::yield_now();
-                    }
-                }
-                Err(e) => {
-                    // Loss is recovered by the transport; say why once in a
-                    // while, and go on with the other destinations.
-                    tracing::debug!(dst = %groups[0].0, "send failed: {e}");
-                    groups = &groups[1..];
-                }
-            }
-        }
-        if !groups.is_empty() {
-            tracing::debug!("send buffer full; packets dropped");
         }
     }
 
@@ -552,49 +517,27 @@ impl Runtime {
         self.deadlines.iter().any(|d| d.is_due(now))
     }
 
-    /// Receives what the socket holds and the shared-memory rings, and runs
-    /// the engines on it and on due timers; `now` is the caller's recent
-    /// clock reading, `app_active` whether an application thread is there to
-    /// answer what arrives. Events go to `events`, for the caller to deliver
-    /// once it released `rx`.
+    /// Receives what the media hold, and runs the engines on it and on due
+    /// timers; `now` is the caller's recent clock reading, `app_active`
+    /// whether an application thread is there to answer what arrives.
+    /// Events go to `events`, for the caller to deliver once it released
+    /// `rx`.
     fn receive(&self, rx: &mut RxState, now: Instant, app_active: bool, events: &mut Vec<Event>) -> bool {
-        let RxState { batch, got, order, next_ipv4_id, shm, udp_read_at } = rx;
-        got.clear();
-        // LINK HOOK: also take what the shared-memory rings hold.
-        shm.clear();
-        let mut linked = false;
-        if let Some(l) = &self.link {
-            l.drain(shm);
-            linked = !shm.is_empty() || l.active(now);
+        let RxState { bufs, order, next_ipv4_id } = rx;
+        // In order: a medium that reads by system call may skip a read
+        // while one before it delivers (see `io::udp`).
+        let mut active = false;
+        for (m, b) in self.media.iter().zip(bufs.iter_mut()) {
+            m.recv(b.as_mut(), now, active);
+            active |= !b.is_empty() || m.active(now);
         }
-        if linked && batch.was_empty() && now.saturating_duration_since(*udp_read_at) < UDP_QUIET {
-            batch.skip();
-        } else {
-            *udp_read_at = now;
-            if let Err(e) = self.socket.recv_batch(batch) {
-                tracing::debug!("receive failed: {e}");
-            }
-        }
-        let local = self.socket.local_addr();
-        for (b, r) in batch.filled().iter().enumerate() {
-            match r.seg {
-                None => got.push((b, 0, r.len, r.from)),
-                Some(seg) => {
-                    // GRO merged datagrams: split them. Each IPv4 segment
-                    // carries the ID its sender's GSO send gave it (see
-                    // wire::icrc::find_ipv4_id); `check_datagram` finds
-                    // which while it checks the ICRC.
-                    for off in (0..r.len).step_by(seg) {
-                        got.push((b, off, seg.min(r.len - off), r.from));
-                    }
-                }
-            }
-        }
+        let all = || bufs.iter().flat_map(|b| (0..b.len()).map(|i| b.get(i)));
+        let n: usize = bufs.iter().map(|b| b.len()).sum();
         let guard = self.capturing.load(Ordering::Acquire).then(|| self.capture.read().unwrap());
         if let Some(c) = guard.as_deref().and_then(|c| c.as_ref()) {
-            let udp = got.iter().map(|&(b, off, n, from)| (from, &batch.bytes(b)[off..off + n]));
-            // LINK HOOK: packets by memory get the same synthesized headers.
-            for (from, data) in udp.chain(shm.iter()) {
+            // Packets of every medium get the same synthesized headers.
+            for (from, data) in all() {
+                let local = self.local;
                 let mut ip =
                     IpInfo { src: from.ip(), dst: local.ip(), sport: from.port(), dport: local.port(), ipv4_id: 0 };
                 // The pcap needs the real ID for the ICRC to check out.
@@ -603,38 +546,39 @@ impl Runtime {
             }
         }
         drop(guard);
-        if let Some(l) = self.link.as_ref().filter(|_| !got.is_empty()) {
-            l.count_udp_rx(got.iter().map(|&(_, _, n, from)| (from, n)));
+        if self.media.len() > 1 {
+            for (k, m) in self.media.iter().enumerate() {
+                let mut others = bufs
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, _)| j != k)
+                    .flat_map(|(_, b)| (0..b.len()).map(|i| b.get(i)))
+                    .map(|(from, d)| (from, d.len()));
+                m.count_elsewhere(&mut others);
+            }
         }
         let due = self.timer_due(now);
         if let Some(f) = &self.faults {
             // Through the fault layer: owned copies, some dropped, held back,
             // duplicated or corrupted.
-            let mut owned = Vec::with_capacity(got.len());
+            let mut owned = Vec::with_capacity(n);
             f.release(now, &mut owned);
-            for &(b, off, n, from) in got.iter() {
-                f.receive(now, from, &batch.bytes(b)[off..off + n], &mut owned);
-            }
-            for (from, data) in shm.iter() {
+            for (from, data) in all() {
                 f.receive(now, from, data, &mut owned);
             }
             if owned.is_empty() && !due {
-                return !got.is_empty() || !shm.is_empty();
+                return n > 0;
             }
             let items: Vec<(SocketAddr, &[u8])> = owned.iter().map(|(from, d)| (*from, &d[..])).collect();
             self.deliver(now, &items, order, next_ipv4_id, app_active, events);
             return true;
         }
-        if got.is_empty() && shm.is_empty() && !due {
+        if n == 0 && !due {
             return false;
         }
-        let items: SmallVec<[(SocketAddr, &[u8]); 8]> = got
-            .iter()
-            .map(|&(b, off, n, from)| (from, &batch.bytes(b)[off..off + n]))
-            .chain(shm.iter())
-            .collect();
+        let items: SmallVec<[(SocketAddr, &[u8]); 8]> = all().collect();
         self.deliver(now, &items, order, next_ipv4_id, app_active, events);
-        !got.is_empty() || !shm.is_empty()
+        n > 0
     }
 
     /// Hands received datagrams to their shards: grouped by shard (a stable
@@ -653,7 +597,7 @@ impl Runtime {
         app_active: bool,
         events: &mut Vec<Event>,
     ) {
-        let local = self.socket.local_addr().ip();
+        let local = self.local.ip();
         order.clear();
         order.extend(items.iter().enumerate().map(|(i, (_, d))| (shard_of(dest_qpn(d).unwrap_or(0)) as u16, i as u32)));
         order.sort_by_key(|&(s, _)| s); // stable
@@ -733,30 +677,34 @@ impl Runtime {
                 self.sleeping_until.store(Some(now + timeout), Ordering::SeqCst);
             }
         }
-        // LINK HOOK: a sleep that nobody else's polling covers is announced
-        // in the rings (producers then ring the wake eventfd); packets
-        // already there cancel it.
-        let link_sleeps = !self.busy_poll && !app_polling && self.link.is_some();
-        let timeout = match &self.link {
-            Some(l) if link_sleeps && l.sleep() => Duration::ZERO,
-            Some(l) if !link_sleeps => {
-                l.woke(); // a poller finds the packets: no doorbell
-                timeout
+        // A sleep that nobody else's polling covers is announced to the
+        // media (a peer then rings its doorbell); packets already waiting
+        // cancel it.
+        let media_sleep = !self.busy_poll && !app_polling;
+        if media_sleep {
+            let waiting = self.media.iter().fold(false, |w, m| m.sleep() | w);
+            if waiting {
+                timeout = Duration::ZERO;
             }
-            _ => timeout,
-        };
+        } else {
+            for m in self.media.iter() {
+                m.woke(false); // a poller finds the packets: no doorbell
+            }
+        }
         if !self.busy_poll {
-            let mut fds = [
-                libc::pollfd { fd: self.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-                libc::pollfd { fd: self.socket.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-            ];
-            let nfds = if app_polling { 1 } else { 2 };
+            let mut fds: SmallVec<[libc::pollfd; 4]> = std::iter::once(self.wake.as_raw_fd())
+                .chain(self.media.iter().map(|m| m.poll_fd()))
+                .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
+                .collect();
+            let nfds = if app_polling { 1 } else { fds.len() };
             let ts = libc::timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
             // SAFETY: fds is a valid array of at least `nfds` pollfd; ts a valid timespec.
-            unsafe { libc::ppoll(fds.as_mut_ptr(), nfds, &ts, std::ptr::null()) };
+            unsafe { libc::ppoll(fds.as_mut_ptr(), nfds as libc::nfds_t, &ts, std::ptr::null()) };
             self.sleeping_until.store(None, Ordering::SeqCst);
-            if let Some(l) = self.link.as_ref().filter(|_| link_sleeps) {
-                l.woke(); // LINK HOOK
+            if media_sleep {
+                for (m, p) in self.media.iter().zip(&fds[1..]) {
+                    m.woke(p.revents != 0);
+                }
             }
             if fds[0].revents != 0 {
                 let mut v: u64 = 0;

@@ -322,6 +322,13 @@ impl Context {
         self.dev.rt.link_stats()
     }
 
+    /// Each medium's device-wide counters, by medium (`shm`: links up, the
+    /// cap, and link attempts refused over the cap, for an address the
+    /// peer does not own, or for a bad or slow setup; see `io::link`).
+    pub fn medium_counters(&self) -> Vec<(&'static str, Vec<(&'static str, u64)>)> {
+        self.dev.rt.medium_counters()
+    }
+
     /// Bytes pinned by memory registrations.
     /// The device's ODP counters (all its ODP regions, past ones included).
     pub fn odp_stats(&self) -> crate::mem::OdpStats {

@@ -79,9 +79,23 @@ fn unix_socket(nonblocking: bool) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Whether a live process listens on `name` (one whose backlog is full
+/// counts: it is there, only slow). Never waits.
+fn listened_on(dir: &SafeDir, name: &str) -> bool {
+    match connect_raw(dir, name) {
+        Ok(_) => true,
+        Err(e) => e.raw_os_error() == Some(libc::EAGAIN),
+    }
+}
+
+/// Whether `name` is a socket file nobody listens on (never waits).
+pub fn is_stale(dir: &SafeDir, name: &str) -> bool {
+    connect_raw(dir, name).is_err_and(|e| e.raw_os_error() == Some(libc::ECONNREFUSED))
+}
+
 fn connect_raw(dir: &SafeDir, name: &str) -> io::Result<OwnedFd> {
     let (sa, len) = unix_addr(dir, name)?;
-    let s = unix_socket(false)?;
+    let s = unix_socket(true)?;
     // SAFETY: `sa` is a valid sockaddr_un of `len` bytes.
     cvt(unsafe { libc::connect(s.as_raw_fd(), (&sa as *const libc::sockaddr_un).cast(), len) })?;
     Ok(s)
@@ -102,7 +116,7 @@ pub fn listen(dir: &SafeDir, name: &str) -> io::Result<OwnedFd> {
                 return Ok(s);
             }
             Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {
-                if connect_raw(dir, name).is_ok() {
+                if listened_on(dir, name) {
                     return Err(io::Error::new(
                         io::ErrorKind::AddrInUse,
                         "another live device advertises this address",
@@ -116,20 +130,23 @@ pub fn listen(dir: &SafeDir, name: &str) -> io::Result<OwnedFd> {
     Err(io::Error::new(io::ErrorKind::AddrInUse, "cannot replace a stale socket file"))
 }
 
-/// Connects to the device advertised as `name` (blocking, with `timeout`
-/// on each later read and write).
+/// Connects to the device advertised as `name` without waiting: a
+/// listener whose backlog is full (a stopped or fake peer that never
+/// accepts) is refused at once (`WouldBlock`). The socket then blocks, with
+/// `timeout` on each later read and write.
 pub fn connect(dir: &SafeDir, name: &str, timeout: Duration) -> io::Result<OwnedFd> {
     let s = connect_raw(dir, name)?;
+    set_blocking(&s, true)?;
     set_timeout(&s, timeout)?;
     Ok(s)
 }
 
 /// Accepts one connection, if any waits (`Ok(None)` otherwise); the new
-/// socket blocks, with `timeout` on reads and writes.
-pub fn accept(listener: &OwnedFd, timeout: Duration) -> io::Result<Option<OwnedFd>> {
+/// socket never blocks (the hub waits for its hello with `poll`).
+pub fn accept(listener: &OwnedFd) -> io::Result<Option<OwnedFd>> {
+    let flags = libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
     // SAFETY: null address pointers are allowed; the flags are valid.
-    let r =
-        unsafe { libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
+    let r = unsafe { libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), flags) };
     if r < 0 {
         let e = io::Error::last_os_error();
         return match e.raw_os_error() {
@@ -138,9 +155,7 @@ pub fn accept(listener: &OwnedFd, timeout: Duration) -> io::Result<Option<OwnedF
         };
     }
     // SAFETY: a fresh descriptor nothing else owns.
-    let s = unsafe { OwnedFd::from_raw_fd(r) };
-    set_timeout(&s, timeout)?;
-    Ok(Some(s))
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(r) }))
 }
 
 fn set_timeout(s: &OwnedFd, t: Duration) -> io::Result<()> {
@@ -163,10 +178,116 @@ fn set_timeout(s: &OwnedFd, t: Duration) -> io::Result<()> {
 /// Makes a socket non-blocking (after setup: the hub only watches it for
 /// the peer's end).
 pub fn set_nonblocking(s: &OwnedFd) -> io::Result<()> {
+    set_blocking(s, false)
+}
+
+fn set_blocking(s: &OwnedFd, blocking: bool) -> io::Result<()> {
     // SAFETY: fcntl on our descriptor.
     let fl = cvt(unsafe { libc::fcntl(s.as_raw_fd(), libc::F_GETFL) })?;
+    let fl = if blocking { fl & !libc::O_NONBLOCK } else { fl | libc::O_NONBLOCK };
     // SAFETY: as above.
-    cvt(unsafe { libc::fcntl(s.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) }).map(drop)
+    cvt(unsafe { libc::fcntl(s.as_raw_fd(), libc::F_SETFL, fl) }).map(drop)
+}
+
+/// Proves that process `pid` (a linking peer, by `SO_PEERCRED`) owns the
+/// UDP address `addr` it claims: a UDP socket of this user is bound to
+/// exactly `addr` in the calling thread's network namespace (so this
+/// device reaches it by loopback), and `pid` holds that socket. A peer
+/// that claims another's address (to receive its packets) fails here.
+pub fn owns_udp(pid: u32, addr: SocketAddr) -> io::Result<()> {
+    let refused = |why: String| io::Error::new(io::ErrorKind::PermissionDenied, why);
+    let table = if addr.is_ipv4() { "/proc/thread-self/net/udp" } else { "/proc/thread-self/net/udp6" };
+    let text = std::fs::read_to_string(table)?;
+    let me = crate::runtime::dir::euid();
+    let want: Vec<String> = text
+        .lines()
+        .skip(1)
+        .filter_map(parse_udp_line)
+        .filter(|&(a, uid, _)| a == addr && uid == me)
+        .map(|(_, _, ino)| format!("socket:[{ino}]"))
+        .collect();
+    if want.is_empty() {
+        return Err(refused(format!("no UDP socket of this user is bound to {addr} in this namespace")));
+    }
+    // A process holds at most RLIMIT_NOFILE descriptors; bounded anyway.
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd"))?.take(1 << 20) {
+        let Ok(e) = e else { continue };
+        if std::fs::read_link(e.path()).is_ok_and(|t| want.iter().any(|w| t.as_os_str() == w.as_str())) {
+            return Ok(());
+        }
+    }
+    Err(refused(format!("process {pid} does not hold the UDP socket bound to {addr}")))
+}
+
+/// (local address, uid, inode) of a line of `/proc/net/udp{,6}`: the
+/// address as the kernel prints it (each 32-bit word in host order).
+pub fn parse_udp_line(l: &str) -> Option<(SocketAddr, u32, u64)> {
+    let f: Vec<&str> = l.split_whitespace().collect();
+    let (ip, port) = f.get(1)?.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let word = |i: usize| ip.get(8 * i..8 * i + 8).and_then(|w| u32::from_str_radix(w, 16).ok()).map(u32::to_ne_bytes);
+    let ip: std::net::IpAddr = match ip.len() {
+        8 => std::net::Ipv4Addr::from(word(0)?).into(),
+        32 => {
+            let mut b = [0u8; 16];
+            for i in 0..4 {
+                b[4 * i..4 * i + 4].copy_from_slice(&word(i)?);
+            }
+            std::net::Ipv6Addr::from(b).into()
+        }
+        _ => return None,
+    };
+    Some((SocketAddr::new(ip, port), f.get(7)?.parse().ok()?, f.get(9)?.parse().ok()?))
+}
+
+/// A link's doorbell: a pair of connected Unix datagram sockets. The
+/// receiver keeps the first end and polls it; the second goes to the peer,
+/// which rings it with [`ring_peer`]. The receiver never writes to
+/// anything the peer holds, and the peer's ringing never blocks: a send
+/// with `MSG_DONTWAIT` does not depend on the file's flags (which the peer
+/// could change), and a full queue means the receiver has wake-ups
+/// pending anyway.
+pub fn doorbell_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    let ty = libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
+    // SAFETY: socketpair writes two descriptors into `fds`.
+    cvt(unsafe { libc::socketpair(libc::AF_UNIX, ty, 0, fds.as_mut_ptr()) })?;
+    // SAFETY: two fresh descriptors nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Whether `fd` is a Unix datagram socket (a peer's doorbell end).
+pub fn is_doorbell(fd: &OwnedFd) -> bool {
+    let opt = |name| {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `v` is a valid out-buffer of `len` bytes.
+        let r = unsafe {
+            libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, name, (&mut v as *mut libc::c_int).cast(), &mut len)
+        };
+        (r == 0).then_some(v)
+    };
+    opt(libc::SO_DOMAIN) == Some(libc::AF_UNIX) && opt(libc::SO_TYPE) == Some(libc::SOCK_DGRAM)
+}
+
+/// Rings a peer's doorbell: one byte, never waiting (see
+/// [`doorbell_pair`]); every failure is ignored (a full queue: the peer has
+/// wake-ups pending; a closed one: the hub drops the link).
+pub fn ring_peer(fd: RawFd) {
+    // SAFETY: sends one byte from a valid buffer.
+    unsafe { libc::send(fd, [1u8].as_ptr().cast(), 1, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+}
+
+/// Empties our end of a doorbell (at most 64 rings: a peer that rings
+/// faster only costs it its own wake-ups).
+pub fn drain_doorbell(fd: RawFd) {
+    let mut b = [0u8; 16];
+    for _ in 0..64 {
+        // SAFETY: reads into a valid buffer without waiting.
+        if unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) } < 0 {
+            break;
+        }
+    }
 }
 
 /// The peer's (pid, uid) as the kernel recorded them at connect time.
@@ -298,13 +419,8 @@ pub fn check_memfd(fd: &OwnedFd, size: usize) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// Whether `fd` is an eventfd (a doorbell).
-pub fn is_eventfd(fd: &OwnedFd) -> bool {
-    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .is_ok_and(|p| p.as_os_str() == "anon_inode:[eventfd]")
-}
-
-/// Rings an eventfd doorbell (a full counter is as good as a ring).
+/// Rings one of this process's own non-blocking eventfds (never one a
+/// peer holds: see [`ring_peer`]); a full counter is as good as a ring.
 pub fn ring(fd: RawFd) {
     let one: u64 = 1;
     // SAFETY: writes 8 bytes from a valid u64.

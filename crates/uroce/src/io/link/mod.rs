@@ -5,14 +5,27 @@
 //! medium changes, so every transport rule and check applies unchanged.
 //!
 //! This module owns the per-device link hub ([`Links`]): the advertised
-//! Unix socket and the thread that accepts links and watches their sockets
-//! ([`discovery`]; a sender links to a new peer itself, before its first
-//! packet), the table of peers (by UDP address: linked, being
-//! linked, or UDP), the rings ([`ring`]) and their counters. The runtime
-//! calls it at three points: sending a run of packets for one destination
-//! ([`Links::send`]: false means "send it by UDP"), receiving
-//! ([`Links::drain`]) and going to sleep ([`Links::sleep`] /
-//! [`Links::woke`]); a peer's doorbell is the runtime's own wake eventfd.
+//! Unix socket and the thread that accepts links, makes the links senders
+//! ask for, and watches their sockets ([`discovery`]), the table of peers
+//! (by UDP address: linked, being linked, or UDP), the rings ([`ring`]),
+//! the doorbells and the counters. The runtime drives it as one medium
+//! among others (`io::medium`): sending a run of packets for one
+//! destination ([`Links::send`]: false means "not mine, send it by UDP"),
+//! receiving ([`Links::drain`]) and going to sleep ([`Links::sleep`] /
+//! [`Links::woke`], with [`Links::poll_fd`] in the sleep's poll set).
+//!
+//! Nothing a peer controls can hold a uroce thread: setup runs on the hub
+//! thread only, never on the data path (a sender finds a new destination
+//! "unknown", asks the hub, and sends by UDP until the link is up), and
+//! every step of it is bounded (a connect that would wait is refused, a
+//! hello or answer must come within [`SETUP_TIMEOUT`] /
+//! [`CONNECT_TIMEOUT`]). A peer's claimed UDP address is proved before a
+//! link carries its traffic ([`discovery::owns_udp`]). Doorbells are
+//! Unix datagram sockets rung with `MSG_DONTWAIT` (a full queue means "the
+//! peer is awake"); no thread writes to a descriptor the peer could make
+//! blocking. Links per device are capped (`UROCE_MAX_LINKS`, default
+//! [`DEFAULT_MAX_LINKS`], at most [`PER_PEER`] per peer address); the rest
+//! are refused and counted ([`LinkTotals`]).
 //!
 //! Choice per peer (`UROCE_LINK`): `udp` never links; `auto` (the default)
 //! links to every peer that advertises itself in this user's runtime
@@ -25,6 +38,7 @@
 //! time out as they would have.
 
 pub mod discovery;
+mod medium;
 pub mod ring;
 
 use crate::proto::Transmit;
@@ -63,11 +77,23 @@ impl Mode {
 /// How long a peer found not to advertise (or refusing) stays on UDP
 /// before it is looked up again.
 const RETRY: Duration = Duration::from_secs(1);
-/// Longest the accepting side of a setup waits on the other.
-const SETUP_TIMEOUT: Duration = Duration::from_secs(2);
-/// Longest a sender waits for the peer's answer when it links (a stopped
-/// peer costs this once per RETRY).
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(100);
+/// Longest an accepted connection may take to send its hello (it waits
+/// in the hub's poll set meanwhile, costing nobody a wait).
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest the hub waits for a peer's answer when it links (a stopped
+/// peer costs the hub, never a sender, this once per RETRY).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(200);
+/// Accepted connections waiting for their hello at most (beyond: closed,
+/// counted as refused).
+const MAX_PENDING: usize = 16;
+/// Destinations waiting for the hub to link them at most (beyond: UDP
+/// until RETRY).
+const MAX_WANTED: usize = 64;
+/// Links of one device at most, unless `UROCE_MAX_LINKS` says otherwise.
+pub const DEFAULT_MAX_LINKS: usize = 64;
+/// Links with one peer address at most (two devices that link to each
+/// other at once make two).
+pub const PER_PEER: usize = 2;
 /// Longest a closed link waits to be read out (its consumer may be gone).
 const CLOSE_DRAIN: Duration = Duration::from_millis(500);
 /// Peers tracked at most (beyond: UDP, uncounted).
@@ -105,26 +131,51 @@ fn add(c: &AtomicU64, n: u64) {
 }
 
 /// One peer's link state and counters, as `uroce stat --links` shows them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LinkStats {
-    pub peer: SocketAddr,
-    /// `shm` while linked, else `udp`.
-    pub medium: &'static str,
-    /// The peer process (while linked).
-    pub pid: Option<u32>,
-    pub counters: Vec<(&'static str, u64)>,
+pub type LinkStats = super::medium::PeerStats;
+
+/// Device-wide link counters, as `uroce stat --links` shows them.
+#[derive(Debug, Default)]
+struct TotalCounters {
+    refused_cap: AtomicU64,
+    refused_claim: AtomicU64,
+    refused_bad: AtomicU64,
+}
+
+/// A device's links at a glance: how many are up, the cap, and the
+/// attempts refused (over the cap, a claimed address not proved, or a
+/// malformed, slow or otherwise broken setup).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkTotals {
+    pub links: usize,
+    pub max_links: usize,
+    pub refused_cap: u64,
+    pub refused_claim: u64,
+    pub refused_bad: u64,
+}
+
+/// `UROCE_MAX_LINKS`: a count (0: no links at all); unset or empty:
+/// [`DEFAULT_MAX_LINKS`].
+pub fn max_links_from_env() -> io::Result<usize> {
+    match std::env::var("UROCE_MAX_LINKS").unwrap_or_default().as_str() {
+        "" => Ok(DEFAULT_MAX_LINKS),
+        v => v.parse().map_err(|_| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("UROCE_MAX_LINKS={v:?}: expected a number of links"))
+        }),
+    }
 }
 
 /// One established link: the mapping of its two rings, this side's ends of
-/// them, the peer's doorbell and the socket whose closing says the peer is
-/// gone.
+/// them, both doorbells and the socket whose closing says the peer is gone.
 struct Link {
     peer: SocketAddr,
     pid: u32,
     sock: OwnedFd,
     tx: Mutex<Producer>,
     rx: Mutex<Consumer>,
-    doorbell: OwnedFd,
+    /// The peer's doorbell: rung, never read, never waited on.
+    bell: OwnedFd,
+    /// Ours (the peer rings it): in the device's poll set while it sleeps.
+    my_bell: OwnedFd,
     c: Arc<Counters>,
     /// Broken (the ring was found corrupt); the hub drops it.
     dead: AtomicBool,
@@ -157,7 +208,7 @@ impl Link {
             }
         }
         if p.publish() {
-            discovery::ring(self.doorbell.as_raw_fd());
+            discovery::ring_peer(self.bell.as_raw_fd());
         }
         drop(p);
         add(&self.c.shm_tx_packets, n);
@@ -218,10 +269,17 @@ struct Inner {
     dir: crate::runtime::SafeDir,
     name: String,
     listener: OwnedFd,
-    /// Our doorbell as given to peers: the runtime's wake eventfd.
-    doorbell: OwnedFd,
-    /// Wakes the hub thread (a broken link, shutdown).
+    /// The runtime's wake eventfd (never given to a peer): wakes our
+    /// progress thread to read out a link whose peer went.
+    own_wake: OwnedFd,
+    /// Every link's own doorbell end, polled as one while the device sleeps.
+    epoll: OwnedFd,
+    /// Wakes the hub thread (a link wanted or broken, shutdown).
     hub_wake: OwnedFd,
+    /// Destinations senders found unlinked, for the hub to link.
+    wanted: Mutex<Vec<SocketAddr>>,
+    max_links: usize,
+    totals: TotalCounters,
     peers: RwLock<FxHashMap<SocketAddr, Arc<Peer>>>,
     links: RwLock<Vec<Arc<Link>>>,
     shutdown: AtomicBool,
@@ -313,14 +371,15 @@ impl Links {
     /// Advertises the device at `local` and starts its hub, per
     /// `UROCE_LINK`: `Ok(None)` when links are off (or, in `auto`, cannot
     /// be advertised: said at debug level); `Err` only in `shm` mode or
-    /// for a bad `UROCE_LINK`. `wake` is the runtime's wake eventfd, given
-    /// to peers as this device's doorbell.
+    /// for a bad `UROCE_LINK` or `UROCE_MAX_LINKS`. `wake` is the
+    /// runtime's wake eventfd (the hub rings it; peers never see it).
     pub fn start(local: SocketAddr, wake: RawFd) -> io::Result<Option<Links>> {
         let mode = Mode::from_env()?;
+        let max_links = max_links_from_env()?;
         if mode == Mode::Udp || local.ip().is_unspecified() {
             return Ok(None);
         }
-        match Self::advertise(local, wake, mode) {
+        match Self::advertise(local, wake, mode, max_links) {
             Ok(l) => Ok(Some(l)),
             Err(e) if mode == Mode::Shm => {
                 Err(io::Error::new(e.kind(), format!("UROCE_LINK=shm: cannot advertise the shared-memory link: {e}")))
@@ -332,7 +391,7 @@ impl Links {
         }
     }
 
-    fn advertise(local: SocketAddr, wake: RawFd, mode: Mode) -> io::Result<Links> {
+    fn advertise(local: SocketAddr, wake: RawFd, mode: Mode, max_links: usize) -> io::Result<Links> {
         let dir = discovery::links_dir().map_err(io::Error::other)?;
         let ns = discovery::netns();
         let name = discovery::socket_name(ns, local);
@@ -344,8 +403,12 @@ impl Links {
             dir,
             name,
             listener,
-            doorbell: dup(wake)?,
+            own_wake: dup(wake)?,
+            epoll: epoll()?,
             hub_wake: eventfd()?,
+            wanted: Mutex::default(),
+            max_links,
+            totals: TotalCounters::default(),
             peers: RwLock::default(),
             links: RwLock::default(),
             shutdown: AtomicBool::new(false),
@@ -366,33 +429,27 @@ impl Links {
     /// Sends a run of packets that all go to one destination through its
     /// link, if it has one; false: the caller sends them by UDP (counted
     /// here). A destination seen for the first time (or again RETRY after it
-    /// was found on UDP) is linked first if it advertises itself.
+    /// was found on UDP) is handed to the hub to link, and goes by UDP
+    /// meanwhile: nothing here waits on a peer.
     pub fn send(&self, pkts: &[Transmit]) -> bool {
         let Some(first) = pkts.first() else { return true };
         let dst = first.dst;
         let Some(peer) = self.inner.peer(dst) else { return false };
-        let mut link = None;
-        for _ in 0..2 {
+        let link = {
             let mut st = peer.state.lock().unwrap();
             match &*st {
                 State::Link(l) if !l.dead.load(Ordering::Relaxed) && !l.closed.load(Ordering::Relaxed) => {
-                    link = Some(l.clone())
+                    Some(l.clone())
                 }
-                State::Pending | State::Link(_) => {}
-                State::Udp(at) if Instant::now() < *at => {}
-                State::Udp(_) | State::Unknown => {
-                    // Linked before the first packet goes (in this thread:
-                    // the peer's hub answers; a peer that does not advertise
-                    // costs one look into the directory per RETRY), so that
-                    // no packet overtakes another by changing medium.
+                State::Udp(_) | State::Unknown if self.inner.due(&st) => {
                     *st = State::Pending;
                     drop(st);
-                    self.inner.connect_to(dst);
-                    continue;
+                    self.inner.want(dst);
+                    None
                 }
+                _ => None,
             }
-            break;
-        }
+        };
         if let Some(l) = link {
             match l.send(pkts) {
                 Ok(()) => return true,
@@ -402,6 +459,24 @@ impl Links {
         add(&peer.c.udp_tx_packets, pkts.len() as u64);
         add(&peer.c.udp_tx_bytes, pkts.iter().map(|t| t.len() as u64).sum());
         false
+    }
+
+    /// The descriptor that becomes readable when a peer rings this
+    /// device's doorbell (for the sleeping progress thread's poll set).
+    pub fn poll_fd(&self) -> RawFd {
+        self.inner.epoll.as_raw_fd()
+    }
+
+    /// The links at a glance (see [`LinkTotals`]).
+    pub fn totals(&self) -> LinkTotals {
+        let t = &self.inner.totals;
+        LinkTotals {
+            links: self.inner.links.read().unwrap().len(),
+            max_links: self.inner.max_links,
+            refused_cap: t.refused_cap.load(Ordering::Relaxed),
+            refused_claim: t.refused_claim.load(Ordering::Relaxed),
+            refused_bad: t.refused_bad.load(Ordering::Relaxed),
+        }
     }
 
     /// Takes what the peers' rings hold (at most [`RX_MAX`] packets) into
@@ -482,10 +557,14 @@ impl Links {
         waiting
     }
 
-    /// After the sleep: producers stop ringing.
-    pub fn woke(&self) {
+    /// After the sleep: producers stop ringing; `rung`: the doorbells
+    /// (see [`Links::poll_fd`]) woke us, and are emptied.
+    pub fn woke(&self, rung: bool) {
         for l in self.inner.links.read().unwrap().iter() {
             l.rx.lock().unwrap().wake();
+            if rung {
+                discovery::drain_doorbell(l.my_bell.as_raw_fd());
+            }
         }
     }
 
@@ -556,6 +635,28 @@ impl Inner {
         )
     }
 
+    /// Whether a peer in state `st` is to be (looked up and) linked now.
+    fn due(&self, st: &State) -> bool {
+        match st {
+            State::Unknown => true,
+            State::Udp(at) => Instant::now() >= *at,
+            _ => false,
+        }
+    }
+
+    /// Asks the hub to link `dst` (whose state the caller set Pending).
+    fn want(&self, dst: SocketAddr) {
+        let mut w = self.wanted.lock().unwrap();
+        if w.len() < MAX_WANTED {
+            w.push(dst);
+            drop(w);
+            discovery::ring(self.hub_wake.as_raw_fd());
+        } else {
+            drop(w);
+            self.to_udp_unless_linked(dst);
+        }
+    }
+
     /// A ring broke its rules: the link goes (by the hub), UDP meanwhile.
     fn broken(&self, l: &Arc<Link>, e: ring::Corrupt) {
         if !l.dead.swap(true, Ordering::Relaxed) {
@@ -564,34 +665,71 @@ impl Inner {
         }
     }
 
-    fn set_state(&self, dst: SocketAddr, s: State) {
+    /// A setup for `dst` came to nothing: UDP until RETRY, unless a link
+    /// with it came up meanwhile (the peer linked to us).
+    fn to_udp_unless_linked(&self, dst: SocketAddr) {
         if let Some(p) = self.peer(dst) {
-            *p.state.lock().unwrap() = s;
+            let mut st = p.state.lock().unwrap();
+            let live = |x: &Link| !x.dead.load(Ordering::Relaxed) && !x.closed.load(Ordering::Relaxed);
+            if !matches!(&*st, State::Link(x) if live(x)) {
+                *st = State::Udp(Instant::now() + RETRY);
+            }
         }
     }
 
     /// Says once per peer why it is not linked: on stderr when links are
     /// forced on, else at debug level.
     fn not_linked(&self, dst: SocketAddr, why: &str) {
-        self.set_state(dst, State::Udp(Instant::now() + RETRY));
+        self.to_udp_unless_linked(dst);
         if self.mode == Mode::Shm && self.warned.lock().unwrap().insert(dst) {
             eprintln!("uroce: UROCE_LINK=shm: no shared-memory link from {} to {dst} (using UDP): {why}", self.local);
         }
         tracing::debug!(peer = %dst, "no shared-memory link: {why}");
     }
 
+    /// Counts a refused setup by its cause.
+    fn refused(&self, e: &io::Error) {
+        let t = &self.totals;
+        let c = match e.kind() {
+            io::ErrorKind::PermissionDenied => &t.refused_claim,
+            io::ErrorKind::QuotaExceeded => &t.refused_cap,
+            _ => &t.refused_bad,
+        };
+        add(c, 1);
+    }
+
+    /// Removes the socket files of this namespace's devices that nobody
+    /// listens on any more (left by processes that were killed), at most
+    /// [`MAX_PEERS`] looked at; a live one is only connected to and closed
+    /// (its hub takes that as a probe, not a refusal).
+    fn sweep(&self) {
+        let prefix = format!("{}-", self.ns);
+        for name in self.dir.entries().into_iter().filter(|n| n.starts_with(&prefix) && *n != self.name).take(MAX_PEERS) {
+            if discovery::is_stale(&self.dir, &name) {
+                tracing::debug!("removing the stale link socket {name}");
+                let _ = self.dir.remove(&name);
+            }
+        }
+    }
+
     fn hub_loop(self: Arc<Self>) {
+        self.sweep();
+        // Accepted connections whose hello has not come yet.
+        let mut pending: Vec<(OwnedFd, Instant)> = Vec::new();
         while !self.shutdown.load(Ordering::SeqCst) {
             let links: Vec<Arc<Link>> = self.links.read().unwrap().clone();
             let (open, closing): (Vec<&Arc<Link>>, Vec<&Arc<Link>>) =
                 links.iter().partition(|l| !l.closed.load(Ordering::Relaxed));
+            let np = pending.len();
             let mut fds: Vec<libc::pollfd> = [self.hub_wake.as_raw_fd(), self.listener.as_raw_fd()]
                 .into_iter()
+                .chain(pending.iter().map(|(s, _)| s.as_raw_fd()))
                 .chain(open.iter().map(|l| l.sock.as_raw_fd()))
                 .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
                 .collect();
-            // Closed links are looked at again soon: dropped once read out.
-            let wait = if closing.is_empty() { 1000 } else { 5 };
+            // Closed links are looked at again soon (dropped once read
+            // out), and so are hellos that are late.
+            let wait = if closing.is_empty() && pending.is_empty() { 1000 } else { 5 };
             // SAFETY: `fds` is a valid array of its length.
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait) };
             if self.shutdown.load(Ordering::SeqCst) {
@@ -602,10 +740,34 @@ impl Inner {
                 // SAFETY: reads 8 bytes into a valid u64 from our eventfd.
                 unsafe { libc::read(self.hub_wake.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
             }
+            // Links senders asked for (each step bounded: CONNECT_TIMEOUT).
+            let wanted = std::mem::take(&mut *self.wanted.lock().unwrap());
+            for dst in wanted {
+                if self.shutdown.load(Ordering::SeqCst) {
+                    break;
+                }
+                self.connect_to(dst);
+            }
+            // Hellos that came, or are too late.
+            let mut keep = Vec::with_capacity(np);
+            for ((s, since), p) in pending.drain(..).zip(&fds[2..2 + np]) {
+                if p.revents != 0 {
+                    self.accept_from(s);
+                } else if since.elapsed() < SETUP_TIMEOUT {
+                    keep.push((s, since));
+                } else {
+                    add(&self.totals.refused_bad, 1);
+                    tracing::debug!("refused a shared-memory link: no hello within {SETUP_TIMEOUT:?}");
+                }
+            }
+            pending = keep;
             if fds[1].revents != 0 {
-                loop {
-                    match discovery::accept(&self.listener, SETUP_TIMEOUT) {
-                        Ok(Some(s)) => self.accept_from(s),
+                for _ in 0..64 {
+                    match discovery::accept(&self.listener) {
+                        Ok(Some(s)) if pending.len() < MAX_PENDING && !self.full() => {
+                            pending.push((s, Instant::now()))
+                        }
+                        Ok(Some(_)) => add(&self.totals.refused_cap, 1),
                         Ok(None) => break,
                         Err(e) => {
                             tracing::debug!("link accept: {e}");
@@ -614,7 +776,7 @@ impl Inner {
                     }
                 }
             }
-            for (l, p) in open.iter().zip(&fds[2..]) {
+            for (l, p) in open.iter().zip(&fds[2 + np..]) {
                 if l.dead.load(Ordering::Relaxed) {
                     self.remove(l);
                 } else if p.revents != 0 && peer_gone(&l.sock) {
@@ -636,13 +798,18 @@ impl Inner {
         }
     }
 
+    /// Whether the device has as many links as it may.
+    fn full(&self) -> bool {
+        self.links.read().unwrap().len() >= self.max_links
+    }
+
     /// The peer is gone: nothing more goes on the link; our progress
     /// thread is woken to read what the peer wrote before it went.
     fn close(&self, l: &Arc<Link>) {
         l.closed_since.store(Instant::now(), Ordering::Relaxed);
         l.closed.store(true, Ordering::Relaxed);
         self.to_udp(l);
-        discovery::ring(self.doorbell.as_raw_fd());
+        discovery::ring(self.own_wake.as_raw_fd());
     }
 
     /// Its peer's traffic goes by UDP from now on (if `l` carried it).
@@ -659,17 +826,37 @@ impl Inner {
     /// unmapped when the last pass using them ends.
     fn remove(&self, l: &Arc<Link>) {
         self.links.write().unwrap().retain(|x| !Arc::ptr_eq(x, l));
+        epoll_ctl(&self.epoll, libc::EPOLL_CTL_DEL, &l.my_bell);
         self.to_udp(l);
         tracing::info!(peer = %l.peer, pid = l.pid, "shared-memory link closed");
     }
 
-    /// Adds a link: its ring is drained from now on, and it carries what
-    /// we send to its peer unless another live link already does (two
-    /// devices that link to each other at once get two links; switching
-    /// rings mid-stream would reorder packets).
-    fn register(&self, l: Arc<Link>) {
+    /// Refuses (`QuotaExceeded`) a link beyond the device's cap or
+    /// [`PER_PEER`] for its address.
+    fn check_room(&self, links: &[Arc<Link>], peer: SocketAddr) -> io::Result<()> {
+        let same = links.iter().filter(|x| x.peer == peer && !x.closed.load(Ordering::Relaxed)).count();
+        if links.len() >= self.max_links || same >= PER_PEER {
+            return Err(io::Error::new(
+                io::ErrorKind::QuotaExceeded,
+                format!("{} links (at most {}), {same} with {peer} (at most {PER_PEER})", links.len(), self.max_links),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Adds a link, if there is room (see [`Inner::check_room`]): its ring
+    /// is drained from now on, and it carries what we send to its peer
+    /// unless another live link already does (two devices that link to
+    /// each other at once get two links; switching rings mid-stream would
+    /// reorder packets).
+    fn register(&self, l: Arc<Link>) -> io::Result<()> {
+        {
+            let mut links = self.links.write().unwrap();
+            self.check_room(&links, l.peer)?;
+            links.push(l.clone());
+        }
+        epoll_ctl(&self.epoll, libc::EPOLL_CTL_ADD, &l.my_bell);
         add(&l.c.links_made, 1);
-        self.links.write().unwrap().push(l.clone());
         tracing::info!(peer = %l.peer, pid = l.pid, "shared-memory link up");
         if let Some(p) = self.peer(l.peer) {
             let mut st = p.state.lock().unwrap();
@@ -678,27 +865,33 @@ impl Inner {
                 *st = State::Link(l);
             }
         }
+        Ok(())
     }
 
+    /// On the hub thread: links to `dst` if it is a uroce device of this
+    /// user, host and namespace that proves it owns `dst`; else (and on
+    /// any failure) UDP until RETRY. Never waits longer than
+    /// CONNECT_TIMEOUT.
     fn connect_to(&self, dst: SocketAddr) {
         let name = discovery::socket_name(self.ns, dst);
         if dst == self.local || !self.dir.contains(&name) {
             // Not a uroce device of this user, host and namespace.
-            self.set_state(dst, State::Udp(Instant::now() + RETRY));
+            self.to_udp_unless_linked(dst);
             return;
         }
-        let s = match discovery::connect(&self.dir, &name, CONNECT_TIMEOUT) {
-            Ok(s) => s,
-            Err(e) => {
-                // A socket file left by a device that is gone.
-                tracing::debug!(peer = %dst, "link connect: {e}");
-                self.set_state(dst, State::Udp(Instant::now() + RETRY));
-                return;
+        let room = self.check_room(&self.links.read().unwrap(), dst);
+        let r = room
+            .and_then(|()| discovery::connect(&self.dir, &name, CONNECT_TIMEOUT))
+            .and_then(|s| self.handshake_connect(s, dst))
+            .and_then(|l| self.register(l));
+        if let Err(e) = r {
+            // A socket file left by a device that is gone, one whose backlog
+            // is full (stopped, or never accepting), a refusal, a claim
+            // that does not hold, or no room.
+            if e.kind() != io::ErrorKind::ConnectionRefused && e.kind() != io::ErrorKind::NotFound {
+                self.refused(&e);
             }
-        };
-        match self.handshake_connect(s, dst) {
-            Ok(l) => self.register(l),
-            Err(e) => self.not_linked(dst, &e.to_string()),
+            self.not_linked(dst, &e.to_string());
         }
     }
 
@@ -718,10 +911,12 @@ impl Inner {
         self.peer(dst).map(|p| p.c.clone()).ok_or_else(|| io::Error::other("too many peers"))
     }
 
-    /// The connecting side: makes the rings and sends them with its
-    /// doorbell; the ring `0` is ours to write.
+    /// The connecting side: checks that the process listening owns `dst`,
+    /// makes the rings and sends them with its doorbell; the ring `0` is
+    /// ours to write.
     fn handshake_connect(&self, s: OwnedFd, dst: SocketAddr) -> io::Result<Arc<Link>> {
         let pid = self.check_cred(&s)?;
+        discovery::owns_udp(pid, dst)?;
         let geo = Geometry::LINK;
         let size = 2 * geo.bytes();
         let mfd = discovery::sealed_memfd(size)?;
@@ -729,10 +924,12 @@ impl Inner {
         let (r0, r1) = rings(&map, geo)?;
         r0.init();
         r1.init();
-        send_hello(&s, HELLO, self.local, &[mfd.as_raw_fd(), self.doorbell.as_raw_fd()])?;
+        let (my_bell, their_bell) = discovery::doorbell_pair()?;
+        send_hello(&s, HELLO, self.local, &[mfd.as_raw_fd(), their_bell.as_raw_fd()])?;
+        drop(their_bell);
         let mut buf = [0u8; 64];
         let (n, mut fds) = discovery::recv_with_fds(&s, &mut buf)?;
-        if n < OK.len() || buf[..OK.len()] != OK[..] || fds.len() != 1 || !discovery::is_eventfd(&fds[0]) {
+        if n < OK.len() || buf[..OK.len()] != OK[..] || fds.len() != 1 || !discovery::is_doorbell(&fds[0]) {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "the peer refused or sent a bad answer"));
         }
         discovery::set_nonblocking(&s)?;
@@ -742,7 +939,8 @@ impl Inner {
             sock: s,
             tx: Mutex::new(Producer::new(r0)),
             rx: Mutex::new(Consumer::new(r1)),
-            doorbell: fds.remove(0),
+            bell: fds.remove(0),
+            my_bell,
             c: self.counters_for(dst)?,
             dead: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -751,44 +949,57 @@ impl Inner {
         }))
     }
 
+    /// A hello came on an accepted connection (or it closed).
     fn accept_from(&self, s: OwnedFd) {
-        match self.handshake_accept(s) {
-            Ok(l) => self.register(l),
-            Err(e) => tracing::warn!("refused a shared-memory link: {e}"),
+        let r = self.handshake_accept(s).and_then(|l| self.register(l));
+        if let Err(e) = r {
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                return; // a probe (another device's sweep) or a peer gone at once
+            }
+            self.refused(&e);
+            tracing::debug!("refused a shared-memory link: {e}");
         }
     }
 
-    /// The accepting side: checks what came and answers with its doorbell;
-    /// the ring `1` is ours to write.
+    /// The accepting side: checks what came (the claimed address first:
+    /// the peer must own it) and answers with its doorbell; the ring `1`
+    /// is ours to write. The socket does not block: the hello is there.
     fn handshake_accept(&self, s: OwnedFd) -> io::Result<Arc<Link>> {
         let bad = |why: &str| io::Error::new(io::ErrorKind::InvalidData, why.to_string());
         let pid = self.check_cred(&s)?;
         let mut buf = [0u8; 96];
         let (n, mut fds) = discovery::recv_with_fds(&s, &mut buf)?;
+        if n == 0 && fds.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed without a hello"));
+        }
         let from = parse_hello(&buf[..n]).ok_or_else(|| bad("bad hello"))?;
         if fds.len() != 2 || from == self.local {
             return Err(bad("bad hello"));
         }
+        let room = self.check_room(&self.links.read().unwrap(), from);
+        room?;
+        discovery::owns_udp(pid, from)?;
         let geo = Geometry::LINK;
         let size = 2 * geo.bytes();
         discovery::check_memfd(&fds[0], size).map_err(bad)?;
-        if !discovery::is_eventfd(&fds[1]) {
-            return Err(bad("the doorbell is not an eventfd"));
+        if !discovery::is_doorbell(&fds[1]) {
+            return Err(bad("the doorbell is not a Unix datagram socket"));
         }
         let map = Mapping::new(&fds[0], size)?;
         let (r0, r1) = rings(&map, geo)?;
         if !r0.has_magic() || !r1.has_magic() {
             return Err(bad("rings not initialised"));
         }
-        send_hello(&s, OK, self.local, &[self.doorbell.as_raw_fd()])?;
-        discovery::set_nonblocking(&s)?;
+        let (my_bell, their_bell) = discovery::doorbell_pair()?;
+        send_hello(&s, OK, self.local, &[their_bell.as_raw_fd()])?;
         Ok(Arc::new(Link {
             peer: from,
             pid,
             sock: s,
             tx: Mutex::new(Producer::new(r1)),
             rx: Mutex::new(Consumer::new(r0)),
-            doorbell: fds.remove(1),
+            bell: fds.remove(1),
+            my_bell,
             c: self.counters_for(from)?,
             dead: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -796,6 +1007,24 @@ impl Inner {
             _map: map,
         }))
     }
+}
+
+fn epoll() -> io::Result<OwnedFd> {
+    // SAFETY: plain epoll_create1.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds `fd` to (or deletes it from) the doorbells' epoll set; a failure
+/// only costs wake-ups (the progress thread also wakes on its timers).
+fn epoll_ctl(ep: &OwnedFd, op: libc::c_int, fd: &OwnedFd) {
+    let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 0 };
+    // SAFETY: both descriptors are open; `ev` is a valid epoll_event.
+    unsafe { libc::epoll_ctl(ep.as_raw_fd(), op, fd.as_raw_fd(), &mut ev) };
 }
 
 /// The two rings of a link's mapping.
