@@ -163,23 +163,36 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             println!("client: retransmits {} timeouts {} naks {}", s.retransmits, s.timeouts, s.naks_received);
         }
     }
-    sock.write_all(b"D")?;
+    // Each side prints which medium carried its packets (the same-host
+    // link's tests read it) while the other is still there: a link ends
+    // with its peer's process, and would then read "udp".
+    let print_links = || {
+        for l in ctx.link_stats() {
+            let c: Vec<String> = l.counters.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let who = if server { "server" } else { "client" };
+            println!("{who}: link to {} by {} pid {:?} {}", l.peer, l.medium, l.pid, c.join(" "));
+        }
+    };
     if server {
+        sock.write_all(b"D")?;
         // The client answers when it is done (it may run a verified
         // workload for as long as a soak lasts), or goes away (EOF).
         let mut d = [0u8; 1];
         if !matches!(sock.read(&mut d), Ok(1)) {
             eprintln!("client went away; QP: {}\n  stats: {:?}", qp.debug_state(), ctx.stats());
         }
-    }
-    if server && bw_ms > 0 {
-        println!("server: stats {:?}", ctx.stats());
-    }
-    // Which medium carried the packets (the same-host link's tests read it).
-    for l in ctx.link_stats() {
-        let c: Vec<String> = l.counters.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let who = if server { "server" } else { "client" };
-        println!("{who}: link to {} by {} pid {:?} {}", l.peer, l.medium, l.pid, c.join(" "));
+        if bw_ms > 0 {
+            println!("server: stats {:?}", ctx.stats());
+        }
+        print_links();
+        // The client may go now.
+        let _ = sock.write_all(b"E");
+    } else {
+        print_links();
+        sock.write_all(b"D")?;
+        // Stay until the server has printed (or is gone).
+        sock.set_read_timeout(Some(Duration::from_secs(60)))?;
+        let _ = sock.read(&mut [0u8; 1]);
     }
     Ok(())
 }
