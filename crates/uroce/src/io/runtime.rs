@@ -19,7 +19,7 @@ use crate::mem::Memory;
 use crate::proto::qp::QpInit;
 use crate::proto::srq::SharedRecvQueue;
 use crate::proto::{
-    check_datagram, dest_qpn, first_qpn, qpn_after, AfterSend, CopyJob, Engine, EngineConfig, Event, QpSummary, Received, Stats,
+    check_datagram, dest_qpn, first_qpn, qpn_after, AfterSend, CopyJob, Engine, EngineConfig, Event, QpSummary, Received, RxIds, Stats,
     Transmit,
 };
 use crate::wire::IpInfo;
@@ -69,9 +69,8 @@ struct RxState {
     got: Vec<(usize, usize, usize, SocketAddr)>,
     /// A pass's datagrams by shard: (shard, index), sorted stably.
     order: Vec<(u16, u32)>,
-    /// The IPv4 ID the next datagram likely carries (see
-    /// [`check_datagram`]).
-    next_ipv4_id: u16,
+    /// IPv4 IDs of received datagrams, per peer (see [`check_datagram`]).
+    rx_ids: RxIds,
     /// LINK HOOK: packets taken out of the shared-memory rings.
     shm: super::link::RxBuf,
     /// LINK HOOK: when the socket was last read (see [`UDP_QUIET`]).
@@ -166,7 +165,7 @@ impl Runtime {
                 batch: RecvBatch::new(RX_BATCH, 65536),
                 got: Vec::with_capacity(RX_BATCH),
                 order: Vec::new(),
-                next_ipv4_id: 1,
+                rx_ids: RxIds::new(),
                 shm: Default::default(),
                 udp_read_at: Instant::now(),
             }),
@@ -558,7 +557,7 @@ impl Runtime {
     /// answer what arrives. Events go to `events`, for the caller to deliver
     /// once it released `rx`.
     fn receive(&self, rx: &mut RxState, now: Instant, app_active: bool, events: &mut Vec<Event>) -> bool {
-        let RxState { batch, got, order, next_ipv4_id, shm, udp_read_at } = rx;
+        let RxState { batch, got, order, rx_ids, shm, udp_read_at } = rx;
         got.clear();
         // LINK HOOK: also take what the shared-memory rings hold.
         shm.clear();
@@ -598,7 +597,8 @@ impl Runtime {
                 let mut ip =
                     IpInfo { src: from.ip(), dst: local.ip(), sport: from.port(), dport: local.port(), ipv4_id: 0 };
                 // The pcap needs the real ID for the ICRC to check out.
-                ip.ipv4_id = crate::wire::icrc::find_ipv4_id(&ip, data, 0).unwrap_or(0);
+                use crate::wire::icrc;
+                ip.ipv4_id = icrc::find_ipv4_id(&ip, data, 0).or_else(|| icrc::solve_ipv4_id(&ip, data)).unwrap_or(0);
                 c.record(&ip, data);
             }
         }
@@ -622,7 +622,7 @@ impl Runtime {
                 return !got.is_empty() || !shm.is_empty();
             }
             let items: Vec<(SocketAddr, &[u8])> = owned.iter().map(|(from, d)| (*from, &d[..])).collect();
-            self.deliver(now, &items, order, next_ipv4_id, app_active, events);
+            self.deliver(now, &items, order, rx_ids, app_active, events);
             return true;
         }
         if got.is_empty() && shm.is_empty() && !due {
@@ -633,7 +633,7 @@ impl Runtime {
             .map(|&(b, off, n, from)| (from, &batch.bytes(b)[off..off + n]))
             .chain(shm.iter())
             .collect();
-        self.deliver(now, &items, order, next_ipv4_id, app_active, events);
+        self.deliver(now, &items, order, rx_ids, app_active, events);
         !got.is_empty() || !shm.is_empty()
     }
 
@@ -649,7 +649,7 @@ impl Runtime {
         now: Instant,
         items: &[(SocketAddr, &[u8])],
         order: &mut Vec<(u16, u32)>,
-        next_ipv4_id: &mut u16,
+        rx_ids: &mut RxIds,
         app_active: bool,
         events: &mut Vec<Event>,
     ) {
@@ -664,7 +664,7 @@ impl Runtime {
                 .iter()
                 .map(|&(_, k)| {
                     let (from, data) = items[k as usize];
-                    check_datagram(&self.cfg, from, local, data, next_ipv4_id)
+                    check_datagram(&self.cfg, from, local, data, rx_ids)
                 })
                 .collect();
             self.run(usize::from(group[0].0), events, |e, now| {

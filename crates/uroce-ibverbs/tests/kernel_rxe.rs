@@ -1,0 +1,524 @@
+//! Live interoperability with Linux's kernel rxe (issue 26): Debian's
+//! kernel and an initramfs of Debian's rdma-core, perftest and rdmacm-utils
+//! (scripts/rxe-vm/build.sh) boot in qemu (TCG, one vCPU, an e1000 NIC on a
+//! tap device in a network namespace this test creates: a private link
+//! between the namespace and the VM, nothing routed anywhere else). The VM
+//! adds `rxe0` on its NIC; the same unmodified programs run on the host
+//! through the drop-in libibverbs/librdmacm (uroce, with no setting: the
+//! hashed IPv4 IDs of rxe are learned, `proto::rx_ids`). Each case runs
+//! both ways: kernel rxe server with a uroce client, and the reverse. A
+//! failed case keeps uroce's packet capture (target/rxe-vm/pcap/).
+//!
+//! Skipped (with the reason) only where qemu or /dev/net/tun is missing,
+//! or network namespaces cannot be made.
+
+#[path = "../../uroce/tests/skip/mod.rs"]
+#[macro_use]
+mod skip;
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::*;
+
+/// The namespace's end of the tap and the VM (RFC 2544's benchmarking
+/// range: a private link, routed nowhere).
+const HOST: &str = "198.18.0.1";
+const GUEST: &str = "198.18.0.2";
+const HOST6: &str = "fd00:7572:6f63::1";
+const GUEST6: &str = "fd00:7572:6f63::2";
+/// One case, one way.
+const CASE_LIMIT: Duration = Duration::from_secs(150);
+/// A client that finds no server yet (TCP refused, CM REJ 8) is started
+/// again, this many times at most.
+const CONNECT_TRIES: u32 = 60;
+/// What a client prints when its server does not listen yet.
+const NOT_LISTENING: [&str; 5] =
+    ["couldn't connect", "unable to open file descriptor", "rejected", "connection refused", "failed to connect"];
+
+fn not_listening(out: &str) -> bool {
+    let o = out.to_lowercase();
+    NOT_LISTENING.iter().any(|p| o.contains(p))
+}
+
+/// A network namespace holding the host end of the VM's tap.
+struct Net {
+    ns: String,
+}
+
+impl Net {
+    fn new() -> Option<Net> {
+        let ns = format!("urxe-{}", std::process::id());
+        if !sh(&["ip", "netns", "add", &ns]) {
+            return None;
+        }
+        let net = Net { ns };
+        let ok = net.exec(&["ip", "link", "set", "lo", "up"])
+            && net.exec(&["ip", "tuntap", "add", "dev", "tap0", "mode", "tap"])
+            && net.exec(&["ip", "addr", "add", &format!("{HOST}/24"), "dev", "tap0"])
+            && net.exec(&["ip", "-6", "addr", "add", &format!("{HOST6}/64"), "dev", "tap0", "nodad"])
+            && net.exec(&["ip", "link", "set", "tap0", "up"]);
+        ok.then_some(net)
+    }
+
+    fn exec(&self, args: &[&str]) -> bool {
+        let mut v = vec!["ip", "netns", "exec", &self.ns];
+        v.extend_from_slice(args);
+        sh(&v)
+    }
+
+    fn command(&self, prog: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns, prog]);
+        c
+    }
+
+    fn set_mtu(&self, mtu: u32) {
+        assert!(self.exec(&["ip", "link", "set", "tap0", "mtu", &mtu.to_string()]), "tap MTU {mtu}");
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        sh(&["ip", "netns", "del", &self.ns]);
+    }
+}
+
+fn sh(args: &[&str]) -> bool {
+    Command::new(args[0])
+        .args(&args[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The VM, its serial console a shell that takes commands.
+struct Vm {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    console: Arc<Mutex<String>>,
+    seq: u32,
+}
+
+impl Vm {
+    fn boot(net: &Net, dir: &Path) -> Vm {
+        let kvm = std::fs::read_to_string("/proc/modules")
+            .is_ok_and(|m| m.lines().any(|l| l.starts_with("kvm_intel ") || l.starts_with("kvm_amd ")));
+        // /dev/kvm here may be kvm_pvm, under which Debian's kernel hangs
+        // early: TCG unless Intel/AMD KVM is loaded.
+        let accel: &[&str] = if kvm { &["-accel", "kvm", "-cpu", "host"] } else { &["-accel", "tcg", "-cpu", "max"] };
+        let mut c = net.command("qemu-system-x86_64");
+        c.args(accel)
+            .args(["-smp", "1", "-m", "768", "-nographic", "-no-reboot", "-kernel"])
+            .arg(dir.join("vmlinuz"))
+            .arg("-initrd")
+            .arg(dir.join("initrd.cpio.gz"))
+            .arg("-append")
+            .arg(format!(
+                "console=ttyS0 quiet panic=-1 uroce.addr={GUEST}/24 uroce.addr6={GUEST6}/64 uroce.mtu=1500"
+            ))
+            .args(["-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no", "-device", "e1000,netdev=n0"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().expect("start qemu-system-x86_64");
+        let stdin = child.stdin.take().unwrap();
+        let (tx, lines) = channel();
+        let console = Arc::new(Mutex::new(String::new()));
+        for r in [Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>, Box::new(child.stderr.take().unwrap())]
+        {
+            let (tx, console) = (tx.clone(), console.clone());
+            std::thread::spawn(move || {
+                for l in BufReader::new(r).split(b'\n').map_while(|l| l.ok()) {
+                    let l = String::from_utf8_lossy(&l).trim_end_matches('\r').to_string();
+                    let mut c = console.lock().unwrap();
+                    c.push_str(&l);
+                    c.push('\n');
+                    drop(c);
+                    if tx.send(l).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        let mut vm = Vm { child, stdin, lines, console, seq: 0 };
+        let t = Instant::now();
+        vm.read_until(|l| l.contains("UROCE-VM-READY"), Duration::from_secs(180), "boot");
+        eprintln!("kernel_rxe: VM up in {:.1} s ({})", t.elapsed().as_secs_f64(), if kvm { "KVM" } else { "TCG" });
+        vm
+    }
+
+    fn read_until(&mut self, mut done: impl FnMut(&str) -> bool, limit: Duration, what: &str) -> Vec<String> {
+        let t = Instant::now();
+        let mut got = Vec::new();
+        loop {
+            let left = limit.saturating_sub(t.elapsed());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    if done(&l) {
+                        return got;
+                    }
+                    got.push(l);
+                }
+                Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
+                    panic!("VM: {what}: nothing in {limit:?}; console:\n{}", self.console_tail())
+                }
+            }
+        }
+    }
+
+    fn console_tail(&self) -> String {
+        let c = self.console.lock().unwrap();
+        let lines: Vec<&str> = c.lines().collect();
+        lines[lines.len().saturating_sub(60)..].join("\n")
+    }
+
+    /// Runs a shell command in the VM (in a subshell, its input none);
+    /// its exit status and output.
+    fn sh(&mut self, cmd: &str, limit: Duration) -> (i32, String) {
+        self.sh_raw(&format!("( {cmd} ) </dev/null 2>&1"), limit)
+    }
+
+    /// Runs a command in the VM's shell itself (a definition stays).
+    fn sh_raw(&mut self, cmd: &str, limit: Duration) -> (i32, String) {
+        self.seq += 1;
+        let end = format!("__UROCE_END_{}", self.seq);
+        writeln!(self.stdin, "{cmd}; echo {end} $?").unwrap();
+        self.stdin.flush().unwrap();
+        let mut rc = -1;
+        let out = self.read_until(
+            |l| match l.strip_prefix(&end) {
+                Some(r) => {
+                    rc = r.trim().parse().unwrap_or(-1);
+                    true
+                }
+                None => false,
+            },
+            limit,
+            cmd,
+        );
+        (rc, out.join("\n"))
+    }
+
+    fn ok(&mut self, cmd: &str) -> String {
+        let (rc, out) = self.sh(cmd, Duration::from_secs(60));
+        assert_eq!(rc, 0, "VM: {cmd}: {out}");
+        out
+    }
+
+    /// Starts a command in the VM's background.
+    fn bg(&mut self, name: &str, cmd: &str) {
+        self.ok(&format!("rm -f /tmp/{name}.rc; ( ( {cmd} ) </dev/null >/tmp/{name}.out 2>&1; echo $? >/tmp/{name}.rc ) &"));
+    }
+
+    /// Waits for a background command; its success and output.
+    fn wait_bg(&mut self, name: &str, limit: Duration) -> (bool, String) {
+        let t = Instant::now();
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let (_, rc) = self.sh(&format!("cat /tmp/{name}.rc 2>/dev/null"), Duration::from_secs(30));
+            if let Ok(rc) = rc.trim().parse::<i32>() {
+                let (_, out) = self.sh(&format!("cat /tmp/{name}.out"), Duration::from_secs(30));
+                return (rc == 0, out);
+            }
+            if t.elapsed() > limit {
+                self.sh("killall -9 ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat ib_atomic_lat ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong rping ucmatose udaddy rstream 2>/dev/null; sleep 1", Duration::from_secs(30));
+                let (_, out) = self.sh(&format!("cat /tmp/{name}.out"), Duration::from_secs(30));
+                return (false, format!("(timed out after {limit:?})\n{out}"));
+            }
+            std::thread::sleep(delay);
+            delay = (delay * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// The GID index of `addr` on rxe0 (its table's order depends on when
+    /// addresses came).
+    fn gid_index(&mut self, addr: std::net::IpAddr) -> u32 {
+        let v6 = match addr {
+            std::net::IpAddr::V4(a) => a.to_ipv6_mapped(),
+            std::net::IpAddr::V6(a) => a,
+        };
+        let want = v6.segments().iter().map(|w| format!("{w:04x}")).collect::<Vec<_>>().join(":");
+        for _ in 0..50 {
+            let out = self.ok("for i in 0 1 2 3 4 5 6 7; do echo \"G $i $(cat /sys/class/infiniband/rxe0/ports/1/gids/$i 2>/dev/null)\"; done");
+            for l in out.lines() {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                if f.len() == 3 && f[0] == "G" && f[2] == want {
+                    return f[1].parse().unwrap();
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("no GID {want} on rxe0: {}", self.ok("cat /sys/class/infiniband/rxe0/ports/1/gids/*"));
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One case of the matrix: a program, and its arguments for a server and
+/// for a client of the server at `peer` (the GID index given is the
+/// running side's own).
+struct Case {
+    name: &'static str,
+    prog: &'static str,
+    server: fn(gid: u32, own: &str) -> String,
+    client: fn(gid: u32, peer: &str) -> String,
+}
+
+/// Everything a side needs to run its half.
+struct Sides<'a> {
+    net: &'a Net,
+    vm: &'a mut Vm,
+    dropin: PathBuf,
+    pcaps: PathBuf,
+    /// IPv6 instead of IPv4.
+    v6: bool,
+    guest_gid: u32,
+}
+
+impl Sides<'_> {
+    fn host_addr(&self) -> &'static str {
+        if self.v6 {
+            HOST6
+        } else {
+            HOST
+        }
+    }
+    fn guest_addr(&self) -> &'static str {
+        if self.v6 {
+            GUEST6
+        } else {
+            GUEST
+        }
+    }
+
+    fn host_command(&self, args: &str, pcap: &Path) -> Command {
+        let mut c = self.net.command("env");
+        c.env("LD_LIBRARY_PATH", &self.dropin)
+            .env("UROCE_ADDR", self.host_addr())
+            .env("UROCE_CAPTURE", pcap)
+            .env_remove("UROCE_IPV4_ANY_ID")
+            .args(args.split_whitespace())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// A host client, started again while its server is not listening.
+    fn host_client(&self, args: &str, pcap: &Path) -> (bool, String) {
+        let t = Instant::now();
+        for _ in 0..CONNECT_TRIES {
+            let child = self.host_command(args, pcap).spawn().unwrap();
+            let (ok, out) = wait_output(child, args, CASE_LIMIT);
+            if ok || !not_listening(&out) || t.elapsed() > CASE_LIMIT {
+                return (ok, out);
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        (false, format!("{args}: the server never listened"))
+    }
+
+    /// Runs `case` both ways; the failures.
+    fn run(&mut self, case: &Case) -> Vec<String> {
+        let mut failed = Vec::new();
+        let tag = if self.v6 { "-v6" } else { "" };
+        // Kernel rxe server, uroce client.
+        let t = Instant::now();
+        let pcap = self.pcaps.join(format!("{}{tag}-rxe-server.pcap", case.name));
+        let srv = format!("timeout {} {} {}", CASE_LIMIT.as_secs(), case.prog, (case.server)(self.guest_gid, self.guest_addr()));
+        self.vm.bg("srv", &srv);
+        let cargs = format!("{} {}", case.prog, (case.client)(0, self.guest_addr()));
+        let (cok, cout) = self.host_client(&cargs, &pcap);
+        let (sok, sout) = self.vm.wait_bg("srv", if cok { Duration::from_secs(60) } else { Duration::from_secs(5) });
+        if cok && sok {
+            let _ = std::fs::remove_file(&pcap);
+        } else {
+            failed.push(format!(
+                "{}{tag}, rxe server / uroce client (capture {}):\n  uroce client: {cargs}\n{cout}\n  rxe server: {srv}\n{sout}",
+                case.name,
+                pcap.display()
+            ));
+        }
+        eprintln!("kernel_rxe: {}{tag} rxe server: {} in {:.1} s", case.name, ok_word(cok && sok), t.elapsed().as_secs_f64());
+        // uroce server, kernel rxe client.
+        let t = Instant::now();
+        let pcap = self.pcaps.join(format!("{}{tag}-uroce-server.pcap", case.name));
+        let sargs = format!("{} {}", case.prog, (case.server)(0, self.host_addr()));
+        let server = self.host_command(&sargs, &pcap).spawn().unwrap();
+        let cli = format!(
+            "retry timeout {} {} {}",
+            CASE_LIMIT.as_secs(),
+            case.prog,
+            (case.client)(self.guest_gid, self.host_addr())
+        );
+        let (rc, cout) = self.vm.sh(&cli, CASE_LIMIT + Duration::from_secs(30));
+        let (sok, sout) = wait_output(server, &sargs, if rc == 0 { Duration::from_secs(60) } else { Duration::from_secs(5) });
+        if rc == 0 && sok {
+            let _ = std::fs::remove_file(&pcap);
+        } else {
+            failed.push(format!(
+                "{}{tag}, uroce server / rxe client (capture {}):\n  rxe client: {cli}\n{cout}\n  uroce server: {sargs}\n{sout}",
+                case.name,
+                pcap.display()
+            ));
+        }
+        eprintln!("kernel_rxe: {}{tag} uroce server: {} in {:.1} s", case.name, ok_word(rc == 0 && sok), t.elapsed().as_secs_f64());
+        failed
+    }
+}
+
+fn ok_word(ok: bool) -> &'static str {
+    if ok {
+        "ok"
+    } else {
+        "FAILED"
+    }
+}
+
+/// The shell function the VM's clients run under: a client that finds no
+/// server listening yet is started again (bounded).
+const RETRY: &str = r#"retry() { n=0; while :; do "$@" >/tmp/retry.out 2>&1; rc=$?; if [ $rc = 0 ] || [ $n -ge 60 ] || ! grep -qiE "couldn.t connect|unable to open file descriptor|rejected|connection refused|failed to connect" /tmp/retry.out; then cat /tmp/retry.out; return $rc; fi; n=$((n+1)); sleep 0.25; done; }"#;
+
+fn pingpong(name: &'static str, prog: &'static str) -> Case {
+    Case {
+        name,
+        prog,
+        server: |g, _| format!("-g {g} -s 4096 -n 100"),
+        client: |g, peer| format!("-g {g} -s 4096 -n 100 {peer}"),
+    }
+}
+
+fn matrix() -> Vec<Case> {
+    vec![
+        pingpong("rc_pingpong", "ibv_rc_pingpong"),
+        Case {
+            name: "rc_pingpong_64k",
+            prog: "ibv_rc_pingpong",
+            server: |g, _| format!("-g {g} -s 65536 -n 20"),
+            client: |g, peer| format!("-g {g} -s 65536 -n 20 {peer}"),
+        },
+        pingpong("uc_pingpong", "ibv_uc_pingpong"),
+        Case {
+            name: "ud_pingpong",
+            prog: "ibv_ud_pingpong",
+            server: |g, _| format!("-g {g} -s 1024 -n 100"),
+            client: |g, peer| format!("-g {g} -s 1024 -n 100 {peer}"),
+        },
+        pingpong("srq_pingpong", "ibv_srq_pingpong"),
+        Case {
+            name: "write_bw",
+            prog: "ib_write_bw",
+            server: |g, _| format!("-F -x {g} -u 18 -a -n 20 -m 1024"),
+            client: |g, peer| format!("-F -x {g} -u 18 -a -n 20 -m 1024 {peer}"),
+        },
+        Case {
+            name: "read_bw",
+            prog: "ib_read_bw",
+            server: |g, _| format!("-F -x {g} -u 18 -s 1048576 -n 20"),
+            client: |g, peer| format!("-F -x {g} -u 18 -s 1048576 -n 20 {peer}"),
+        },
+        Case {
+            name: "send_bw",
+            prog: "ib_send_bw",
+            server: |g, _| format!("-F -x {g} -u 18 -s 65536 -n 50"),
+            client: |g, peer| format!("-F -x {g} -u 18 -s 65536 -n 50 {peer}"),
+        },
+        Case {
+            name: "atomic_bw",
+            prog: "ib_atomic_bw",
+            server: |g, _| format!("-F -x {g} -u 18 -n 200"),
+            client: |g, peer| format!("-F -x {g} -u 18 -n 200 {peer}"),
+        },
+        Case {
+            name: "send_bw_ud",
+            prog: "ib_send_bw",
+            server: |g, _| format!("-F -x {g} -c UD -s 1024 -n 200"),
+            client: |g, peer| format!("-F -x {g} -c UD -s 1024 -n 200 {peer}"),
+        },
+        Case {
+            name: "write_bw_rdma_cm",
+            prog: "ib_write_bw",
+            server: |_, _| "-F -R -u 18 -s 65536 -n 50".into(),
+            client: |_, peer| format!("-F -R -u 18 -s 65536 -n 50 {peer}"),
+        },
+        Case {
+            name: "write_lat",
+            prog: "ib_write_lat",
+            server: |g, _| format!("-F -x {g} -s 64 -n 200"),
+            client: |g, peer| format!("-F -x {g} -s 64 -n 200 {peer}"),
+        },
+        Case {
+            name: "rping",
+            prog: "rping",
+            server: |_, own| format!("-s -a {own} -C 100 -S 4096 -V"),
+            client: |_, peer| format!("-c -a {peer} -C 100 -S 4096 -V"),
+        },
+    ]
+}
+
+#[test]
+fn kernel_rxe_matrix_both_ways() {
+    if !Path::new("/dev/net/tun").exists() {
+        skip!("/dev/net/tun is missing (no tap devices here)");
+    }
+    if !have("qemu-system-x86_64") {
+        skip!("qemu-system-x86_64 is not installed (Debian package qemu-system-x86)");
+    }
+    let Some(net) = Net::new() else {
+        skip!("cannot make a network namespace with a tap device (needs root and iproute2)");
+    };
+    let build = Command::new(root().join("scripts/rxe-vm/build.sh")).stderr(Stdio::inherit()).output().unwrap();
+    assert!(build.status.success(), "scripts/rxe-vm/build.sh failed");
+    let dir = PathBuf::from(String::from_utf8_lossy(&build.stdout).lines().last().unwrap_or("").trim());
+    let dropin = dropin_dir();
+    let pcaps = dir.join("pcap");
+    std::fs::create_dir_all(&pcaps).unwrap();
+    let started = Instant::now();
+    let mut vm = Vm::boot(&net, &dir);
+    let (rc, out) = vm.sh_raw(RETRY, Duration::from_secs(30));
+    assert_eq!(rc, 0, "{out}");
+    vm.ok("rdma link show");
+    let g4 = vm.gid_index(GUEST.parse().unwrap());
+    let g6 = vm.gid_index(GUEST6.parse().unwrap());
+    let mut failed = Vec::new();
+    let cases = matrix();
+    {
+        let mut s = Sides { net: &net, vm: &mut vm, dropin: dropin.clone(), pcaps: pcaps.clone(), v6: false, guest_gid: g4 };
+        for case in &cases {
+            failed.extend(s.run(case));
+        }
+        // IPv6 GIDs.
+        s.v6 = true;
+        s.guest_gid = g6;
+        for case in cases.iter().filter(|c| ["rc_pingpong", "rping"].contains(&c.name)) {
+            failed.extend(s.run(case));
+        }
+    }
+    // Path MTU 4096: rxe takes its MTU from the netdev.
+    net.set_mtu(4200);
+    vm.ok("/usr/bin/ip link set eth0 mtu 4200");
+    {
+        let mut s = Sides { net: &net, vm: &mut vm, dropin, pcaps, v6: false, guest_gid: g4 };
+        let mtu4k = Case {
+            name: "rc_pingpong_mtu4096",
+            prog: "ibv_rc_pingpong",
+            server: |g, _| format!("-g {g} -m 4096 -s 65536 -n 20"),
+            client: |g, peer| format!("-g {g} -m 4096 -s 65536 -n 20 {peer}"),
+        };
+        failed.extend(s.run(&mtu4k));
+    }
+    eprintln!("kernel_rxe: whole matrix in {:.0} s", started.elapsed().as_secs_f64());
+    assert!(failed.is_empty(), "{} of the matrix failed:\n{}", failed.len(), failed.join("\n\n"));
+}
