@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(ibverbs-utils rdmacm-utils librdmacm-dev perftest python3-pyverbs libibverbs-dev rdma-core tshark valgrind iproute2 ethtool clang libclang-dev
-      ucx-utils binutils python3-dpkt)
+      ucx-utils binutils python3-dpkt qemu-system-x86 busybox-static)
 
 install_packages() {
     local missing=()
@@ -74,8 +74,11 @@ link_tests=(two_devices_of_one_process_link_and_captures_see_every_packet two_pr
             a_peer_of_another_user_is_not_linked kill_9_of_a_linked_peer_mid_transfer_gives_retry_exceeded
             a_stopped_peer_fills_its_ring_then_the_survivor_times_out_without_growing
             one_device_uses_memory_to_a_same_host_peer_and_udp_to_a_namespace_peer_at_once)
+# (The kernel-rxe VM test, crates/uroce-ibverbs/tests/kernel_rxe.rs, has no same-host peer:
+# every packet goes by UDP in pass 1 already, so it runs once.)
+once_tests=(kernel_rxe_matrix_both_ways)
 UROCE_LINK=udp cargo test --workspace --tests --no-fail-fast -- --show-output \
-    $(printf -- '--skip %s ' "${link_tests[@]}") >"$log2" 2>&1 || status=1
+    $(printf -- '--skip %s ' "${link_tests[@]}" "${once_tests[@]}") >"$log2" 2>&1 || status=1
 # Its log in full only where something failed; else each binary's result line.
 if grep -qE '^test result: FAILED|^error' "$log2"; then cat "$log2"; else grep -E '^(test result:|SKIP)' "$log2"; fi
 
