@@ -42,7 +42,7 @@ ln -s lib "$root/lib64"
 cp /bin/busybox "$root/bin/busybox"
 file "$root/bin/busybox" | grep -q 'statically linked' || { echo "busybox is not static (install busybox-static)" >&2; exit 2; }
 for a in sh ash cat echo ls mkdir mount insmod sleep dmesg stty ps kill cp rm ifconfig sync \
-         grep sed head tail wc seq true false test tr env date uname poweroff mknod nc cut sha256sum dd hexdump timeout setsid killall; do
+         grep sed head tail wc seq true false test tr env date uname poweroff mknod nc cut sha256sum dd hexdump timeout setsid killall base64; do
     ln -sf busybox "$root/bin/$a"
 done
 cp "$here/init" "$root/init"
