@@ -12,7 +12,7 @@ dropin="${CARGO_TARGET_DIR:-$repo/target}/dropin"
 [ -e "$dropin/libibverbs.so.1" ] || "$repo/scripts/build-dropin.sh" >/dev/null
 ns="urxe-bench-$$"
 out="$(mktemp -d)"
-cleanup() { for p in $(jobs -p); do kill "$p" 2>/dev/null || true; done; ip netns del "$ns" 2>/dev/null || true; }
+cleanup() { for p in $(jobs -p); do kill "$p" 2>/dev/null || true; done; ip netns del "$ns" 2>/dev/null || true; rm -rf "$out"; }
 trap cleanup EXIT
 ip netns add "$ns"
 nx() { ip netns exec "$ns" "$@"; }
