@@ -7,7 +7,17 @@
 //! through the drop-in libibverbs/librdmacm (uroce, with no setting: the
 //! hashed IPv4 IDs of rxe are learned, `proto::rx_ids`). Each case runs
 //! both ways: kernel rxe server with a uroce client, and the reverse. A
-//! failed case keeps uroce's packet capture (target/rxe-vm/pcap/).
+//! failed case runs once more and keeps uroce's packet capture
+//! (target/rxe-vm/pcap/).
+//!
+//! The matrix: ibv_rc/uc/srq/ud_pingpong (4 KiB, 64 KiB), perftest
+//! write/read/send bw at 64 B, 64 KiB and 1 MiB, atomic bw, UD send bw,
+//! write/read/send lat, write/read/atomic bw over rdma_cm (-R), ucmatose,
+//! udaddy, rstream (-T v), rping -V, and path MTU 4096 (the tap and eth0 at
+//! 4200). Known failures, said as SKIP-PART lines: -R, udaddy and rstream
+//! with a kernel rxe server and a uroce client. Not covered yet: IPv6 GIDs
+//! (rxe answered none of uroce's IPv6 packets), memory windows, ATOMIC
+//! WRITE, non-blocking rstream. `UROCE_RXE_CASES=a,b` runs only those cases.
 //!
 //! Skipped (with the reason) only where qemu or /dev/net/tun is missing,
 //! or network namespaces cannot be made.
@@ -526,6 +536,19 @@ fn matrix() -> Vec<Case> {
         c.known_rxe_server = Some("perftest -R with a kernel rxe server and a uroce client fails (issue 26 §2, open)");
         m.push(c);
     }
+    m.push(Case::new("ucmatose", "ucmatose", "-b {own} -c 2 -C 10", "-s {peer} -b {own} -c 2 -C 10"));
+    // udaddy and rstream (uroce's rsockets against rdma-core's, data
+    // verified) pass with a uroce server; with a kernel rxe server the
+    // uroce client fails (udaddy: UNREACHABLE; rstream: rpoll EAGAIN), not
+    // yet understood: that way round is a listed part skip.
+    let open = "fails with a kernel rxe server and a uroce client (issue 26, open)";
+    let mut c = Case::new("udaddy", "udaddy", "-b {own} -c 2 -C 10", "-s {peer} -b {own} -c 2 -C 10");
+    c.known_rxe_server = Some(open);
+    m.push(c);
+    let mut c =
+        Case::new("rstream", "rstream", "-b {own} -T v -S 4096 -C 100", "-s {peer} -b {own} -T v -S 4096 -C 100");
+    c.known_rxe_server = Some(open);
+    m.push(c);
     m.push(Case::new("rping", "rping", "-s -a {own} -C 100 -S 4096 -V", "-c -a {peer} -C 100 -S 4096 -V"));
     m
 }
@@ -556,7 +579,10 @@ fn kernel_rxe_matrix_both_ways() {
     // rxe lists the IPv6 address too (a GID the IPv6 cases will use).
     vm.gid_index(GUEST6.parse().unwrap());
     let mut failed = Vec::new();
-    let cases = matrix();
+    // UROCE_RXE_CASES=name,name…: only those cases (while debugging one).
+    let only = std::env::var("UROCE_RXE_CASES").ok();
+    let cases: Vec<Case> =
+        matrix().into_iter().filter(|c| only.as_deref().is_none_or(|o| o.split(',').any(|n| n == c.name))).collect();
     {
         let mut s =
             Sides { net: &net, vm: &mut vm, dropin: dropin.clone(), pcaps: pcaps.clone(), v6: false, guest_gid: g4 };
