@@ -280,6 +280,11 @@ fn help(name: &str) -> &'static str {
         "rx_inline_bytes" => "message bytes of receives completed inline",
         "copies_deferred" => "copies that might block (peer memory, ODP faults) run by copy workers outside the engine",
         "rx_drop_busy" => "received packets dropped: too many waited behind their QP's copy job",
+        "rx_icrc_solved_id" => {
+            "IPv4 packets accepted with an IP ID solved from the ICRC (peers that send hashed IDs, rxe)"
+        }
+        "rx_icrc_peers_learned" => "peers learned to send hashed IPv4 IDs (Linux rxe)",
+        "rx_icrc_solved_refused" => "IPv4 packets whose ID solved but whose sender uses uroce's IDs: dropped",
         n if n.starts_with("rx_drop_") => "received packets dropped, by reason",
         n if n.starts_with("page_") => "on-demand paging counters (mlx5 meanings)",
         _ => "uroce transport counter",
