@@ -138,6 +138,34 @@ fn ipv4_ud_receive_has_the_ip_header_in_the_last_20_bytes_and_sl_0xa() {
     assert_eq!(b.e.stats().rx_icrc_gso_id, 1);
 }
 
+/// A sender whose IPv4 IDs are hashed (Linux rxe: its ICRC covers an ID
+/// that counts up from a hash, which a UDP receiver cannot see) is learned
+/// from its first packet with no setting (issue 26): each packet arrives,
+/// and the GRH area shows the ID the ICRC was solved for.
+#[test]
+fn a_sender_with_hashed_ipv4_ids_is_learned_with_no_setting() {
+    let mem = Arc::new(Memory::new());
+    let now = Instant::now();
+    let (src, dst): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+    let (mut a, mut b) = (ud_end(src, &mem, now), ud_end(dst, &mem, now));
+    assert!(!b.e.config().ipv4_any_id);
+    let msg: Vec<u8> = (0..64u8).collect();
+    // Counting up, a jump (other traffic shared the counter), and an ID
+    // that is also a uroce sender's.
+    let ids = [0xBE10u16, 0xBE11, 0xBE12, 0xC3A7, 0xC3A8, 0x0007];
+    for &id in &ids {
+        let mut rx = vec![FILL; 40 + 64];
+        let wc = send_one(&mut a, &mut b, &msg, &mut rx, 40, id, now);
+        assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 104), "ID {id:#x}");
+        assert_eq!(rx[24..26], id.to_be_bytes(), "the solved ID in the IPv4 header");
+        assert_eq!(rx[40..], msg[..]);
+    }
+    let st = b.e.stats();
+    assert_eq!(st.rx_icrc_peers_learned, 1, "{st:?}");
+    assert_eq!(st.rx_icrc_solved_id, ids.len() as u64, "{st:?}");
+    assert_eq!((st.rx_drop_icrc, st.rx_icrc_solved_refused), (0, 0));
+}
+
 #[test]
 fn ipv6_ud_receive_has_the_ipv6_header_and_sl_0x9() {
     let mem = Arc::new(Memory::new());

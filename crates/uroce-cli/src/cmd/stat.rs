@@ -297,6 +297,11 @@ fn help(name: &str) -> &'static str {
         "fault_rnr_naks" => "RNR NAKs answering requests that met an ODP page fault (as mlx5)",
         "timeouts_behind_copies" => "retransmission timeouts not counted: the QP waited for its own copy job",
         "rx_drop_busy" => "received packets dropped: too many waited behind their QP's copy job",
+        "rx_icrc_solved_id" => {
+            "IPv4 packets accepted with an IP ID solved from the ICRC (peers that send hashed IDs, rxe)"
+        }
+        "rx_icrc_peers_learned" => "peers learned to send hashed IPv4 IDs (Linux rxe)",
+        "rx_icrc_solved_refused" => "IPv4 packets whose ID solved but whose sender uses uroce's IDs: dropped",
         n if n.starts_with("rx_drop_") => "received packets dropped, by reason",
         n if n.starts_with("page_") => "on-demand paging counters (mlx5 meanings)",
         _ => "uroce transport counter",

@@ -22,7 +22,7 @@ use crate::mem::Memory;
 use crate::proto::qp::QpInit;
 use crate::proto::srq::SharedRecvQueue;
 use crate::proto::{
-    check_datagram, dest_qpn, first_qpn, qpn_after, AfterSend, CopyJob, Engine, EngineConfig, Event, QpSummary, Received, Stats,
+    check_datagram, dest_qpn, first_qpn, qpn_after, AfterSend, CopyJob, Engine, EngineConfig, Event, QpSummary, Received, RxIds, Stats,
     Transmit,
 };
 use crate::wire::IpInfo;
@@ -69,9 +69,8 @@ struct RxState {
     bufs: Vec<Box<dyn RxBuffer>>,
     /// A pass's datagrams by shard: (shard, index), sorted stably.
     order: Vec<(u16, u32)>,
-    /// The IPv4 ID the next datagram likely carries (see
-    /// [`check_datagram`]).
-    next_ipv4_id: u16,
+    /// IPv4 IDs of received datagrams, per peer (see [`check_datagram`]).
+    rx_ids: RxIds,
 }
 
 pub struct Runtime {
@@ -158,7 +157,7 @@ impl Runtime {
             rx: Mutex::new(RxState {
                 bufs: media.iter().map(|m| m.rx_buffer()).collect(),
                 order: Vec::new(),
-                next_ipv4_id: 1,
+                rx_ids: RxIds::new(),
             }),
             local,
             media: media.into_boxed_slice(),
@@ -523,7 +522,7 @@ impl Runtime {
     /// Events go to `events`, for the caller to deliver once it released
     /// `rx`.
     fn receive(&self, rx: &mut RxState, now: Instant, app_active: bool, events: &mut Vec<Event>) -> bool {
-        let RxState { bufs, order, next_ipv4_id } = rx;
+        let RxState { bufs, order, rx_ids } = rx;
         // In order: a medium that reads by system call may skip a read
         // while one before it delivers (see `io::udp`).
         let mut active = false;
@@ -541,7 +540,8 @@ impl Runtime {
                 let mut ip =
                     IpInfo { src: from.ip(), dst: local.ip(), sport: from.port(), dport: local.port(), ipv4_id: 0 };
                 // The pcap needs the real ID for the ICRC to check out.
-                ip.ipv4_id = crate::wire::icrc::find_ipv4_id(&ip, data, 0).unwrap_or(0);
+                use crate::wire::icrc;
+                ip.ipv4_id = icrc::find_ipv4_id(&ip, data, 0).or_else(|| icrc::solve_ipv4_id(&ip, data)).unwrap_or(0);
                 c.record(&ip, data);
             }
         }
@@ -570,14 +570,14 @@ impl Runtime {
                 return n > 0;
             }
             let items: Vec<(SocketAddr, &[u8])> = owned.iter().map(|(from, d)| (*from, &d[..])).collect();
-            self.deliver(now, &items, order, next_ipv4_id, app_active, events);
+            self.deliver(now, &items, order, rx_ids, app_active, events);
             return true;
         }
         if n == 0 && !due {
             return false;
         }
         let items: SmallVec<[(SocketAddr, &[u8]); 8]> = all().collect();
-        self.deliver(now, &items, order, next_ipv4_id, app_active, events);
+        self.deliver(now, &items, order, rx_ids, app_active, events);
         n > 0
     }
 
@@ -593,7 +593,7 @@ impl Runtime {
         now: Instant,
         items: &[(SocketAddr, &[u8])],
         order: &mut Vec<(u16, u32)>,
-        next_ipv4_id: &mut u16,
+        rx_ids: &mut RxIds,
         app_active: bool,
         events: &mut Vec<Event>,
     ) {
@@ -608,7 +608,7 @@ impl Runtime {
                 .iter()
                 .map(|&(_, k)| {
                     let (from, data) = items[k as usize];
-                    check_datagram(&self.cfg, from, local, data, next_ipv4_id)
+                    check_datagram(&self.cfg, from, local, data, rx_ids)
                 })
                 .collect();
             self.run(usize::from(group[0].0), events, |e, now| {

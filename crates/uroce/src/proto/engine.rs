@@ -23,9 +23,10 @@ use super::srq::SharedRecvQueue;
 use super::wr::{QpAttr, RecvWr, SendWr};
 use super::copy::{CopyJob, Copies, Parked, MAX_PARKED};
 use super::MemoryAccess;
+use super::rx_ids::{IcrcCheck, RxIds};
 use super::{AfterSend, Ctx, Event, Stats, Transmit};
 use crate::ib::{Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result};
-use crate::wire::{self, icrc, IpInfo, OpFlags, Packet, Transport};
+use crate::wire::{self, IpInfo, OpFlags, Packet, Transport};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 use std::cmp::Reverse;
@@ -49,9 +50,12 @@ pub struct EngineConfig {
     pub mtu: Mtu,
     /// The GID table.
     pub gids: Vec<Gid>,
-    /// IPv4: accept a packet whose ICRC only verifies with some other IP
-    /// Identification than 0 (a peer such as Linux rxe, whose IDs a UDP
-    /// socket cannot see). Leaves 16 of the ICRC's 32 bits as a check.
+    /// IPv4: accept a packet whose ICRC only verifies with an IP
+    /// Identification solved from it from any peer, even one known to send
+    /// a uroce sender's IDs. Without it such a peer (Linux rxe, whose
+    /// hashed IDs a UDP socket cannot see) is learned on its first packet
+    /// (`proto::rx_ids`). A solved ID leaves 16 of the ICRC's 32 bits as a
+    /// check.
     pub ipv4_any_id: bool,
     /// Send payloads of pinned host memory in place: the packet's headers
     /// and ICRC are built, and the kernel gathers the payload straight from
@@ -156,7 +160,8 @@ pub struct Engine {
     app_active: bool,
     /// The IPv4 ID the next packet likely carries (one more than the last
     /// one's: a GSO send's segments arrive in order), tried first.
-    next_ipv4_id: u16,
+    /// IPv4 IDs of received packets, per peer ([`check_datagram`]).
+    rx_ids: RxIds,
     /// Copy jobs for the runtime to run ([`Engine::poll_copy`]).
     copies: VecDeque<Box<CopyJob>>,
     /// The last input asked for a copy job (read after a dispatch).
@@ -182,20 +187,6 @@ impl QpSlot {
         let copies = Copies::new(qp.qpn, defer);
         QpSlot { qp, stats: Stats::default(), copies }
     }
-}
-
-/// How a received datagram's ICRC checked out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IcrcCheck {
-    /// With IP ID 0 (IPv6, or an IPv4 packet sent alone).
-    Zero,
-    /// With the ID of its place in a sender's GSO send.
-    GsoId,
-    /// With an ID solved for ([`EngineConfig::ipv4_any_id`]).
-    Solved,
-    /// With no ID tried: the packet is dropped (by the QP's engine, which
-    /// counts it).
-    Bad,
 }
 
 /// What became of a received packet whose QP took it.
@@ -234,49 +225,26 @@ pub fn dest_qpn(data: &[u8]) -> Option<u32> {
 }
 
 /// Parses a received datagram and checks its ICRC, with nothing but the
-/// device's configuration: the expensive part of reception, run before
-/// any engine is locked. For IPv4, the ICRC is checked with the IP
-/// Identifications a uroce sender uses (segment k of a GSO send has ID k:
-/// see `wire::icrc::find_ipv4_id`; `next_id` is the ID tried first, one
-/// more than the last packet's, updated here), and with any ID when
-/// [`EngineConfig::ipv4_any_id`] says so. Packets for QP 0 (which the
-/// engine drops unseen) skip the ICRC.
+/// device's configuration and the receiver's IPv4 ID state: the expensive
+/// part of reception, run before any engine is locked. For IPv4, the ICRC
+/// is checked with the IP Identifications a uroce sender uses (segment k
+/// of a GSO send has ID k: see `wire::icrc::find_ipv4_id`), or with an ID
+/// solved from it for a peer that sends hashed IDs (Linux rxe), learned per
+/// peer ([`RxIds`]), or for any peer when [`EngineConfig::ipv4_any_id`]
+/// says so. Packets for QP 0 (which the engine drops unseen) skip the ICRC.
 pub fn check_datagram<'a>(
     cfg: &EngineConfig,
     src: SocketAddr,
     dst: IpAddr,
     data: &'a [u8],
-    next_id: &mut u16,
+    ids: &mut RxIds,
 ) -> Received<'a> {
     let mut ip = IpInfo { src: src.ip(), dst, sport: src.port(), dport: cfg.port, ipv4_id: 0 };
     let pkt = Packet::parse(data).ok();
     let icrc = match &pkt {
         None => IcrcCheck::Bad,
         Some(p) if p.headers.bth.dest_qp == 0 => IcrcCheck::Bad,
-        Some(_) => match icrc::find_ipv4_id(&ip, data, *next_id) {
-            Some(0) => {
-                *next_id = 1;
-                IcrcCheck::Zero
-            }
-            Some(id) => {
-                *next_id = id.wrapping_add(1);
-                ip.ipv4_id = id;
-                IcrcCheck::GsoId
-            }
-            None => {
-                let solved = match (cfg.ipv4_any_id, ip.src) {
-                    (true, IpAddr::V4(_)) => icrc::solve_ipv4_id(&ip, data),
-                    _ => None,
-                };
-                match solved {
-                    Some(id) => {
-                        ip.ipv4_id = id;
-                        IcrcCheck::Solved
-                    }
-                    None => IcrcCheck::Bad,
-                }
-            }
-        },
+        Some(_) => ids.check(cfg.ipv4_any_id, &mut ip, data),
     };
     Received { src, data, pkt, ip, icrc }
 }
@@ -311,7 +279,7 @@ impl Engine {
             gsi_out: VecDeque::new(),
             gsi_psn: 0,
             app_active: false,
-            next_ipv4_id: 1,
+            rx_ids: RxIds::new(),
             copies: VecDeque::new(),
             asked: false,
             nakked: false,
@@ -665,7 +633,7 @@ impl Engine {
     /// local address it was sent to. [`check_datagram`] then
     /// [`Engine::handle_received`].
     pub fn handle_datagram(&mut self, now: Instant, src: SocketAddr, dst: IpAddr, data: &[u8]) {
-        let r = check_datagram(&self.cfg, src, dst, data, &mut self.next_ipv4_id);
+        let r = check_datagram(&self.cfg, src, dst, data, &mut self.rx_ids);
         self.handle_received(now, &r);
     }
 
@@ -694,7 +662,7 @@ impl Engine {
             None
         } else {
             self.with_qp(now, bth.dest_qp, |qp, ctx| {
-                if icrc == IcrcCheck::Bad {
+                if icrc.is_bad() {
                     return Err(RxDrop::Icrc);
                 }
                 let flags = bth.opcode.info().map_or(OpFlags::empty(), |i| i.flags);
@@ -746,7 +714,7 @@ impl Engine {
                 // was destroyed: routine at teardown (counted, not a warning).
                 tracing::debug!(%src, qpn = bth.dest_qp, "dropped a response for a QP that no longer exists");
             } else if bth.dest_qp == crate::cm::GSI_QPN {
-                self.answer_without_cm(src, pkt, icrc != IcrcCheck::Bad);
+                self.answer_without_cm(src, pkt, !icrc.is_bad());
             } else {
                 self.log_drop(now, src, "no such QP");
             }
@@ -755,6 +723,11 @@ impl Engine {
         match icrc {
             IcrcCheck::GsoId => self.stats.rx_icrc_gso_id += 1,
             IcrcCheck::Solved => self.stats.rx_icrc_solved_id += 1,
+            IcrcCheck::Learned => {
+                self.stats.rx_icrc_solved_id += 1;
+                self.stats.rx_icrc_peers_learned += 1;
+            }
+            IcrcCheck::Refused => self.stats.rx_icrc_solved_refused += 1,
             IcrcCheck::Zero | IcrcCheck::Bad => {}
         }
         match verdict {

@@ -31,16 +31,18 @@ pub mod psn;
 pub mod qp;
 pub mod requester;
 pub mod responder;
+pub mod rx_ids;
 pub mod srq;
 mod stats;
 pub mod wr;
 
 pub use ack::{ack_hold_limit, ACK_HOLD_CAP, ACK_HOLD_FRACTION};
 pub use engine::{
-    check_datagram, dest_qpn, first_qpn, qpn_after, Engine, EngineConfig, IcrcCheck, QpSummary, Received, XrcSrqs,
+    check_datagram, dest_qpn, first_qpn, qpn_after, Engine, EngineConfig, QpSummary, Received, XrcSrqs,
 };
 pub use copy::CopyJob;
 pub use memory::{MemoryAccess, PayloadHold};
+pub use rx_ids::{IcrcCheck, RxIds};
 pub use stats::Stats;
 
 use crate::ib::AsyncEventType;

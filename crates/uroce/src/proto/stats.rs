@@ -52,8 +52,14 @@ counters! {
         /// of 1..=63: segment k > 0 of a peer's UDP GSO send.
         rx_icrc_gso_id,
         /// Accepted IPv4 packets whose Identification was solved from the
-        /// ICRC (`ipv4_any_id`: a peer such as rxe, whose IDs are hashed).
+        /// ICRC: from a peer learned to send hashed IDs (Linux rxe), or any
+        /// peer with `ipv4_any_id`.
         rx_icrc_solved_id,
+        /// Peers learned to send hashed IPv4 IDs (`proto::rx_ids`).
+        rx_icrc_peers_learned,
+        /// Packets whose ID solved but whose sender is known to use a
+        /// uroce sender's IDs: dropped (and counted in `rx_drop_icrc`).
+        rx_icrc_solved_refused,
         /// No such destination QP.
         rx_drop_no_qp,
         /// Wrong transport for the QP, or the QP's state does not accept it.

@@ -10,7 +10,7 @@
 //! | `UROCE_MTU` | active MTU in bytes: 256, 512, 1024, 2048 or 4096 | from the interface MTU − 80 (rxe's rule) |
 //! | `UROCE_CAPTURE` | write a pcap of every packet to this file (`%p` = pid; created 0600, never through a link; an existing file is replaced only if it is a regular file of this user) | off |
 //! | `UROCE_BUSY_POLL` | boolean: spin instead of sleeping | 0 |
-//! | `UROCE_IPV4_ANY_ID` | boolean: accept IPv4 ICRCs with any IP ID (Linux rxe peers) | 0 |
+//! | `UROCE_IPV4_ANY_ID` | boolean: accept IPv4 ICRCs with any IP ID from every peer (without it, hashed-ID peers such as Linux rxe are learned) | 0 |
 //! | `UROCE_SEND_IN_PLACE` | boolean: payloads leave straight from registered memory | 1 |
 //! | `UROCE_SCATTER_TO_CQE` | boolean: inline receive | 1 |
 //! | `MLX5_SCATTER_TO_CQE` | as mlx5: only `0` turns inline receive off, any other value is ignored (`UROCE_SCATTER_TO_CQE` wins) | unset |

@@ -281,35 +281,32 @@ pub fn find_ipv4_id(ip: &IpInfo, udp_payload: &[u8], hint: u16) -> Option<u16> {
 
 /// For an IPv4 receiver that cannot see the Identification: the ID that
 /// makes the ICRC match, if one does. The CRC is affine over GF(2) in the 16
-/// ID bits, so 17 CRC evaluations give the system and elimination solves it;
-/// 16 of the 32 ICRC bits determine the ID and the other 16 remain a check
-/// (a random corruption passes with probability 2^-16). Slow path: it costs
-/// 17 CRCs of the packet.
+/// ID bits, so one CRC of the packet (for ID 0) and the per-length columns
+/// give the system and elimination solves it; 16 of the 32 ICRC bits
+/// determine the ID and the other 16 remain a check (a random corruption
+/// passes with probability 2^-16).
 pub fn solve_ipv4_id(ip: &IpInfo, udp_payload: &[u8]) -> Option<u16> {
     let n = udp_payload.len();
     if n < 16 || !ip.src.is_ipv4() {
         return None;
     }
     let want = u32::from_le_bytes(udp_payload[n - 4..].try_into().ok()?);
-    let crc_with = |id: u16| u32::from_le_bytes(compute(&IpInfo { ipv4_id: id, ..*ip }, &udp_payload[..n - 4]));
-    let base = crc_with(0);
-    let target = want ^ base;
-    // Columns: effect of each ID bit on the 32 CRC bits.
-    let cols: Vec<u32> = (0..16).map(|i| crc_with(1 << i) ^ base).collect();
-    // Gaussian elimination over GF(2): rows are CRC bits, unknowns ID bits.
-    let mut rows: Vec<(u32, bool)> = (0..32)
-        .map(|r| {
-            let mut m = 0u32;
-            for (i, c) in cols.iter().enumerate() {
-                if c >> r & 1 == 1 {
-                    m |= 1 << i;
-                }
-            }
-            (m, target >> r & 1 == 1)
-        })
-        .collect();
+    let base = u32::from_le_bytes(compute(&IpInfo { ipv4_id: 0, ..*ip }, &udp_payload[..n - 4]));
+    let cols = ipv4_id_columns(n);
+    let id = solve_columns(&cols, want ^ base)?;
+    (base ^ delta(&cols, id) == want).then_some(id)
+}
+
+/// The ID whose columns XOR to `target`, if one does (Gaussian elimination
+/// over GF(2): rows are CRC bits, unknowns ID bits).
+fn solve_columns(cols: &[u32; 16], target: u32) -> Option<u16> {
+    let mut rows: [(u32, bool); 32] = std::array::from_fn(|r| {
+        let m = (0..16).filter(|&i| cols[i] >> r & 1 == 1).fold(0u32, |m, i| m | 1 << i);
+        (m, target >> r & 1 == 1)
+    });
     let mut pivot_row = 0;
-    let mut pivots = Vec::new();
+    let mut pivots = [(0u32, 0usize); 16];
+    let mut npiv = 0;
     for bit in 0..16 {
         let Some(p) = (pivot_row..32).find(|&r| rows[r].0 >> bit & 1 == 1) else { continue };
         rows.swap(pivot_row, p);
@@ -320,19 +317,36 @@ pub fn solve_ipv4_id(ip: &IpInfo, udp_payload: &[u8]) -> Option<u16> {
                 row.1 ^= pv;
             }
         }
-        pivots.push((bit, pivot_row));
+        pivots[npiv] = (bit, pivot_row);
+        npiv += 1;
         pivot_row += 1;
     }
     if rows[pivot_row..].iter().any(|&(m, v)| m == 0 && v) {
         return None; // inconsistent: corrupted
     }
     let mut id = 0u16;
-    for (bit, r) in pivots {
+    for &(bit, r) in &pivots[..npiv] {
         if rows[r].1 {
             id |= 1 << bit;
         }
     }
-    (crc_with(id) == want).then_some(id)
+    Some(id)
+}
+
+/// The ID in `after + 1 ..= after + tries` (wrapping) that makes the ICRC of
+/// an IPv4 packet match, if one does: a peer whose IDs count up (Linux
+/// sends a flow's packets with consecutive IDs from a hashed start) is
+/// checked with one CRC and a few XORs instead of a solve. The check keeps
+/// 32 - log2(tries) bits.
+pub fn find_ipv4_id_after(ip: &IpInfo, udp_payload: &[u8], after: u16, tries: u16) -> Option<u16> {
+    let n = udp_payload.len();
+    if n < 16 || !ip.src.is_ipv4() {
+        return None;
+    }
+    let want = u32::from_le_bytes(udp_payload[n - 4..].try_into().ok()?);
+    let base = u32::from_le_bytes(compute(&IpInfo { ipv4_id: 0, ..*ip }, &udp_payload[..n - 4]));
+    let cols = ipv4_id_columns(n);
+    (1..=tries).map(|k| after.wrapping_add(k)).find(|&id| base ^ delta(&cols, id) == want)
 }
 
 #[cfg(test)]

@@ -1,0 +1,621 @@
+//! Live interoperability with Linux's kernel rxe (issue 26): Debian's
+//! kernel and an initramfs of Debian's rdma-core, perftest and rdmacm-utils
+//! (scripts/rxe-vm/build.sh) boot in qemu (TCG, one vCPU, an e1000 NIC on a
+//! tap device in a network namespace this test creates: a private link
+//! between the namespace and the VM, nothing routed anywhere else). The VM
+//! adds `rxe0` on its NIC; the same unmodified programs run on the host
+//! through the drop-in libibverbs/librdmacm (uroce, with no setting: the
+//! hashed IPv4 IDs of rxe are learned, `proto::rx_ids`). Each case runs
+//! both ways: kernel rxe server with a uroce client, and the reverse. A
+//! failed case runs once more and keeps uroce's packet capture
+//! (target/rxe-vm/pcap/).
+//!
+//! The matrix: ibv_rc/uc/srq/ud_pingpong (4 KiB, 64 KiB), perftest
+//! write/read/send bw at 64 B, 64 KiB and 1 MiB, atomic bw, UD send bw,
+//! write/read/send lat, write/read/atomic bw over rdma_cm (-R), ucmatose,
+//! udaddy, rstream (-T v), rping -V, and path MTU 4096 (the tap and eth0 at
+//! 4200). Known failures, said as SKIP-PART lines: -R, udaddy and rstream
+//! with a kernel rxe server and a uroce client. Not covered yet: IPv6 GIDs
+//! (rxe answered none of uroce's IPv6 packets), memory windows, ATOMIC
+//! WRITE, non-blocking rstream. `UROCE_RXE_CASES=a,b` runs only those cases.
+//!
+//! Skipped (with the reason) only where qemu or /dev/net/tun is missing,
+//! or network namespaces cannot be made.
+
+#[path = "../../uroce/tests/skip/mod.rs"]
+#[macro_use]
+mod skip;
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::*;
+
+/// The namespace's end of the tap and the VM (RFC 2544's benchmarking
+/// range: a private link, routed nowhere).
+const HOST: &str = "198.18.0.1";
+const GUEST: &str = "198.18.0.2";
+const HOST6: &str = "fd00:7572:6f63::1";
+const GUEST6: &str = "fd00:7572:6f63::2";
+/// One case, one way.
+const CASE_LIMIT: Duration = Duration::from_secs(150);
+/// A case way round that is a known failure (`Case::known_rxe_server`).
+const KNOWN_LIMIT: Duration = Duration::from_secs(40);
+/// A client that finds no server yet (TCP refused, CM REJ 8) is started
+/// again, this many times at most.
+const CONNECT_TRIES: u32 = 60;
+/// What a client prints when its server does not listen yet.
+const NOT_LISTENING: [&str; 6] = [
+    "couldn't connect",
+    "unable to open file descriptor",
+    "rejected",
+    "connection refused",
+    "failed to connect",
+    // perftest -R: RDMA_CM_EVENT_REJECTED (8) on its first connection.
+    "unexpected cm event bl blka 8",
+];
+
+fn not_listening(out: &str) -> bool {
+    let o = out.to_lowercase();
+    NOT_LISTENING.iter().any(|p| o.contains(p))
+}
+
+/// A network namespace holding the host end of the VM's tap.
+struct Net {
+    ns: String,
+}
+
+impl Net {
+    fn new() -> Option<Net> {
+        let ns = format!("urxe-{}", std::process::id());
+        if !sh(&["ip", "netns", "add", &ns]) {
+            return None;
+        }
+        let net = Net { ns };
+        let ok = net.exec(&["ip", "link", "set", "lo", "up"])
+            && net.exec(&["ip", "tuntap", "add", "dev", "tap0", "mode", "tap"])
+            && net.exec(&["ip", "addr", "add", &format!("{HOST}/24"), "dev", "tap0"])
+            && net.exec(&["ip", "-6", "addr", "add", &format!("{HOST6}/64"), "dev", "tap0", "nodad"])
+            && net.exec(&["ip", "link", "set", "tap0", "up"]);
+        ok.then_some(net)
+    }
+
+    fn exec(&self, args: &[&str]) -> bool {
+        let mut v = vec!["ip", "netns", "exec", &self.ns];
+        v.extend_from_slice(args);
+        sh(&v)
+    }
+
+    fn command(&self, prog: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns, prog]);
+        c
+    }
+
+    fn set_mtu(&self, mtu: u32) {
+        assert!(self.exec(&["ip", "link", "set", "tap0", "mtu", &mtu.to_string()]), "tap MTU {mtu}");
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        sh(&["ip", "netns", "del", &self.ns]);
+    }
+}
+
+fn sh(args: &[&str]) -> bool {
+    Command::new(args[0])
+        .args(&args[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The VM, its serial console a shell that takes commands.
+struct Vm {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    console: Arc<Mutex<String>>,
+    seq: u32,
+}
+
+impl Vm {
+    fn boot(net: &Net, dir: &Path) -> Vm {
+        let kvm = std::fs::read_to_string("/proc/modules")
+            .is_ok_and(|m| m.lines().any(|l| l.starts_with("kvm_intel ") || l.starts_with("kvm_amd ")));
+        // /dev/kvm here may be kvm_pvm, under which Debian's kernel hangs
+        // early: TCG unless Intel/AMD KVM is loaded.
+        let accel: &[&str] = if kvm { &["-accel", "kvm", "-cpu", "host"] } else { &["-accel", "tcg", "-cpu", "max"] };
+        let mut c = net.command("qemu-system-x86_64");
+        c.args(accel)
+            .args(["-smp", "1", "-m", "768", "-nographic", "-no-reboot", "-kernel"])
+            .arg(dir.join("vmlinuz"))
+            .arg("-initrd")
+            .arg(dir.join("initrd.cpio.gz"))
+            .arg("-append")
+            .arg(format!("console=ttyS0 quiet panic=-1 uroce.addr={GUEST}/24 uroce.addr6={GUEST6}/64 uroce.mtu=1500"))
+            .args(["-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no", "-device", "e1000,netdev=n0"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().expect("start qemu-system-x86_64");
+        let stdin = child.stdin.take().unwrap();
+        let (tx, lines) = channel();
+        let console = Arc::new(Mutex::new(String::new()));
+        for r in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let (tx, console) = (tx.clone(), console.clone());
+            std::thread::spawn(move || {
+                for l in BufReader::new(r).split(b'\n').map_while(|l| l.ok()) {
+                    let l = String::from_utf8_lossy(&l).trim_end_matches('\r').to_string();
+                    let mut c = console.lock().unwrap();
+                    c.push_str(&l);
+                    c.push('\n');
+                    drop(c);
+                    if tx.send(l).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        let mut vm = Vm { child, stdin, lines, console, seq: 0 };
+        let t = Instant::now();
+        vm.read_until(|l| l.contains("UROCE-VM-READY"), Duration::from_secs(180), "boot");
+        eprintln!("kernel_rxe: VM up in {:.1} s ({})", t.elapsed().as_secs_f64(), if kvm { "KVM" } else { "TCG" });
+        vm
+    }
+
+    fn read_until(&mut self, mut done: impl FnMut(&str) -> bool, limit: Duration, what: &str) -> Vec<String> {
+        let t = Instant::now();
+        let mut got = Vec::new();
+        loop {
+            let left = limit.saturating_sub(t.elapsed());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    if done(&l) {
+                        return got;
+                    }
+                    got.push(l);
+                }
+                Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
+                    panic!("VM: {what}: nothing in {limit:?}; console:\n{}", self.console_tail())
+                }
+            }
+        }
+    }
+
+    fn console_tail(&self) -> String {
+        let c = self.console.lock().unwrap();
+        let lines: Vec<&str> = c.lines().collect();
+        lines[lines.len().saturating_sub(60)..].join("\n")
+    }
+
+    /// Runs a shell command in the VM (in a subshell, its input none);
+    /// its exit status and output.
+    fn sh(&mut self, cmd: &str, limit: Duration) -> (i32, String) {
+        self.sh_raw(&format!("( {cmd} ) </dev/null 2>&1"), limit)
+    }
+
+    /// Runs a command in the VM's shell itself (a definition stays).
+    fn sh_raw(&mut self, cmd: &str, limit: Duration) -> (i32, String) {
+        self.seq += 1;
+        let end = format!("__UROCE_END_{}", self.seq);
+        writeln!(self.stdin, "{cmd}; echo {end} $?").unwrap();
+        self.stdin.flush().unwrap();
+        let mut rc = -1;
+        let out = self.read_until(
+            |l| match l.strip_prefix(&end) {
+                Some(r) => {
+                    rc = r.trim().parse().unwrap_or(-1);
+                    true
+                }
+                None => false,
+            },
+            limit,
+            cmd,
+        );
+        (rc, out.join("\n"))
+    }
+
+    fn ok(&mut self, cmd: &str) -> String {
+        let (rc, out) = self.sh(cmd, Duration::from_secs(60));
+        assert_eq!(rc, 0, "VM: {cmd}: {out}");
+        out
+    }
+
+    /// Starts a command in the VM's background.
+    fn bg(&mut self, name: &str, cmd: &str) {
+        self.ok(&format!(
+            "rm -f /tmp/{name}.rc; ( ( {cmd} ) </dev/null >/tmp/{name}.out 2>&1; echo $? >/tmp/{name}.rc ) &"
+        ));
+    }
+
+    /// Waits for a background command; its success and output.
+    fn wait_bg(&mut self, name: &str, limit: Duration) -> (bool, String) {
+        let t = Instant::now();
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let (_, rc) = self.sh(&format!("cat /tmp/{name}.rc 2>/dev/null"), Duration::from_secs(30));
+            if let Ok(rc) = rc.trim().parse::<i32>() {
+                let (_, out) = self.sh(&format!("cat /tmp/{name}.out"), Duration::from_secs(30));
+                return (rc == 0, out);
+            }
+            if t.elapsed() > limit {
+                self.sh("killall -9 ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat ib_atomic_lat ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong rping ucmatose udaddy rstream 2>/dev/null; sleep 1", Duration::from_secs(30));
+                let (_, out) = self.sh(&format!("cat /tmp/{name}.out"), Duration::from_secs(30));
+                return (false, format!("(timed out after {limit:?})\n{out}"));
+            }
+            std::thread::sleep(delay);
+            delay = (delay * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// The GID index of `addr` on rxe0 (its table's order depends on when
+    /// addresses came).
+    fn gid_index(&mut self, addr: std::net::IpAddr) -> u32 {
+        let v6 = match addr {
+            std::net::IpAddr::V4(a) => a.to_ipv6_mapped(),
+            std::net::IpAddr::V6(a) => a,
+        };
+        let want = v6.segments().iter().map(|w| format!("{w:04x}")).collect::<Vec<_>>().join(":");
+        for _ in 0..50 {
+            let out = self.ok("for i in 0 1 2 3 4 5 6 7; do echo \"G $i $(cat /sys/class/infiniband/rxe0/ports/1/gids/$i 2>/dev/null)\"; done");
+            for l in out.lines() {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                if f.len() == 3 && f[0] == "G" && f[2] == want {
+                    return f[1].parse().unwrap();
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("no GID {want} on rxe0: {}", self.ok("cat /sys/class/infiniband/rxe0/ports/1/gids/*"));
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One case of the matrix: a program, and its arguments for a server and
+/// for a client, templates in which `{gid}` is the running side's own GID
+/// index, `{own}` its address and `{peer}` the server's address.
+struct Case {
+    name: String,
+    prog: &'static str,
+    server: String,
+    client: String,
+    /// A known failure with a kernel rxe server and a uroce client: said
+    /// as a part skip (with the output's start) instead of failing.
+    known_rxe_server: Option<&'static str>,
+}
+
+impl Case {
+    fn new(name: impl Into<String>, prog: &'static str, server: &str, client: &str) -> Case {
+        Case { name: name.into(), prog, server: server.into(), client: client.into(), known_rxe_server: None }
+    }
+
+    fn args(template: &str, gid: u32, own: &str, peer: &str) -> String {
+        template.replace("{gid}", &gid.to_string()).replace("{own}", own).replace("{peer}", peer)
+    }
+}
+
+/// Everything a side needs to run its half.
+struct Sides<'a> {
+    net: &'a Net,
+    vm: &'a mut Vm,
+    dropin: PathBuf,
+    pcaps: PathBuf,
+    /// IPv6 instead of IPv4.
+    v6: bool,
+    guest_gid: u32,
+}
+
+impl Sides<'_> {
+    fn host_addr(&self) -> &'static str {
+        if self.v6 {
+            HOST6
+        } else {
+            HOST
+        }
+    }
+    fn guest_addr(&self) -> &'static str {
+        if self.v6 {
+            GUEST6
+        } else {
+            GUEST
+        }
+    }
+    /// Where a client's out-of-band TCP exchange goes: IPv4 (pingpong and
+    /// perftest servers listen on 0.0.0.0 only), also when the GIDs are IPv6.
+    fn tcp_addr(&self, guest: bool) -> &'static str {
+        if guest {
+            GUEST
+        } else {
+            HOST
+        }
+    }
+
+    fn host_command(&self, args: &str, pcap: &Path) -> Command {
+        let mut c = self.net.command("env");
+        c.env("LD_LIBRARY_PATH", &self.dropin)
+            .env("UROCE_ADDR", self.host_addr())
+            .env("UROCE_CAPTURE", pcap)
+            .env_remove("UROCE_IPV4_ANY_ID")
+            .args(args.split_whitespace())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// A host client, started again while its server is not listening.
+    /// A host client, started again while its server (in the VM's
+    /// background as `srv`) is not listening yet and still running.
+    fn host_client(&mut self, args: &str, pcap: &Path, limit: Duration) -> (bool, String) {
+        let t = Instant::now();
+        for _ in 0..CONNECT_TRIES {
+            let child = self.host_command(args, pcap).spawn().unwrap();
+            let (ok, out) = wait_output(child, args, limit.saturating_sub(t.elapsed()).max(Duration::from_secs(5)));
+            if ok || !not_listening(&out) || t.elapsed() > limit {
+                return (ok, out);
+            }
+            let (_, rc) = self.vm.sh("cat /tmp/srv.rc 2>/dev/null", Duration::from_secs(30));
+            if !rc.trim().is_empty() {
+                return (false, format!("{out}\n(the server ended: it listens no more)"));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        (false, format!("{args}: the server never listened"))
+    }
+
+    /// Runs `case` both ways, and once more when it failed (a VM under
+    /// TCG on a busy machine has lost a burst of jumbo frames: the failure
+    /// and its capture are kept and said); the failures of the second run.
+    fn run_twice(&mut self, case: &Case) -> Vec<String> {
+        let first = self.run(case);
+        if first.is_empty() {
+            return first;
+        }
+        eprintln!("kernel_rxe: {} failed once, running it again:\n{}", case.name, first.join("\n"));
+        let pcaps: Vec<PathBuf> =
+            std::fs::read_dir(&self.pcaps).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+        for p in pcaps.iter().filter(|p| p.to_string_lossy().contains(&format!("/{}-", case.name))) {
+            let _ = std::fs::rename(p, p.with_extension("first-try.pcap"));
+        }
+        self.run(case)
+    }
+
+    /// Runs `case` both ways; the failures.
+    fn run(&mut self, case: &Case) -> Vec<String> {
+        let mut failed = Vec::new();
+        let tag = if self.v6 { "-v6" } else { "" };
+        // Kernel rxe server, uroce client.
+        let t = Instant::now();
+        let pcap = self.pcaps.join(format!("{}{tag}-rxe-server.pcap", case.name));
+        let srv = format!(
+            "timeout {} {} {}",
+            CASE_LIMIT.as_secs(),
+            case.prog,
+            Case::args(&case.server, self.guest_gid, self.guest_addr(), "")
+        );
+        self.vm.bg("srv", &srv);
+        let cargs = format!("{} {}", case.prog, Case::args(&case.client, 0, self.host_addr(), self.tcp_addr(true)));
+        // A known failure hangs as often as it fails: it gets less time.
+        let limit = if case.known_rxe_server.is_some() { KNOWN_LIMIT } else { CASE_LIMIT };
+        let (cok, cout) = self.host_client(&cargs, &pcap, limit);
+        let (sok, sout) = self.vm.wait_bg("srv", if cok { Duration::from_secs(60) } else { Duration::from_secs(5) });
+        if cok && sok {
+            let _ = std::fs::remove_file(&pcap);
+            report(&case.name, tag, "rxe server, uroce client", &cout);
+        } else if let Some(why) = case.known_rxe_server {
+            let head: Vec<&str> = cout.lines().filter(|l| !l.trim().is_empty()).take(3).collect();
+            skip::part(format!("{}{tag}, rxe server / uroce client: {why}: {}", case.name, head.join(" / ")));
+        } else {
+            failed.push(format!(
+                "{}{tag}, rxe server / uroce client (capture {}):\n  uroce client: {cargs}\n{cout}\n  rxe server: {srv}\n{sout}",
+                case.name,
+                pcap.display()
+            ));
+        }
+        let word = match (cok && sok, case.known_rxe_server) {
+            (true, _) => "ok",
+            (false, Some(_)) => "known failure (part skip)",
+            (false, None) => "FAILED",
+        };
+        eprintln!("kernel_rxe: {}{tag} rxe server: {word} in {:.1} s", case.name, t.elapsed().as_secs_f64());
+        // uroce server, kernel rxe client.
+        let t = Instant::now();
+        let pcap = self.pcaps.join(format!("{}{tag}-uroce-server.pcap", case.name));
+        let sargs = format!("{} {}", case.prog, Case::args(&case.server, 0, self.host_addr(), ""));
+        let server = self.host_command(&sargs, &pcap).spawn().unwrap();
+        let cli = format!(
+            "retry timeout {} {} {}",
+            CASE_LIMIT.as_secs(),
+            case.prog,
+            Case::args(&case.client, self.guest_gid, self.guest_addr(), self.tcp_addr(false))
+        );
+        let (rc, cout) = self.vm.sh(&cli, CASE_LIMIT + Duration::from_secs(30));
+        let (sok, sout) =
+            wait_output(server, &sargs, if rc == 0 { Duration::from_secs(60) } else { Duration::from_secs(5) });
+        if rc == 0 && sok {
+            let _ = std::fs::remove_file(&pcap);
+            report(&case.name, tag, "uroce server, rxe client", &cout);
+        } else {
+            failed.push(format!(
+                "{}{tag}, uroce server / rxe client (capture {}):\n  rxe client: {cli}\n{cout}\n  uroce server: {sargs}\n{sout}",
+                case.name,
+                pcap.display()
+            ));
+        }
+        eprintln!(
+            "kernel_rxe: {}{tag} uroce server: {} in {:.1} s",
+            case.name,
+            ok_word(rc == 0 && sok),
+            t.elapsed().as_secs_f64()
+        );
+        failed
+    }
+}
+
+/// Prints perftest's result lines (bytes, iterations, then figures) of a
+/// client's output: the figures docs/benchmarks.md quotes.
+fn report(name: &str, tag: &str, way: &str, out: &str) {
+    for l in out.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() >= 4 && f[0].parse::<u64>().is_ok() && f[1].parse::<u64>().is_ok() {
+            eprintln!("kernel_rxe: result {name}{tag} ({way}): {}", f.join(" "));
+        }
+    }
+}
+
+fn ok_word(ok: bool) -> &'static str {
+    if ok {
+        "ok"
+    } else {
+        "FAILED"
+    }
+}
+
+/// The shell function the VM's clients run under: a client that finds no
+/// server listening yet is started again (bounded).
+const RETRY: &str = r#"retry() { n=0; while :; do "$@" >/tmp/retry.out 2>&1; rc=$?; if [ $rc = 0 ] || [ $n -ge 60 ] || ! grep -qiE "couldn.t connect|unable to open file descriptor|rejected|connection refused|failed to connect|unexpected cm event bl blka 8" /tmp/retry.out; then cat /tmp/retry.out; return $rc; fi; n=$((n+1)); sleep 0.25; done; }"#;
+
+fn matrix() -> Vec<Case> {
+    let mut m = Vec::new();
+    for (name, prog) in
+        [("rc_pingpong", "ibv_rc_pingpong"), ("uc_pingpong", "ibv_uc_pingpong"), ("srq_pingpong", "ibv_srq_pingpong")]
+    {
+        m.push(Case::new(name, prog, "-g {gid} -s 4096 -n 100", "-g {gid} -s 4096 -n 100 {peer}"));
+    }
+    m.push(Case::new(
+        "rc_pingpong_64k",
+        "ibv_rc_pingpong",
+        "-g {gid} -s 65536 -n 20",
+        "-g {gid} -s 65536 -n 20 {peer}",
+    ));
+    m.push(Case::new("ud_pingpong", "ibv_ud_pingpong", "-g {gid} -s 1024 -n 100", "-g {gid} -s 1024 -n 100 {peer}"));
+    // perftest at the issue's sizes; -u 18: rxe under TCG answers a 1 MiB
+    // READ later than the default 67 ms transport timeout.
+    for (prog, tag) in [("ib_write_bw", "write_bw"), ("ib_read_bw", "read_bw"), ("ib_send_bw", "send_bw")] {
+        for (size, n) in [(64, 500), (65536, 50), (1048576, 10)] {
+            let a = format!("-F -x {{gid}} -u 18 -s {size} -n {n}");
+            m.push(Case::new(format!("{tag}_{size}"), prog, &a, &format!("{a} {{peer}}")));
+        }
+    }
+    m.push(Case::new("atomic_bw", "ib_atomic_bw", "-F -x {gid} -u 18 -n 200", "-F -x {gid} -u 18 -n 200 {peer}"));
+    m.push(Case::new(
+        "send_bw_ud",
+        "ib_send_bw",
+        "-F -x {gid} -c UD -s 1024 -n 200",
+        "-F -x {gid} -c UD -s 1024 -n 200 {peer}",
+    ));
+    for (prog, tag) in [("ib_write_lat", "write_lat"), ("ib_read_lat", "read_lat"), ("ib_send_lat", "send_lat")] {
+        m.push(Case::new(tag, prog, "-F -x {gid} -s 64 -n 200", "-F -x {gid} -s 64 -n 200 {peer}"));
+    }
+    // Connected by rdma_cm (-R). With a kernel rxe server and a uroce
+    // client these fail (issue 26 §2: a REJ 8 on perftest's second
+    // connection, or RETRY_EXC_ERR on its exchange; uroce's CM timing is
+    // issue 31's): that way round is a listed part skip, not a pass.
+    for (prog, tag, args) in [
+        ("ib_write_bw", "write_bw_cm", "-F -R -u 18 -s 65536 -n 20"),
+        ("ib_read_bw", "read_bw_cm", "-F -R -u 18 -s 65536 -n 20"),
+        ("ib_atomic_bw", "atomic_bw_cm", "-F -R -u 18 -n 200"),
+    ] {
+        let mut c = Case::new(tag, prog, args, &format!("{args} {{peer}}"));
+        c.known_rxe_server = Some("perftest -R with a kernel rxe server and a uroce client fails (issue 26 §2, open)");
+        m.push(c);
+    }
+    m.push(Case::new("ucmatose", "ucmatose", "-b {own} -c 2 -C 10", "-s {peer} -b {own} -c 2 -C 10"));
+    // udaddy and rstream (uroce's rsockets against rdma-core's, data
+    // verified) pass with a uroce server; with a kernel rxe server the
+    // uroce client fails (udaddy: UNREACHABLE; rstream: rpoll EAGAIN), not
+    // yet understood: that way round is a listed part skip.
+    let open = "fails with a kernel rxe server and a uroce client (issue 26, open)";
+    let mut c = Case::new("udaddy", "udaddy", "-b {own} -c 2 -C 10", "-s {peer} -b {own} -c 2 -C 10");
+    c.known_rxe_server = Some(open);
+    m.push(c);
+    let mut c =
+        Case::new("rstream", "rstream", "-b {own} -T v -S 4096 -C 100", "-s {peer} -b {own} -T v -S 4096 -C 100");
+    c.known_rxe_server = Some(open);
+    m.push(c);
+    m.push(Case::new("rping", "rping", "-s -a {own} -C 100 -S 4096 -V", "-c -a {peer} -C 100 -S 4096 -V"));
+    m
+}
+
+#[test]
+fn kernel_rxe_matrix_both_ways() {
+    if !Path::new("/dev/net/tun").exists() {
+        skip!("/dev/net/tun is missing (no tap devices here)");
+    }
+    if !have("qemu-system-x86_64") {
+        skip!("qemu-system-x86_64 is not installed (Debian package qemu-system-x86)");
+    }
+    let Some(net) = Net::new() else {
+        skip!("cannot make a network namespace with a tap device (needs root and iproute2)");
+    };
+    let build = Command::new(root().join("scripts/rxe-vm/build.sh")).stderr(Stdio::inherit()).output().unwrap();
+    assert!(build.status.success(), "scripts/rxe-vm/build.sh failed");
+    let dir = PathBuf::from(String::from_utf8_lossy(&build.stdout).lines().last().unwrap_or("").trim());
+    let dropin = dropin_dir();
+    let pcaps = dir.join("pcap");
+    std::fs::create_dir_all(&pcaps).unwrap();
+    let started = Instant::now();
+    let mut vm = Vm::boot(&net, &dir);
+    let (rc, out) = vm.sh_raw(RETRY, Duration::from_secs(30));
+    assert_eq!(rc, 0, "{out}");
+    vm.ok("rdma link show");
+    let g4 = vm.gid_index(GUEST.parse().unwrap());
+    // rxe lists the IPv6 address too (a GID the IPv6 cases will use).
+    vm.gid_index(GUEST6.parse().unwrap());
+    let mut failed = Vec::new();
+    // UROCE_RXE_CASES=name,name…: only those cases (while debugging one).
+    let only = std::env::var("UROCE_RXE_CASES").ok();
+    let cases: Vec<Case> =
+        matrix().into_iter().filter(|c| only.as_deref().is_none_or(|o| o.split(',').any(|n| n == c.name))).collect();
+    {
+        let mut s =
+            Sides { net: &net, vm: &mut vm, dropin: dropin.clone(), pcaps: pcaps.clone(), v6: false, guest_gid: g4 };
+        for case in &cases {
+            failed.extend(s.run_twice(case));
+        }
+    }
+    // IPv6 GIDs: kernel rxe answered none of uroce's IPv6 packets here
+    // (REQ and RC SEND alike; not yet understood), so they are not in the
+    // matrix yet.
+    skip::part("IPv6 GIDs against kernel rxe are not in the matrix (rxe answered none of uroce's IPv6 packets)");
+    // Path MTU 4096: rxe takes its MTU from the netdev.
+    net.set_mtu(4200);
+    vm.ok("/usr/bin/ip link set eth0 mtu 4200");
+    {
+        let mut s = Sides { net: &net, vm: &mut vm, dropin, pcaps, v6: false, guest_gid: g4 };
+        for c in [
+            Case::new(
+                "rc_pingpong_mtu4096",
+                "ibv_rc_pingpong",
+                "-g {gid} -m 4096 -s 65536 -n 20",
+                "-g {gid} -m 4096 -s 65536 -n 20 {peer}",
+            ),
+            Case::new(
+                "write_bw_mtu4096",
+                "ib_write_bw",
+                "-F -x {gid} -u 18 -m 4096 -s 1048576 -n 10",
+                "-F -x {gid} -u 18 -m 4096 -s 1048576 -n 10 {peer}",
+            ),
+        ] {
+            failed.extend(s.run_twice(&c));
+        }
+    }
+    eprintln!("kernel_rxe: whole matrix in {:.0} s", started.elapsed().as_secs_f64());
+    assert!(failed.is_empty(), "{} of the matrix failed:\n{}", failed.len(), failed.join("\n\n"));
+}
