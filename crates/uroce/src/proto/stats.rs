@@ -112,7 +112,7 @@ mod tests {
         let qp = Stats { rx_packets: 4, rx_bytes: 400, tx_packets: 2, naks_sent: 1, ..Default::default() };
         dev.add_qp_share(&qp);
         assert_eq!((dev.rx_packets, dev.rx_bytes, dev.tx_packets, dev.naks_sent), (10, 1000, 5, 1));
-        assert_eq!(Stats::LEN, 30);
+        assert_eq!(Stats::LEN, 32);
         // Inline receives are the QP's: the device's is the sum.
         let inl = Stats { rx_inline_recvs: 2, rx_inline_bytes: 40, ..Default::default() };
         dev.add_qp_share(&inl);
