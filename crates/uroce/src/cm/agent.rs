@@ -149,10 +149,11 @@ struct Listener {
 /// The CM agent of one device.
 pub struct Cm {
     cfg: CmConfig,
+    /// Communication IDs and starting PSNs: random draws from a CSPRNG, so
+    /// that IDs a peer learns from its own connections say nothing about
+    /// another's (`k/cm.c` XORs a cyclic index with one random value; one
+    /// connection narrows its next ID to a few candidates).
     rng: KeyRng,
-    /// Added to the cyclic index: IDs are unique and hard to guess (`k/cm.c`).
-    id_operand: u32,
-    next_index: u32,
     conns: HashMap<u32, Conn>,
     /// (remote comm ID, remote CA GUID) → local comm ID.
     remote_ids: HashMap<(u32, u64), u32>,
@@ -172,14 +173,18 @@ fn inval(what: &'static str) -> Error {
 const ETIMEDOUT: i32 = -libc::ETIMEDOUT;
 
 impl Cm {
+    /// An agent whose IDs and PSNs replay `cfg.seed` (tests, simulations).
     pub fn new(cfg: CmConfig) -> Cm {
-        let mut rng = KeyRng::new(cfg.seed);
-        let id_operand = rng.next_u64() as u32;
+        let rng = KeyRng::new(cfg.seed);
+        Cm::with_rng(cfg, rng)
+    }
+
+    /// An agent drawing its IDs and PSNs from `rng` (a device's: seeded from
+    /// the OS).
+    pub fn with_rng(cfg: CmConfig, rng: KeyRng) -> Cm {
         Cm {
             cfg,
             rng,
-            id_operand,
-            next_index: 0,
             conns: HashMap::new(),
             remote_ids: HashMap::new(),
             remote_sidr: HashMap::new(),
@@ -215,23 +220,34 @@ impl Cm {
     pub fn conn_info(&self, id: ConnId) -> Option<&ConnInfo> {
         self.conns.get(&id.0).filter(|c| !c.destroyed).map(|c| &c.info)
     }
+    /// The state of a record (tests).
+    #[cfg(test)]
+    pub(super) fn state_of(&self, id: ConnId) -> Option<super::conn::State> {
+        self.conns.get(&id.0).map(|c| c.state)
+    }
     /// Number of records (live ids and ids in timewait).
     pub fn records(&self) -> usize {
         self.conns.len()
     }
 
+    /// A random unused nonzero ID. Records are far fewer than 2^32, so a
+    /// draw almost always hits; after 64 misses a scan from the last draw
+    /// (at most `conns.len() + 1` steps) ends it.
     fn alloc_comm_id(&mut self) -> u32 {
-        // At most conns.len() + 1 tries find an unused nonzero ID.
-        loop {
-            self.next_index = self.next_index.wrapping_add(1);
-            let id = self.next_index ^ self.id_operand;
+        let mut id = 0;
+        for _ in 0..64 {
+            id = self.rng.next_u32();
             if id != 0 && !self.conns.contains_key(&id) {
                 return id;
             }
         }
+        while id == 0 || self.conns.contains_key(&id) {
+            id = id.wrapping_add(1);
+        }
+        id
     }
     fn random_psn(&mut self) -> u32 {
-        self.rng.next_u64() as u32 & 0xFF_FFFF
+        self.rng.next_u32() & 0xFF_FFFF
     }
 
     fn send(&mut self, dst: IpAddr, mad: &CmMad) {
@@ -974,17 +990,23 @@ impl Cm {
         true
     }
 
+    /// The record a REJ is for (`k/cm.c` `cm_acquire_rejected_id`): by the
+    /// sender's CA GUID and comm ID for a timeout REJ; by our comm ID while
+    /// we know no remote one yet for a REJ of our REQ; by both comm IDs
+    /// otherwise. A REJ of a REQ cannot reach a connection past REQ_SENT.
+    fn rejected_id(&self, r: &Rej) -> Option<u32> {
+        if r.reason == rej_reason::TIMEOUT {
+            // The kernel reads the GUID whatever the ARI length says.
+            let g: [u8; 8] = r.ari.0.get(..8)?.try_into().ok()?;
+            let id = *self.remote_ids.get(&(r.local_comm_id, u64::from_be_bytes(g)))?;
+            return self.conns.get(&id).filter(|c| c.remote_comm_id == r.local_comm_id).map(|c| c.local_comm_id);
+        }
+        let remote = if r.msg_rejected == MsgRef::Req { 0 } else { r.local_comm_id };
+        self.conns.get(&r.remote_comm_id).filter(|c| c.remote_comm_id == remote).map(|c| c.local_comm_id)
+    }
+
     fn on_rej(&mut self, now: Instant, r: &Rej) -> bool {
-        let id = if r.reason == rej_reason::TIMEOUT && r.ari().len() >= 8 {
-            let mut g = [0u8; 8];
-            g.copy_from_slice(&r.ari()[..8]);
-            self.remote_ids.get(&(r.local_comm_id, u64::from_be_bytes(g))).copied()
-        } else {
-            self.conns
-                .get(&r.remote_comm_id)
-                .filter(|c| r.msg_rejected == MsgRef::Req || c.remote_comm_id == r.local_comm_id)
-                .map(|c| c.local_comm_id)
-        };
+        let id = self.rejected_id(r);
         let Some(id) = id else { return false };
         let Some(state) = self.conns.get(&id).map(|c| c.state) else { return false };
         let stale = r.reason == rej_reason::STALE_CONN;

@@ -23,6 +23,7 @@ use super::mad::{rej_reason, TransportType, MAD_LEN};
 use super::service::PortSpace;
 use super::{GSI_QKEY, GSI_QPN};
 use crate::ib::{Access, Errno, Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result, WcOpcode, WcStatus};
+use crate::mem::KeyRng;
 use crate::proto::wr::{AddressVector, QpAttr, QpCap, RecvWr, SendWr, UdDest, WrOpcode};
 use crate::verbs::{
     CompletionChannel, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpInitAttr, QueuePair,
@@ -332,7 +333,7 @@ impl CmEndpoint {
             chan,
             _pd: pd,
             ctx: ctx.clone(),
-            st: Mutex::new(State { cm: Cm::new(cfg), events: VecDeque::new(), next_port }),
+            st: Mutex::new(State { cm: Cm::with_rng(cfg, KeyRng::from_os()), events: VecDeque::new(), next_port }),
             cond: Condvar::new(),
             stop: AtomicBool::new(false),
         });

@@ -17,6 +17,8 @@ pub mod service;
 pub mod timer;
 
 #[cfg(test)]
+mod hostile_tests;
+#[cfg(test)]
 mod tests;
 
 pub use agent::{

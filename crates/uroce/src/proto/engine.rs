@@ -86,26 +86,8 @@ impl EngineConfig {
     }
 }
 
-/// Lowest QPN handed out (0 and 1 are the special QPs; rxe starts at 0x11).
-const FIRST_QPN: u32 = 0x11;
-/// Highest QPN (24 bits).
-const LAST_QPN: u32 = 0x00FF_FFFF;
-
-/// The QPN handed out after `qpn` (wrapping past the highest to the
-/// lowest).
-pub fn qpn_after(qpn: u32) -> u32 {
-    if qpn >= LAST_QPN {
-        FIRST_QPN
-    } else {
-        qpn + 1
-    }
-}
-
-/// The first QPN an engine seeded with `seed` hands out.
-pub fn first_qpn(seed: u64) -> u32 {
-    let r = crate::mem::KeyRng::new(seed).next_u64();
-    FIRST_QPN + (r % u64::from(LAST_QPN - FIRST_QPN + 1)) as u32
-}
+use super::qpn::{QpnOrder, FIRST_QPN, LAST_QPN};
+pub use super::qpn::{first_qpn, qpn_after};
 
 /// What `uroce stat` shows of a QP.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,7 +108,9 @@ pub struct Engine {
     /// assigned, so no peer can steer them into colliding. Each QP with
     /// its counters: one lookup finds both.
     qps: FxHashMap<u32, QpSlot>,
-    next_qpn: u32,
+    /// The QPN order keyed by `cfg.id_seed` and the next QPN in it, made on
+    /// the first [`Engine::create_qp`] (a runtime picks QPNs itself).
+    next_qpn: Option<(QpnOrder, u32)>,
     /// Timer entries (deadline, QPN, generation), earliest on top; see the
     /// module documentation. The top is never stale. A QP's timer is its
     /// earliest of retransmission, RNR and held-ACK deadlines.
@@ -290,12 +274,11 @@ impl std::fmt::Debug for Engine {
 
 impl Engine {
     pub fn new(cfg: EngineConfig, mem: Arc<dyn MemoryAccess>) -> Engine {
-        let next_qpn = first_qpn(cfg.id_seed);
         Engine {
             cfg,
             mem,
             qps: FxHashMap::default(),
-            next_qpn,
+            next_qpn: None,
             timers: BinaryHeap::new(),
             timed: 0,
             timer_gen: 0,
@@ -520,12 +503,19 @@ impl Engine {
         if self.qps.len() >= 0x10000 {
             return Err(Error::new(crate::ib::Errno::ENOMEM, "create_qp: too many QPs"));
         }
-        let mut qpn = self.next_qpn;
+        let seed = self.cfg.id_seed;
+        let (order, next) = self.next_qpn.get_or_insert_with(|| {
+            let order = QpnOrder::new(&mut crate::mem::KeyRng::new(seed));
+            let first = order.first(seed);
+            (order, first)
+        });
+        // Fewer than 0x10000 QPs: a free number comes within as many steps.
+        let mut qpn = *next;
         while self.qps.contains_key(&qpn) {
-            qpn = if qpn >= LAST_QPN { FIRST_QPN } else { qpn + 1 };
+            qpn = order.after(qpn);
         }
         let qp = make(qpn)?;
-        self.next_qpn = if qpn >= LAST_QPN { FIRST_QPN } else { qpn + 1 };
+        *next = order.after(qpn);
         self.qps.insert(qpn, QpSlot::new(qp, self.cfg.defer_blocking_copies));
         Ok(qpn)
     }
