@@ -10,6 +10,7 @@
 //! connections in setup or teardown at once, and the scan is bounded by the
 //! number of records.
 
+use super::budget::AnswerBudget;
 use super::conn::{Conn, ConnInfo, Pending, Role, State};
 use super::event::{CmEvent, ConnId, ConnParam, EventKind, ListenId, Param, UdParam};
 use super::mad::{
@@ -139,6 +140,13 @@ pub struct CmStats {
     pub sent: u64,
     pub retransmits: u64,
     pub rej_sent: u64,
+    /// Answers to peers with no record (REJ, DREP, SIDR_REP) not sent:
+    /// over the rate of [`super::budget`].
+    pub answers_suppressed: u64,
+    /// MADs the endpoint dropped because QP 1's send queue was full.
+    pub send_drops: u64,
+    /// Times the endpoint found QP 1 out of RTS and brought it back.
+    pub qp1_restarts: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -164,6 +172,8 @@ pub struct Cm {
     transmit: VecDeque<Outgoing>,
     events: VecDeque<CmEvent>,
     stats: CmStats,
+    /// Answers to peers with no record.
+    answers: AnswerBudget,
 }
 
 fn inval(what: &'static str) -> Error {
@@ -193,6 +203,7 @@ impl Cm {
             transmit: VecDeque::new(),
             events: VecDeque::new(),
             stats: CmStats::default(),
+            answers: AnswerBudget::default(),
         }
     }
 
@@ -202,7 +213,15 @@ impl Cm {
     pub fn stats(&self) -> CmStats {
         self.stats
     }
+    /// Counts what the endpoint running this agent did with QP 1.
+    pub fn stats_mut(&mut self) -> &mut CmStats {
+        &mut self.stats
+    }
 
+    /// MADs waiting in [`Cm::poll_transmit`].
+    pub fn transmit_queued(&self) -> usize {
+        self.transmit.len()
+    }
     /// The next MAD to send.
     pub fn poll_transmit(&mut self) -> Option<Outgoing> {
         self.transmit.pop_front()
@@ -767,7 +786,7 @@ impl Cm {
             CmMsg::Mra(m) => self.on_mra(now, &m),
             CmMsg::Dreq(d) => self.on_dreq(now, src, tid, &d),
             CmMsg::Drep(d) => self.on_drep(now, &d),
-            CmMsg::SidrReq(s) => self.on_sidr_req(src, tid, &s),
+            CmMsg::SidrReq(s) => self.on_sidr_req(now, src, tid, &s),
             CmMsg::SidrRep(s) => self.on_sidr_rep(&s),
         };
         if !handled {
@@ -776,7 +795,8 @@ impl Cm {
     }
 
     /// A REJ for a request no record holds (`k/cm.c` `cm_issue_rej`).
-    fn issue_rej(&mut self, dst: IpAddr, tid: u64, local: u32, remote: u32, msg: MsgRef, reason: u16) {
+    #[allow(clippy::too_many_arguments)]
+    fn issue_rej(&mut self, now: Instant, dst: IpAddr, tid: u64, local: u32, remote: u32, msg: MsgRef, reason: u16) {
         let rej = Rej {
             local_comm_id: local,
             remote_comm_id: remote,
@@ -786,7 +806,16 @@ impl Cm {
             ari: Bytes::default(),
             private_data: Bytes::default(),
         };
-        self.send(dst, &CmMad::new(tid, CmMsg::Rej(Box::new(rej))));
+        self.answer(now, dst, &CmMad::new(tid, CmMsg::Rej(Box::new(rej))));
+    }
+
+    /// Sends an answer to a peer with no record, if the budget allows.
+    fn answer(&mut self, now: Instant, dst: IpAddr, mad: &CmMad) {
+        if self.answers.take(now) {
+            self.send(dst, mad);
+        } else {
+            self.stats.answers_suppressed += 1;
+        }
     }
 
     fn find_live_qpn(&self, qpn: u32, guid: u64, except: u32) -> Option<u32> {
@@ -842,14 +871,14 @@ impl Cm {
                     self.send(dst, &CmMad::new(tid, CmMsg::Mra(Box::new(mra))));
                 }
                 State::Timewait => {
-                    self.issue_rej(src, tid, 0, r.local_comm_id, MsgRef::Req, rej_reason::STALE_CONN);
+                    self.issue_rej(now, src, tid, 0, r.local_comm_id, MsgRef::Req, rej_reason::STALE_CONN);
                 }
                 _ => {}
             }
             return true;
         }
         if let Some(old) = self.find_live_qpn(r.local_qpn, r.local_ca_guid, 0) {
-            self.issue_rej(src, tid, 0, r.local_comm_id, MsgRef::Req, rej_reason::STALE_CONN);
+            self.issue_rej(now, src, tid, 0, r.local_comm_id, MsgRef::Req, rej_reason::STALE_CONN);
             if self.conns.get(&old).is_some_and(|c| c.state == State::Established) {
                 self.send_dreq(now, old, true);
             }
@@ -858,12 +887,12 @@ impl Cm {
         let (lid, ps, port, hdr) = match self.match_listener(r.service_id, r.private_data.as_slice()) {
             Ok(m) => m,
             Err(reason) => {
-                self.issue_rej(src, tid, 0, r.local_comm_id, MsgRef::Req, reason);
+                self.issue_rej(now, src, tid, 0, r.local_comm_id, MsgRef::Req, reason);
                 return true;
             }
         };
         if ps.is_ud() || !matches!(r.transport, TransportType::Rc | TransportType::Uc) {
-            self.issue_rej(src, tid, 0, r.local_comm_id, MsgRef::Req, rej_reason::CONSUMER_DEFINED);
+            self.issue_rej(now, src, tid, 0, r.local_comm_id, MsgRef::Req, rej_reason::CONSUMER_DEFINED);
             return true;
         }
         let backlog = self.listeners.get(&lid).map_or(0, |l| l.params.backlog as usize);
@@ -940,7 +969,7 @@ impl Cm {
         }
         let known = self.remote_ids.get(&(r.local_comm_id, r.local_ca_guid)).is_some_and(|&o| o != id);
         if known || self.find_live_qpn(r.local_qpn, r.local_ca_guid, id).is_some() {
-            self.issue_rej(src, tid, r.remote_comm_id, r.local_comm_id, MsgRef::Rep, rej_reason::STALE_CONN);
+            self.issue_rej(now, src, tid, r.remote_comm_id, r.local_comm_id, MsgRef::Rep, rej_reason::STALE_CONN);
             if let Some(old) = self.find_live_qpn(r.local_qpn, r.local_ca_guid, id) {
                 if self.conns.get(&old).is_some_and(|c| c.state == State::Established) {
                     self.send_dreq(now, old, true);
@@ -1046,7 +1075,7 @@ impl Cm {
         let Some(c) = found else {
             // Unknown: answer with a DREP, IDs swapped (`k/cm.c` `cm_issue_drep`).
             let drep = Drep { local_comm_id: d.remote_comm_id, remote_comm_id: d.local_comm_id, ..Drep::default() };
-            self.send(src, &CmMad::new(tid, CmMsg::Drep(Box::new(drep))));
+            self.answer(now, src, &CmMad::new(tid, CmMsg::Drep(Box::new(drep))));
             return false;
         };
         if d.remote_qpn != c.info.local_qpn {
@@ -1094,7 +1123,7 @@ impl Cm {
         true
     }
 
-    fn on_sidr_req(&mut self, src: IpAddr, tid: u64, s: &SidrReq) -> bool {
+    fn on_sidr_req(&mut self, now: Instant, src: IpAddr, tid: u64, s: &SidrReq) -> bool {
         if self.remote_sidr.contains_key(&(s.request_id, src)) {
             self.stats.duplicates += 1;
             return true;
@@ -1110,7 +1139,7 @@ impl Cm {
                 add_info: Bytes::default(),
                 private_data: Bytes::default(),
             };
-            cm.send(src, &CmMad::new(tid, CmMsg::SidrRep(Box::new(rep))));
+            cm.answer(now, src, &CmMad::new(tid, CmMsg::SidrRep(Box::new(rep))));
         };
         let (lid, ps, port, hdr) = match self.match_listener(s.service_id, s.private_data.as_slice()) {
             Ok(m) => m,

@@ -8,6 +8,7 @@
 //! connected QPs.
 
 mod agent;
+mod budget;
 mod conn;
 mod endpoint;
 pub mod event;
