@@ -97,11 +97,13 @@ fuzz_target!(|data: &[u8]| {
         let to_b = op & 0x80 != 0;
         // Both of the receiving side's IDs: the peer's own message, allowed.
         let both = if to_b { remote == idb.0 && local == ida.0 } else { remote == ida.0 && local == idb.0 };
-        // A REQ naming A's CA GUID and QPN is the standard's stale-connection
-        // rule (B rejects it and disconnects the live one; documented).
+        // A REQ naming the other side's CA GUID and QPN is the standard's
+        // stale-connection rule (rejected, and the live connection is
+        // disconnected: docs/reliability.md, "Hostile peers").
+        let (guid, qpn) = if to_b { (1, 0x11) } else { (2, 0x22) };
         let stale = matches!(CmMad::parse(&mad), Ok(CmMad { msg: CmMsg::Req(ref r), .. })
-            if r.local_ca_guid == 1 && r.local_qpn == 0x11);
-        if stale && to_b {
+            if r.local_ca_guid == guid && r.local_qpn == qpn);
+        if stale {
             return;
         }
         let (cm, other) = if to_b { (&mut b, &mut a) } else { (&mut a, &mut b) };

@@ -8,7 +8,7 @@
 //! connected QPs.
 
 mod agent;
-mod budget;
+pub(crate) mod budget;
 mod conn;
 mod endpoint;
 pub mod event;

@@ -135,6 +135,8 @@ pub struct Engine {
     /// CM answers of a device with no QP 1 (`cm::gsi`), and their PSNs.
     gsi_out: VecDeque<Transmit>,
     gsi_psn: u32,
+    /// How often a device without a CM answers a MAD (not a reflector).
+    gsi_answers: crate::cm::budget::AnswerBudget,
     /// An application thread may answer what arrives: ACKs may be held for
     /// it ([`Engine::set_app_active`]).
     app_active: bool,
@@ -291,6 +293,7 @@ impl Engine {
             xrc_srqs: XrcSrqs::default(),
             gsi_out: VecDeque::new(),
             gsi_psn: 0,
+            gsi_answers: Default::default(),
             app_active: false,
             next_ipv4_id: 1,
             copies: VecDeque::new(),
@@ -727,7 +730,7 @@ impl Engine {
                 // was destroyed: routine at teardown (counted, not a warning).
                 tracing::debug!(%src, qpn = bth.dest_qp, "dropped a response for a QP that no longer exists");
             } else if bth.dest_qp == crate::cm::GSI_QPN {
-                self.answer_without_cm(src, pkt, icrc != IcrcCheck::Bad);
+                self.answer_without_cm(now, src, pkt, icrc != IcrcCheck::Bad);
             } else {
                 self.log_drop(now, src, "no such QP");
             }
@@ -842,13 +845,17 @@ impl Engine {
     }
 
     /// A CM MAD to a device whose process runs no CM (no QP 1): answered
-    /// as the kernel answers for an agent without state (`cm::gsi`).
-    fn answer_without_cm(&mut self, src: SocketAddr, pkt: &Packet, icrc_ok: bool) {
+    /// as the kernel answers for an agent without state (`cm::gsi`), at
+    /// most at the rate of `cm::budget` (the kernel answers every one).
+    fn answer_without_cm(&mut self, now: Instant, src: SocketAddr, pkt: &Packet, icrc_ok: bool) {
         let deth_ok = pkt.headers.deth.is_some_and(|d| d.qkey == crate::cm::GSI_QKEY);
         if pkt.headers.bth.opcode != wire::Opcode::UD_SEND_ONLY || !deth_ok {
             return;
         }
         let Some(answer) = crate::cm::gsi::answer_unhandled(pkt.payload).filter(|_| icrc_ok) else { return };
+        if !self.gsi_answers.take(now) {
+            return;
+        }
         let h = crate::cm::gsi::mad_headers(self.gsi_psn);
         self.gsi_psn = (self.gsi_psn + 1) & 0xFF_FFFF;
         let out = IpInfo { src: self.cfg.addr, dst: src.ip(), sport: self.cfg.port, dport: self.cfg.port, ipv4_id: 0 };
