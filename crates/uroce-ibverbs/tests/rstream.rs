@@ -334,3 +334,83 @@ fn valgrind_reports_no_error_in_rstream_client() {
     assert!(!out.contains("definitely lost") && !out.contains("Invalid "), "{out}");
     assert!(out.lines().any(|l| l.starts_with("custom")), "{out}");
 }
+
+/// CPU seconds (user + system) a process has used so far; None once gone.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command's closing parenthesis: utime is the 12th.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: plain query.
+    Some(ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
+}
+
+/// Issue 27 §3: a client that completes REQ/REP/RTU with plausible
+/// rs_conn_data (a target SGL and a data buffer whose key its device does
+/// not know) and then goes silent. The server's first credit write fails,
+/// its connection ends, and `rrecv` returned 0 with errno EAGAIN left by the
+/// library's own non-blocking reads: rstream's `recv_xfer` retried at 100 %
+/// CPU for good. Now the blocking server uses little CPU over 3 s (it ends
+/// the test or waits).
+#[test]
+fn rstream_blocking_server_does_not_spin_on_a_silent_client() {
+    use uroce::cm::{CmEndpoint, ConnOptions};
+    use uroce::verbs::*;
+    if !have_rstream() {
+        skip!("rstream is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let port = 7497u16;
+    let mut server = dropin_command("rstream", SERVER);
+    server.args(["-b", SERVER, "-p", &port.to_string(), "-T", "b"]);
+    let mut s = Reap::new(server.spawn().unwrap());
+    assert!(device_up(SERVER), "rstream server did not open its device");
+    let pid = s.0.as_ref().unwrap().id();
+
+    let ctx = Context::open(&DeviceConfig::at("silent", "127.0.0.233".parse().unwrap(), 4791)).unwrap();
+    let ep = CmEndpoint::open(&ctx).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None).unwrap();
+    let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
+    CmEndpoint::init_qp(&qp).unwrap();
+    // rs_conn_data: version 1, flags 0, 64 credits, a 2-entry target SGL
+    // and a 64 KiB data buffer under keys nobody registered.
+    let mut cd = [0u8; 40];
+    cd[0] = 1;
+    cd[2..4].copy_from_slice(&64u16.to_be_bytes());
+    cd[8..16].copy_from_slice(&0x1000u64.to_be_bytes());
+    cd[16..20].copy_from_slice(&0xdead_0001u32.to_be_bytes());
+    cd[20..24].copy_from_slice(&2u32.to_be_bytes());
+    cd[24..32].copy_from_slice(&0x2000u64.to_be_bytes());
+    cd[32..36].copy_from_slice(&0xdead_0002u32.to_be_bytes());
+    cd[36..40].copy_from_slice(&65536u32.to_be_bytes());
+    let opts = ConnOptions { private_data: cd.to_vec(), ..ConnOptions::default() };
+    let dst = std::net::SocketAddr::new(SERVER.parse().unwrap(), port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let conn = loop {
+        match ep.connect(&qp, dst, &opts, Duration::from_secs(10)) {
+            Ok(c) => break c,
+            // Refused (REJ 8) until the server listens.
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
+            Err(e) => panic!("the silent client never connected: {e}"),
+        }
+    };
+    // Silent from here. The server's connection fails within its retry
+    // budget (7 retries); measure its CPU over 3 s after that.
+    let settle = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < settle && cpu_seconds(pid).is_some() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (c0, t0) = (cpu_seconds(pid), Instant::now());
+    while t0.elapsed() < Duration::from_secs(3) && cpu_seconds(pid).is_some() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if let (Some(c0), Some(c1)) = (c0, cpu_seconds(pid)) {
+        let share = (c1 - c0) / t0.elapsed().as_secs_f64();
+        assert!(share < 0.5, "the blocking rstream server used {:.0} % of a CPU", share * 100.0);
+    }
+    drop(conn);
+    let _ = s.0.as_mut().map(|c| c.kill());
+    let _ = s.wait("rstream server", Duration::from_secs(10));
+}

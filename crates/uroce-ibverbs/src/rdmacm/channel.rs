@@ -3,13 +3,26 @@
 //! an event waits, `rdma_get_cm_event` blocks in `read` (or fails EAGAIN
 //! when the application made the fd non-blocking, as the kernel's ucma
 //! does), and rsocket can use the number as it uses the kernel's.
+//!
+//! A destroyed channel answers `rdma_get_cm_event` with EBADF, also to a
+//! thread that was blocked in it (the kernel leaves such a read blocked for
+//! good). Both wait out [`CLOSED_GRACE`] first: threaded programs (rping's
+//! CM thread) sit in or come back to the call while the main thread
+//! destroys the channel and exits, and an early error would make them
+//! exit with a failure first.
 
 use crate::errno::{null, set_errno};
 use crate::ffi::cma::*;
 use std::collections::VecDeque;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a call on a destroyed channel waits before failing EBADF.
+pub const CLOSED_GRACE: Duration = Duration::from_secs(10);
+/// How often a blocked call looks whether its channel was destroyed.
+const CLOSED_CHECK_MS: c_int = 100;
 
 /// Bytes of private data an event carries (`RDMA_MAX_PRIVATE_DATA`).
 pub const MAX_PRIVATE: usize = 256;
@@ -19,10 +32,18 @@ pub struct UChannel {
     pub ch: rdma_event_channel,
     wfd: c_int,
     queue: Mutex<VecDeque<usize>>,
-    /// Threads inside `rdma_get_cm_event` on this channel.
-    readers: AtomicU32,
+    /// Threads inside `rdma_get_cm_event` on this channel, and whether the
+    /// application destroyed it: the last of them closes the fds.
+    users: Mutex<Users>,
     /// Destroyed by the application (the struct stays: see destroy).
     closed: AtomicBool,
+}
+
+#[derive(Default)]
+struct Users {
+    readers: u32,
+    closed_at: Option<Instant>,
+    fds_closed: bool,
 }
 
 /// An event as the application sees it, then its private data and which
@@ -54,7 +75,7 @@ pub fn create() -> *mut UChannel {
         ch: rdma_event_channel { fd: fds[0] },
         wfd: fds[1],
         queue: Mutex::new(VecDeque::new()),
-        readers: AtomicU32::new(0),
+        users: Mutex::new(Users::default()),
         closed: AtomicBool::new(false),
     }))
 }
@@ -63,10 +84,15 @@ pub fn create() -> *mut UChannel {
 pub unsafe fn push(ch: *mut rdma_event_channel, ev: Box<UEvent>) {
     // SAFETY: every channel an id holds is a UChannel of ours, alive while ids use it.
     let c = unsafe { &*(ch as *const UChannel) };
+    let u = c.users.lock().unwrap_or_else(|p| p.into_inner());
+    if u.closed_at.is_some() {
+        return; // destroyed: its fds may be closed, their numbers reused
+    }
     c.queue.lock().unwrap_or_else(|p| p.into_inner()).push_back(Box::into_raw(ev) as usize);
     let b = 1u8;
     // SAFETY: one byte from a local; the pipe holds 64 KiB of pending events.
     unsafe { libc::write(c.wfd, &b as *const u8 as *const libc::c_void, 1) };
+    drop(u);
 }
 
 #[no_mangle]
@@ -87,65 +113,108 @@ pub unsafe extern "C" fn uroce_cm_rdma_destroy_event_channel(ch: *mut rdma_event
 /// Destroys a channel: its queued events, its fds. A channel of the
 /// application keeps its (small) struct for good: threaded programs (rping's
 /// CM thread) still call or sit in `rdma_get_cm_event` on it while the main
-/// thread destroys it before exiting; such a call waits (at most 10 s) as
-/// a read on the kernel's closed file stays blocked, instead of touching
-/// freed memory. A private channel of a synchronous id is freed when no
-/// thread reads it.
+/// thread destroys it before exiting; such a call fails EBADF after
+/// [`CLOSED_GRACE`] instead of touching freed memory. The fds stay open
+/// until the last such call leaves (its fd number must not be reused under
+/// it). A private channel of a synchronous id is freed when no thread reads
+/// it.
 pub unsafe fn destroy(ch: *mut rdma_event_channel, free: bool) {
     if ch.is_null() {
         return;
     }
     // SAFETY: a channel of ours, destroyed once (its ids are gone).
     let c = unsafe { &*(ch as *const UChannel) };
+    let mut u = c.users.lock().unwrap_or_else(|p| p.into_inner());
     if c.closed.swap(true, Ordering::SeqCst) {
         return;
     }
+    u.closed_at = Some(Instant::now());
     for e in c.queue.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
         // SAFETY: queued events are ours and were never handed out.
         drop(unsafe { Box::from_raw(e as *mut UEvent) });
     }
-    // SAFETY: our read end.
-    unsafe { libc::close(c.ch.fd) };
-    if c.readers.load(Ordering::SeqCst) > 0 {
-        // A thread blocks in read: the write end stays, so it never wakes.
+    if u.readers > 0 {
+        // The last reader closes the fds as it leaves.
         return;
     }
-    // SAFETY: our write end.
-    unsafe { libc::close(c.wfd) };
+    close_fds(c, &mut u);
+    drop(u);
     if free {
         // SAFETY: no reader; nothing refers to it any more.
         drop(unsafe { Box::from_raw(ch as *mut UChannel) });
     }
 }
 
+fn close_fds(c: &UChannel, u: &mut Users) {
+    if !std::mem::replace(&mut u.fds_closed, true) {
+        // SAFETY: our two pipe ends, closed once.
+        unsafe {
+            libc::close(c.ch.fd);
+            libc::close(c.wfd);
+        }
+    }
+}
+
 /// The next event of `ch` whose id is still alive (waiting as the fd's
-/// flags say); the owner's unacked count taken.
+/// flags say); the owner's unacked count taken. EBADF (after
+/// [`CLOSED_GRACE`]) once the channel is destroyed.
 pub unsafe fn get(ch: *mut rdma_event_channel) -> Result<*mut UEvent, c_int> {
     // SAFETY: a channel of ours.
     let c = unsafe { &*(ch as *const UChannel) };
-    if c.closed.load(Ordering::SeqCst) {
-        std::thread::sleep(std::time::Duration::from_secs(10));
-        return Err(libc::EBADF);
+    {
+        let mut u = c.users.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = u.closed_at {
+            drop(u);
+            return Err(closed(at));
+        }
+        u.readers += 1;
     }
-    c.readers.fetch_add(1, Ordering::SeqCst);
     let r = next(c);
-    c.readers.fetch_sub(1, Ordering::SeqCst);
+    let mut u = c.users.lock().unwrap_or_else(|p| p.into_inner());
+    u.readers -= 1;
+    if u.readers == 0 && u.closed_at.is_some() {
+        close_fds(c, &mut u);
+    }
     r
+}
+
+/// A call on a channel destroyed at `at`: waits out the grace, then EBADF.
+fn closed(at: Instant) -> c_int {
+    std::thread::sleep(CLOSED_GRACE.saturating_sub(at.elapsed()));
+    libc::EBADF
+}
+
+/// Waits until the channel's fd is readable (true) or the channel is
+/// destroyed (false); returns at once if the application made the fd
+/// non-blocking (its read then says EAGAIN as the kernel's does).
+fn wait_readable(c: &UChannel) -> bool {
+    // SAFETY: our read end, open while this thread counts as a reader.
+    let flags = unsafe { libc::fcntl(c.ch.fd, libc::F_GETFL) };
+    if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
+        return !c.closed.load(Ordering::SeqCst);
+    }
+    loop {
+        if c.closed.load(Ordering::SeqCst) {
+            return false;
+        }
+        let mut p = libc::pollfd { fd: c.ch.fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd on the stack; our fd, open (see above).
+        let n = unsafe { libc::poll(&mut p, 1, CLOSED_CHECK_MS) };
+        if n > 0 {
+            return true;
+        }
+    }
 }
 
 fn next(c: &UChannel) -> Result<*mut UEvent, c_int> {
     loop {
-        let mut b = 0u8;
-        // SAFETY: one byte into a local.
-        let n = unsafe { libc::read(c.ch.fd, &mut b as *mut u8 as *mut libc::c_void, 1) };
-        if n == 0 {
-            // The application destroyed the channel while this thread was
-            // about to read it (the write end is closed only when no reader
-            // was counted): as a read blocked on a closed rdma_cm fd, wait
-            // (the process is usually exiting), then fail as `get` does.
-            std::thread::sleep(std::time::Duration::from_secs(10));
-            return Err(libc::EBADF);
+        if !wait_readable(c) {
+            let at = c.users.lock().unwrap_or_else(|p| p.into_inner()).closed_at.unwrap_or_else(Instant::now);
+            return Err(closed(at));
         }
+        let mut b = 0u8;
+        // SAFETY: one byte into a local; our fd, open while we read.
+        let n = unsafe { libc::read(c.ch.fd, &mut b as *mut u8 as *mut libc::c_void, 1) };
         if n != 1 {
             return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
         }
@@ -228,4 +297,39 @@ pub extern "C" fn uroce_cm_rdma_event_str(event: c_int) -> *const std::ffi::c_ch
         _ => b"UNKNOWN EVENT\0",
     };
     s.as_ptr() as *const std::ffi::c_char
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 27 §1: a thread blocked in `rdma_get_cm_event` when the
+    /// channel is destroyed, and a call after, fail EBADF (after the grace)
+    /// instead of blocking for good.
+    #[test]
+    fn get_on_a_destroyed_channel_fails_ebadf() {
+        let c = create();
+        assert!(!c.is_null());
+        let addr = c as usize;
+        let blocked = std::thread::spawn(move || {
+            // SAFETY: the channel's struct stays (destroyed with free = false).
+            unsafe { get(addr as *mut rdma_event_channel) }.map(|_| ())
+        });
+        // SAFETY: ours, alive.
+        let uc = unsafe { &*c };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while uc.users.lock().unwrap().readers == 0 {
+            assert!(Instant::now() < deadline, "the reader never entered");
+            std::thread::yield_now();
+        }
+        let t0 = Instant::now();
+        // SAFETY: ours; the struct is kept.
+        unsafe { destroy(c as *mut rdma_event_channel, false) };
+        // SAFETY: as above.
+        assert_eq!(unsafe { get(c as *mut rdma_event_channel) }.map(|_| ()), Err(libc::EBADF));
+        assert_eq!(blocked.join().unwrap(), Err(libc::EBADF));
+        let took = t0.elapsed();
+        assert!(took >= CLOSED_GRACE && took < CLOSED_GRACE + Duration::from_secs(20), "{took:?}");
+        assert!(uc.users.lock().unwrap().fds_closed, "the last reader closed the fds");
+    }
 }

@@ -10,6 +10,7 @@
 //! connections in setup or teardown at once, and the scan is bounded by the
 //! number of records.
 
+use super::budget::AnswerBudget;
 use super::conn::{Conn, ConnInfo, Pending, Role, State};
 use super::event::{CmEvent, ConnId, ConnParam, EventKind, ListenId, Param, UdParam};
 use super::mad::{
@@ -139,6 +140,13 @@ pub struct CmStats {
     pub sent: u64,
     pub retransmits: u64,
     pub rej_sent: u64,
+    /// Answers to peers with no record (REJ, DREP, SIDR_REP) not sent:
+    /// over the rate of [`super::budget`].
+    pub answers_suppressed: u64,
+    /// MADs the endpoint dropped because QP 1's send queue was full.
+    pub send_drops: u64,
+    /// Times the endpoint found QP 1 out of RTS and brought it back.
+    pub qp1_restarts: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -149,10 +157,11 @@ struct Listener {
 /// The CM agent of one device.
 pub struct Cm {
     cfg: CmConfig,
+    /// Communication IDs and starting PSNs: random draws from a CSPRNG, so
+    /// that IDs a peer learns from its own connections say nothing about
+    /// another's (`k/cm.c` XORs a cyclic index with one random value; one
+    /// connection narrows its next ID to a few candidates).
     rng: KeyRng,
-    /// Added to the cyclic index: IDs are unique and hard to guess (`k/cm.c`).
-    id_operand: u32,
-    next_index: u32,
     conns: HashMap<u32, Conn>,
     /// (remote comm ID, remote CA GUID) → local comm ID.
     remote_ids: HashMap<(u32, u64), u32>,
@@ -163,6 +172,8 @@ pub struct Cm {
     transmit: VecDeque<Outgoing>,
     events: VecDeque<CmEvent>,
     stats: CmStats,
+    /// Answers to peers with no record.
+    answers: AnswerBudget,
 }
 
 fn inval(what: &'static str) -> Error {
@@ -172,14 +183,18 @@ fn inval(what: &'static str) -> Error {
 const ETIMEDOUT: i32 = -libc::ETIMEDOUT;
 
 impl Cm {
+    /// An agent whose IDs and PSNs replay `cfg.seed` (tests, simulations).
     pub fn new(cfg: CmConfig) -> Cm {
-        let mut rng = KeyRng::new(cfg.seed);
-        let id_operand = rng.next_u64() as u32;
+        let rng = KeyRng::new(cfg.seed);
+        Cm::with_rng(cfg, rng)
+    }
+
+    /// An agent drawing its IDs and PSNs from `rng` (a device's: seeded from
+    /// the OS).
+    pub fn with_rng(cfg: CmConfig, rng: KeyRng) -> Cm {
         Cm {
             cfg,
             rng,
-            id_operand,
-            next_index: 0,
             conns: HashMap::new(),
             remote_ids: HashMap::new(),
             remote_sidr: HashMap::new(),
@@ -188,6 +203,7 @@ impl Cm {
             transmit: VecDeque::new(),
             events: VecDeque::new(),
             stats: CmStats::default(),
+            answers: AnswerBudget::default(),
         }
     }
 
@@ -197,7 +213,15 @@ impl Cm {
     pub fn stats(&self) -> CmStats {
         self.stats
     }
+    /// Counts what the endpoint running this agent did with QP 1.
+    pub fn stats_mut(&mut self) -> &mut CmStats {
+        &mut self.stats
+    }
 
+    /// MADs waiting in [`Cm::poll_transmit`].
+    pub fn transmit_queued(&self) -> usize {
+        self.transmit.len()
+    }
     /// The next MAD to send.
     pub fn poll_transmit(&mut self) -> Option<Outgoing> {
         self.transmit.pop_front()
@@ -215,23 +239,34 @@ impl Cm {
     pub fn conn_info(&self, id: ConnId) -> Option<&ConnInfo> {
         self.conns.get(&id.0).filter(|c| !c.destroyed).map(|c| &c.info)
     }
+    /// The state of a record (tests).
+    #[cfg(test)]
+    pub(super) fn state_of(&self, id: ConnId) -> Option<super::conn::State> {
+        self.conns.get(&id.0).map(|c| c.state)
+    }
     /// Number of records (live ids and ids in timewait).
     pub fn records(&self) -> usize {
         self.conns.len()
     }
 
+    /// A random unused nonzero ID. Records are far fewer than 2^32, so a
+    /// draw almost always hits; after 64 misses a scan from the last draw
+    /// (at most `conns.len() + 1` steps) ends it.
     fn alloc_comm_id(&mut self) -> u32 {
-        // At most conns.len() + 1 tries find an unused nonzero ID.
-        loop {
-            self.next_index = self.next_index.wrapping_add(1);
-            let id = self.next_index ^ self.id_operand;
+        let mut id = 0;
+        for _ in 0..64 {
+            id = self.rng.next_u32();
             if id != 0 && !self.conns.contains_key(&id) {
                 return id;
             }
         }
+        while id == 0 || self.conns.contains_key(&id) {
+            id = id.wrapping_add(1);
+        }
+        id
     }
     fn random_psn(&mut self) -> u32 {
-        self.rng.next_u64() as u32 & 0xFF_FFFF
+        self.rng.next_u32() & 0xFF_FFFF
     }
 
     fn send(&mut self, dst: IpAddr, mad: &CmMad) {
@@ -751,7 +786,7 @@ impl Cm {
             CmMsg::Mra(m) => self.on_mra(now, &m),
             CmMsg::Dreq(d) => self.on_dreq(now, src, tid, &d),
             CmMsg::Drep(d) => self.on_drep(now, &d),
-            CmMsg::SidrReq(s) => self.on_sidr_req(src, tid, &s),
+            CmMsg::SidrReq(s) => self.on_sidr_req(now, src, tid, &s),
             CmMsg::SidrRep(s) => self.on_sidr_rep(&s),
         };
         if !handled {
@@ -760,7 +795,8 @@ impl Cm {
     }
 
     /// A REJ for a request no record holds (`k/cm.c` `cm_issue_rej`).
-    fn issue_rej(&mut self, dst: IpAddr, tid: u64, local: u32, remote: u32, msg: MsgRef, reason: u16) {
+    #[allow(clippy::too_many_arguments)]
+    fn issue_rej(&mut self, now: Instant, dst: IpAddr, tid: u64, local: u32, remote: u32, msg: MsgRef, reason: u16) {
         let rej = Rej {
             local_comm_id: local,
             remote_comm_id: remote,
@@ -770,7 +806,16 @@ impl Cm {
             ari: Bytes::default(),
             private_data: Bytes::default(),
         };
-        self.send(dst, &CmMad::new(tid, CmMsg::Rej(Box::new(rej))));
+        self.answer(now, dst, &CmMad::new(tid, CmMsg::Rej(Box::new(rej))));
+    }
+
+    /// Sends an answer to a peer with no record, if the budget allows.
+    fn answer(&mut self, now: Instant, dst: IpAddr, mad: &CmMad) {
+        if self.answers.take(now) {
+            self.send(dst, mad);
+        } else {
+            self.stats.answers_suppressed += 1;
+        }
     }
 
     fn find_live_qpn(&self, qpn: u32, guid: u64, except: u32) -> Option<u32> {
@@ -826,14 +871,14 @@ impl Cm {
                     self.send(dst, &CmMad::new(tid, CmMsg::Mra(Box::new(mra))));
                 }
                 State::Timewait => {
-                    self.issue_rej(src, tid, 0, r.local_comm_id, MsgRef::Req, rej_reason::STALE_CONN);
+                    self.issue_rej(now, src, tid, 0, r.local_comm_id, MsgRef::Req, rej_reason::STALE_CONN);
                 }
                 _ => {}
             }
             return true;
         }
         if let Some(old) = self.find_live_qpn(r.local_qpn, r.local_ca_guid, 0) {
-            self.issue_rej(src, tid, 0, r.local_comm_id, MsgRef::Req, rej_reason::STALE_CONN);
+            self.issue_rej(now, src, tid, 0, r.local_comm_id, MsgRef::Req, rej_reason::STALE_CONN);
             if self.conns.get(&old).is_some_and(|c| c.state == State::Established) {
                 self.send_dreq(now, old, true);
             }
@@ -842,12 +887,12 @@ impl Cm {
         let (lid, ps, port, hdr) = match self.match_listener(r.service_id, r.private_data.as_slice()) {
             Ok(m) => m,
             Err(reason) => {
-                self.issue_rej(src, tid, 0, r.local_comm_id, MsgRef::Req, reason);
+                self.issue_rej(now, src, tid, 0, r.local_comm_id, MsgRef::Req, reason);
                 return true;
             }
         };
         if ps.is_ud() || !matches!(r.transport, TransportType::Rc | TransportType::Uc) {
-            self.issue_rej(src, tid, 0, r.local_comm_id, MsgRef::Req, rej_reason::CONSUMER_DEFINED);
+            self.issue_rej(now, src, tid, 0, r.local_comm_id, MsgRef::Req, rej_reason::CONSUMER_DEFINED);
             return true;
         }
         let backlog = self.listeners.get(&lid).map_or(0, |l| l.params.backlog as usize);
@@ -924,7 +969,7 @@ impl Cm {
         }
         let known = self.remote_ids.get(&(r.local_comm_id, r.local_ca_guid)).is_some_and(|&o| o != id);
         if known || self.find_live_qpn(r.local_qpn, r.local_ca_guid, id).is_some() {
-            self.issue_rej(src, tid, r.remote_comm_id, r.local_comm_id, MsgRef::Rep, rej_reason::STALE_CONN);
+            self.issue_rej(now, src, tid, r.remote_comm_id, r.local_comm_id, MsgRef::Rep, rej_reason::STALE_CONN);
             if let Some(old) = self.find_live_qpn(r.local_qpn, r.local_ca_guid, id) {
                 if self.conns.get(&old).is_some_and(|c| c.state == State::Established) {
                     self.send_dreq(now, old, true);
@@ -974,17 +1019,23 @@ impl Cm {
         true
     }
 
+    /// The record a REJ is for (`k/cm.c` `cm_acquire_rejected_id`): by the
+    /// sender's CA GUID and comm ID for a timeout REJ; by our comm ID while
+    /// we know no remote one yet for a REJ of our REQ; by both comm IDs
+    /// otherwise. A REJ of a REQ cannot reach a connection past REQ_SENT.
+    fn rejected_id(&self, r: &Rej) -> Option<u32> {
+        if r.reason == rej_reason::TIMEOUT {
+            // The kernel reads the GUID whatever the ARI length says.
+            let g: [u8; 8] = r.ari.0.get(..8)?.try_into().ok()?;
+            let id = *self.remote_ids.get(&(r.local_comm_id, u64::from_be_bytes(g)))?;
+            return self.conns.get(&id).filter(|c| c.remote_comm_id == r.local_comm_id).map(|c| c.local_comm_id);
+        }
+        let remote = if r.msg_rejected == MsgRef::Req { 0 } else { r.local_comm_id };
+        self.conns.get(&r.remote_comm_id).filter(|c| c.remote_comm_id == remote).map(|c| c.local_comm_id)
+    }
+
     fn on_rej(&mut self, now: Instant, r: &Rej) -> bool {
-        let id = if r.reason == rej_reason::TIMEOUT && r.ari().len() >= 8 {
-            let mut g = [0u8; 8];
-            g.copy_from_slice(&r.ari()[..8]);
-            self.remote_ids.get(&(r.local_comm_id, u64::from_be_bytes(g))).copied()
-        } else {
-            self.conns
-                .get(&r.remote_comm_id)
-                .filter(|c| r.msg_rejected == MsgRef::Req || c.remote_comm_id == r.local_comm_id)
-                .map(|c| c.local_comm_id)
-        };
+        let id = self.rejected_id(r);
         let Some(id) = id else { return false };
         let Some(state) = self.conns.get(&id).map(|c| c.state) else { return false };
         let stale = r.reason == rej_reason::STALE_CONN;
@@ -1024,7 +1075,7 @@ impl Cm {
         let Some(c) = found else {
             // Unknown: answer with a DREP, IDs swapped (`k/cm.c` `cm_issue_drep`).
             let drep = Drep { local_comm_id: d.remote_comm_id, remote_comm_id: d.local_comm_id, ..Drep::default() };
-            self.send(src, &CmMad::new(tid, CmMsg::Drep(Box::new(drep))));
+            self.answer(now, src, &CmMad::new(tid, CmMsg::Drep(Box::new(drep))));
             return false;
         };
         if d.remote_qpn != c.info.local_qpn {
@@ -1072,7 +1123,7 @@ impl Cm {
         true
     }
 
-    fn on_sidr_req(&mut self, src: IpAddr, tid: u64, s: &SidrReq) -> bool {
+    fn on_sidr_req(&mut self, now: Instant, src: IpAddr, tid: u64, s: &SidrReq) -> bool {
         if self.remote_sidr.contains_key(&(s.request_id, src)) {
             self.stats.duplicates += 1;
             return true;
@@ -1088,7 +1139,7 @@ impl Cm {
                 add_info: Bytes::default(),
                 private_data: Bytes::default(),
             };
-            cm.send(src, &CmMad::new(tid, CmMsg::SidrRep(Box::new(rep))));
+            cm.answer(now, src, &CmMad::new(tid, CmMsg::SidrRep(Box::new(rep))));
         };
         let (lid, ps, port, hdr) = match self.match_listener(s.service_id, s.private_data.as_slice()) {
             Ok(m) => m,

@@ -23,6 +23,7 @@ use super::mad::{rej_reason, TransportType, MAD_LEN};
 use super::service::PortSpace;
 use super::{GSI_QKEY, GSI_QPN};
 use crate::ib::{Access, Errno, Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result, WcOpcode, WcStatus};
+use crate::mem::KeyRng;
 use crate::proto::wr::{AddressVector, QpAttr, QpCap, RecvWr, SendWr, UdDest, WrOpcode};
 use crate::verbs::{
     CompletionChannel, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpInitAttr, QueuePair,
@@ -37,6 +38,19 @@ use std::time::{Duration, Instant};
 /// Receives kept posted on QP 1 (the kernel MAD layer's `mad_recvq_size`,
 /// 512: a burst of connection requests is not dropped for want of one).
 const RECV_DEPTH: usize = 512;
+/// Sends QP 1 has in flight at most: its send queue. With the receives,
+/// the most completions its CQ can hold unpolled (`CQ_DEPTH` leaves room).
+const SEND_DEPTH: usize = 256;
+const CQ_DEPTH: usize = RECV_DEPTH + SEND_DEPTH + 64;
+/// Completions one pass handles before it sends what they caused: a pass
+/// under a flood ends, and the state lock is released between passes.
+const PASS_BUDGET: usize = RECV_DEPTH;
+/// Passes of one pump; what is still queued after them is dropped (and
+/// counted): the agent retransmits what matters.
+const PASSES: usize = 4;
+/// How often the agent checks that QP 1 is still in RTS when nothing
+/// suggested otherwise.
+const QP1_CHECK: Duration = Duration::from_secs(1);
 /// One receive: the 40-byte GRH area, then the MAD.
 const SLOT: usize = 40 + MAD_LEN;
 /// Longest sleep of the agent's thread (it also wakes for MADs and timers).
@@ -103,6 +117,10 @@ struct State {
     cm: Cm,
     events: VecDeque<CmEvent>,
     next_port: u16,
+    /// Sends posted on QP 1 whose completions are not polled yet.
+    sends_in_flight: usize,
+    /// When QP 1's state was last checked.
+    qp1_checked: Instant,
 }
 
 struct Inner {
@@ -149,7 +167,8 @@ impl Inner {
         self.qp.post_recv(&RecvWr { wr_id: slot as u64, sg_list: crate::sgl![self.recv.sge(slot * SLOT, SLOT as u32)] })
     }
 
-    fn send_mad(&self, dst: IpAddr, mad: &[u8; MAD_LEN]) {
+    /// Posts a MAD; false if QP 1 did not take it.
+    fn send_mad(&self, dst: IpAddr, mad: &[u8; MAD_LEN]) -> bool {
         let mut w = SendWr::new(0, WrOpcode::Send);
         w.inline = Some(mad.to_vec());
         let av = AddressVector {
@@ -160,18 +179,28 @@ impl Inner {
             ..Default::default()
         };
         w.ud = Some(UdDest { av, remote_qpn: GSI_QPN, remote_qkey: GSI_QKEY });
-        if let Err(e) = self.qp.post_send(&w) {
-            tracing::warn!(%dst, "cm: could not send a MAD: {e}");
+        match self.qp.post_send(&w) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(%dst, "cm: could not send a MAD: {e}");
+                false
+            }
         }
     }
 
-    /// One pass: received MADs, timers, MADs to send, events. Returns
-    /// whether events were added.
-    fn pump(&self, st: &mut State) -> bool {
-        let now = Instant::now();
+    /// Handles at most `PASS_BUDGET` completions: received MADs go to the
+    /// agent (and their receives are posted again), sends are retired.
+    /// Returns whether a completion said QP 1 failed.
+    fn poll_completions(&self, st: &mut State, now: Instant) -> bool {
+        let mut failed = false;
         let mut mad = [0u8; SLOT];
-        while let Some(wc) = self.cq.poll_one() {
+        for _ in 0..PASS_BUDGET {
+            let Some(wc) = self.cq.poll_one() else { break };
+            if !matches!(wc.status, WcStatus::Success | WcStatus::WrFlushErr) {
+                failed = true;
+            }
             if wc.opcode != WcOpcode::Recv {
+                st.sends_in_flight = st.sends_in_flight.saturating_sub(1);
                 continue;
             }
             let slot = wc.wr_id as usize;
@@ -190,11 +219,68 @@ impl Inner {
                 let _ = self.post_recv_slot(slot);
             }
         }
-        if st.cm.poll_timeout().is_some_and(|t| t <= now) {
-            st.cm.handle_timeout(now);
+        failed
+    }
+
+    /// Posts queued MADs while QP 1's send queue has room (so its CQ
+    /// cannot overrun). Returns whether a post failed.
+    fn send_queued(&self, st: &mut State) -> bool {
+        while st.sends_in_flight < SEND_DEPTH {
+            let Some(o) = st.cm.poll_transmit() else { return false };
+            if !self.send_mad(o.dst, &o.mad) {
+                st.cm.stats_mut().send_drops += 1;
+                return true;
+            }
+            st.sends_in_flight += 1;
         }
-        while let Some(o) = st.cm.poll_transmit() {
-            self.send_mad(o.dst, &o.mad);
+        false
+    }
+
+    /// QP 1 back to RTS if it left it (a bug or an overrun we did not
+    /// foresee must not end the CM for good): RESET, INIT, RTR, RTS, and
+    /// every receive posted again.
+    fn restart_qp1(&self, st: &mut State, now: Instant) {
+        st.qp1_checked = now;
+        if self.qp.state() == QpState::Rts {
+            return;
+        }
+        tracing::warn!("cm: QP 1 left RTS; bringing it back");
+        st.cm.stats_mut().qp1_restarts += 1;
+        // Completions of the old life (flushes) are dropped with it.
+        while self.cq.poll_one().is_some() {}
+        st.sends_in_flight = 0;
+        let r = (|| {
+            self.qp.modify(&QpAttr { qp_state: QpState::Reset, ..QpAttr::default() }, QpAttrMask::STATE)?;
+            move_gsi_to_rts(&self.qp)?;
+            (0..RECV_DEPTH).try_for_each(|slot| self.post_recv_slot(slot))
+        })();
+        if let Err(e) = r {
+            tracing::warn!("cm: could not bring QP 1 back: {e}");
+        }
+    }
+
+    /// One pump: passes of received MADs, timers and MADs to send, until
+    /// nothing is queued or `PASSES` are done (the rest is dropped and
+    /// counted); then QP 1's health and the events. Returns whether events
+    /// were added.
+    fn pump(&self, st: &mut State) -> bool {
+        let now = Instant::now();
+        let mut failed = false;
+        for _ in 0..PASSES {
+            failed |= self.poll_completions(st, now);
+            if st.cm.poll_timeout().is_some_and(|t| t <= now) {
+                st.cm.handle_timeout(now);
+            }
+            failed |= self.send_queued(st);
+            if failed || st.cm.transmit_queued() == 0 {
+                break;
+            }
+        }
+        while st.cm.poll_transmit().is_some() {
+            st.cm.stats_mut().send_drops += 1;
+        }
+        if failed || now.saturating_duration_since(st.qp1_checked) >= QP1_CHECK {
+            self.restart_qp1(st, now);
         }
         let mut any = false;
         while let Some(e) = st.cm.poll_event() {
@@ -245,6 +331,16 @@ impl Inner {
             st = self.cond.wait_timeout(st, left.min(Duration::from_millis(50))).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
+}
+
+/// QP 1 from RESET to RTS (Q_Key 0x80010000, port 1).
+fn move_gsi_to_rts(qp: &QueuePair) -> Result<()> {
+    let mut a = QpAttr { qp_state: QpState::Init, port_num: 1, qkey: GSI_QKEY, ..QpAttr::default() };
+    qp.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY)?;
+    a.qp_state = QpState::Rtr;
+    qp.modify(&a, QpAttrMask::STATE)?;
+    a.qp_state = QpState::Rts;
+    qp.modify(&a, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
 }
 
 /// The RTR/RTS attributes of a CM connection, moved on `qp`
@@ -299,10 +395,10 @@ impl CmEndpoint {
     pub fn open(ctx: &Context) -> Result<CmEndpoint> {
         let pd = ctx.alloc_pd()?;
         let chan = ctx.create_comp_channel()?;
-        let cq = ctx.create_cq(2 * RECV_DEPTH as u32 + 64, Some(&chan))?;
+        let cq = ctx.create_cq(CQ_DEPTH as u32, Some(&chan))?;
         let attr = QpInitAttr {
             cap: QpCap {
-                max_send_wr: 256,
+                max_send_wr: SEND_DEPTH as u32,
                 max_recv_wr: RECV_DEPTH as u32,
                 max_send_sge: 1,
                 max_recv_sge: 1,
@@ -311,12 +407,7 @@ impl CmEndpoint {
             ..QpInitAttr::ud(&cq, &cq)
         };
         let qp = pd.create_gsi_qp(&attr)?;
-        let mut a = QpAttr { qp_state: QpState::Init, port_num: 1, qkey: GSI_QKEY, ..QpAttr::default() };
-        qp.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY)?;
-        a.qp_state = QpState::Rtr;
-        qp.modify(&a, QpAttrMask::STATE)?;
-        a.qp_state = QpState::Rts;
-        qp.modify(&a, QpAttrMask::STATE | QpAttrMask::SQ_PSN)?;
+        move_gsi_to_rts(&qp)?;
         let recv = pd.register(vec![0u8; RECV_DEPTH * SLOT], Access::LOCAL_WRITE)?;
         let attr = ctx.query_device();
         let ip = ctx.local_addr().ip();
@@ -332,7 +423,13 @@ impl CmEndpoint {
             chan,
             _pd: pd,
             ctx: ctx.clone(),
-            st: Mutex::new(State { cm: Cm::new(cfg), events: VecDeque::new(), next_port }),
+            st: Mutex::new(State {
+                cm: Cm::with_rng(cfg, KeyRng::from_os()),
+                events: VecDeque::new(),
+                next_port,
+                sends_in_flight: 0,
+                qp1_checked: Instant::now(),
+            }),
             cond: Condvar::new(),
             stop: AtomicBool::new(false),
         });

@@ -170,4 +170,38 @@ mod tests {
         e.handle_datagram(now, SocketAddr::new(a, 4791), b, &pkt[..n]);
         assert!(e.poll_transmit(now).is_none());
     }
+
+    /// A device without a CM answers a flood of REQs at most at the
+    /// budget's rate (not a reflector): a burst, then nothing at one `now`.
+    #[test]
+    fn an_engine_without_qp1_answers_a_flood_at_a_bounded_rate() {
+        use crate::cm::budget::ANSWER_BURST;
+        use crate::ib::Mtu;
+        use crate::proto::{Engine, EngineConfig};
+        use crate::wire::{build_packet, IpInfo};
+        use std::net::{IpAddr, SocketAddr};
+        use std::time::Instant;
+
+        let (a, b): (IpAddr, IpAddr) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+        let mut e = Engine::new(EngineConfig::new(b, 4791, Mtu::Mtu1024), crate::mem::Memory::new());
+        let now = Instant::now();
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conformance/captures/rxe/rping.pcap");
+        let r = crate::wire::pcap::PcapReader::new(std::fs::File::open(path).unwrap()).unwrap();
+        let lt = r.linktype;
+        let frame = r.into_iter().next().unwrap().unwrap();
+        let (_, udp) = crate::wire::pcap::extract_roce(lt, &frame.data, 4791).unwrap();
+        let req = crate::wire::Packet::parse(udp).unwrap();
+        assert!(matches!(CmMad::parse(req.payload).unwrap().msg, CmMsg::Req(_)));
+        let ip = IpInfo { src: a, dst: b, sport: 4791, dport: 4791, ipv4_id: 0 };
+        let mut pkt = vec![0u8; 400];
+        let n = build_packet(&mad_headers(0), req.payload, &ip, &mut pkt).unwrap();
+        let mut answers = 0;
+        for _ in 0..2 * ANSWER_BURST {
+            e.handle_datagram(now, SocketAddr::new(a, 4791), b, &pkt[..n]);
+            while e.poll_transmit(now).is_some() {
+                answers += 1;
+            }
+        }
+        assert_eq!(answers, ANSWER_BURST as usize);
+    }
 }

@@ -8,6 +8,7 @@
 //! connected QPs.
 
 mod agent;
+pub(crate) mod budget;
 mod conn;
 mod endpoint;
 pub mod event;
@@ -16,6 +17,8 @@ pub mod mad;
 pub mod service;
 pub mod timer;
 
+#[cfg(test)]
+mod hostile_tests;
 #[cfg(test)]
 mod tests;
 

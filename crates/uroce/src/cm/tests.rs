@@ -6,26 +6,26 @@ use super::*;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-const A_IP: &str = "10.0.0.1";
-const B_IP: &str = "10.0.0.2";
-const A_GUID: u64 = 0x0200_00ff_fe0a_0001;
-const B_GUID: u64 = 0x0200_00ff_fe0a_0002;
-const PORT: u16 = 7174;
+pub(super) const A_IP: &str = "10.0.0.1";
+pub(super) const B_IP: &str = "10.0.0.2";
+pub(super) const A_GUID: u64 = 0x0200_00ff_fe0a_0001;
+pub(super) const B_GUID: u64 = 0x0200_00ff_fe0a_0002;
+pub(super) const PORT: u16 = 7174;
 
-struct Net {
-    a: Cm,
-    b: Cm,
-    now: Instant,
+pub(super) struct Net {
+    pub(super) a: Cm,
+    pub(super) b: Cm,
+    pub(super) now: Instant,
     /// MADs taken from the agents, not yet delivered: (to_b, bytes).
-    wire: Vec<(bool, [u8; 256])>,
+    pub(super) wire: Vec<(bool, [u8; 256])>,
 }
 
-fn ip(s: &str) -> IpAddr {
+pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
 impl Net {
-    fn new() -> Net {
+    pub(super) fn new() -> Net {
         Net {
             a: Cm::new(CmConfig::new(ip(A_IP), A_GUID, 1)),
             b: Cm::new(CmConfig::new(ip(B_IP), B_GUID, 2)),
@@ -34,7 +34,7 @@ impl Net {
         }
     }
     /// Takes what both agents want to send.
-    fn collect(&mut self) {
+    pub(super) fn collect(&mut self) {
         while let Some(o) = self.a.poll_transmit() {
             assert_eq!(o.dst, ip(B_IP));
             self.wire.push((true, o.mad));
@@ -50,7 +50,7 @@ impl Net {
         self.wire.iter().map(|(_, m)| CmMad::parse(m).unwrap().msg.name()).collect()
     }
     /// Delivers everything on the wire, repeatedly, until quiet.
-    fn run(&mut self) {
+    pub(super) fn run(&mut self) {
         for _ in 0..50 {
             self.collect();
             if self.wire.is_empty() {
@@ -67,24 +67,24 @@ impl Net {
         panic!("fabric never quiet");
     }
     /// Drops everything on the wire.
-    fn drop_all(&mut self) -> usize {
+    pub(super) fn drop_all(&mut self) -> usize {
         self.collect();
         std::mem::take(&mut self.wire).len()
     }
-    fn advance(&mut self, d: Duration) {
+    pub(super) fn advance(&mut self, d: Duration) {
         self.now += d;
         self.a.handle_timeout(self.now);
         self.b.handle_timeout(self.now);
     }
-    fn listen(&mut self) -> ListenId {
+    pub(super) fn listen(&mut self) -> ListenId {
         self.b.listen(ListenParams { ps: PortSpace::Tcp, addr: None, port: PORT, backlog: 0 }).unwrap()
     }
-    fn connect(&mut self) -> ConnId {
+    pub(super) fn connect(&mut self) -> ConnId {
         self.a.connect(self.now, connect_params(0x11, b"hello")).unwrap()
     }
 }
 
-fn connect_params(qpn: u32, private: &[u8]) -> ConnectParams {
+pub(super) fn connect_params(qpn: u32, private: &[u8]) -> ConnectParams {
     ConnectParams {
         ps: PortSpace::Tcp,
         src_port: 48489,
@@ -102,7 +102,7 @@ fn connect_params(qpn: u32, private: &[u8]) -> ConnectParams {
     }
 }
 
-fn accept_params(qpn: u32) -> AcceptParams {
+pub(super) fn accept_params(qpn: u32) -> AcceptParams {
     AcceptParams {
         qpn,
         responder_resources: 2,
@@ -113,15 +113,15 @@ fn accept_params(qpn: u32) -> AcceptParams {
     }
 }
 
-fn events(cm: &mut Cm) -> Vec<CmEvent> {
+pub(super) fn events(cm: &mut Cm) -> Vec<CmEvent> {
     std::iter::from_fn(|| cm.poll_event()).collect()
 }
-fn kinds(cm: &mut Cm) -> Vec<(EventKind, i32)> {
+pub(super) fn kinds(cm: &mut Cm) -> Vec<(EventKind, i32)> {
     events(cm).into_iter().map(|e| (e.kind, e.status)).collect()
 }
 
 /// Connects A (active, QP 0x11) to B (passive, QP 0x22); returns both ids.
-fn connected(n: &mut Net) -> (ConnId, ConnId) {
+pub(super) fn connected(n: &mut Net) -> (ConnId, ConnId) {
     n.listen();
     let a = n.connect();
     n.run();

@@ -9,30 +9,38 @@
 //! docs/reliability.md, "Local attacker".
 
 use super::MemoryRegion;
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand_chacha::ChaCha20Rng;
 use std::sync::Arc;
 
-/// The random source for key variants and first QPNs: SplitMix64, seeded
-/// once per device from the OS ([`KeyRng::from_os`]) or by a test.
+/// The random source for everything a peer sees and must not predict (key
+/// variants, communication IDs, starting PSNs, the QPN order): ChaCha20, a
+/// keyed CSPRNG, seeded once per device with 256 bits from `getrandom(2)`
+/// ([`KeyRng::from_os`]) or from a test's seed ([`KeyRng::new`]). Unlike
+/// the SplitMix64 it replaces, no number of outputs reveals its state, so
+/// one ID a peer learns tells it nothing about the next.
 #[derive(Debug, Clone)]
-pub struct KeyRng(u64);
+pub struct KeyRng(ChaCha20Rng);
 
 impl KeyRng {
+    /// A generator replaying the sequence of `seed` (deterministic tests and
+    /// simulations only: 64 bits of seed).
     pub fn new(seed: u64) -> KeyRng {
-        KeyRng(seed)
+        KeyRng(ChaCha20Rng::seed_from_u64(seed))
     }
 
     /// Seeded from `getrandom(2)`; falls back to the clock and the address
     /// of a stack variable if the call fails (it does not on Linux ≥ 3.17).
     pub fn from_os() -> KeyRng {
-        KeyRng(os_random_u64())
+        KeyRng(ChaCha20Rng::from_seed(os_random_bytes()))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
+    }
+
+    pub fn next_u32(&mut self) -> u32 {
+        self.0.next_u32()
     }
 
     pub fn next_u8(&mut self) -> u8 {
@@ -44,6 +52,15 @@ impl Default for KeyRng {
     fn default() -> KeyRng {
         KeyRng::from_os()
     }
+}
+
+/// 32 random bytes from the kernel (a generator's key).
+pub fn os_random_bytes() -> [u8; 32] {
+    let mut seed = [0u8; 32];
+    for (i, c) in seed.chunks_mut(8).enumerate() {
+        c.copy_from_slice(&(os_random_u64() ^ i as u64).to_ne_bytes());
+    }
+    seed
 }
 
 /// 64 random bits from the kernel.

@@ -90,26 +90,8 @@ impl EngineConfig {
     }
 }
 
-/// Lowest QPN handed out (0 and 1 are the special QPs; rxe starts at 0x11).
-const FIRST_QPN: u32 = 0x11;
-/// Highest QPN (24 bits).
-const LAST_QPN: u32 = 0x00FF_FFFF;
-
-/// The QPN handed out after `qpn` (wrapping past the highest to the
-/// lowest).
-pub fn qpn_after(qpn: u32) -> u32 {
-    if qpn >= LAST_QPN {
-        FIRST_QPN
-    } else {
-        qpn + 1
-    }
-}
-
-/// The first QPN an engine seeded with `seed` hands out.
-pub fn first_qpn(seed: u64) -> u32 {
-    let r = crate::mem::KeyRng::new(seed).next_u64();
-    FIRST_QPN + (r % u64::from(LAST_QPN - FIRST_QPN + 1)) as u32
-}
+use super::qpn::{QpnOrder, FIRST_QPN, LAST_QPN};
+pub use super::qpn::{first_qpn, qpn_after};
 
 /// What `uroce stat` shows of a QP.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,7 +112,9 @@ pub struct Engine {
     /// assigned, so no peer can steer them into colliding. Each QP with
     /// its counters: one lookup finds both.
     qps: FxHashMap<u32, QpSlot>,
-    next_qpn: u32,
+    /// The QPN order keyed by `cfg.id_seed` and the next QPN in it, made on
+    /// the first [`Engine::create_qp`] (a runtime picks QPNs itself).
+    next_qpn: Option<(QpnOrder, u32)>,
     /// Timer entries (deadline, QPN, generation), earliest on top; see the
     /// module documentation. The top is never stale. A QP's timer is its
     /// earliest of retransmission, RNR and held-ACK deadlines.
@@ -155,6 +139,8 @@ pub struct Engine {
     /// CM answers of a device with no QP 1 (`cm::gsi`), and their PSNs.
     gsi_out: VecDeque<Transmit>,
     gsi_psn: u32,
+    /// How often a device without a CM answers a MAD (not a reflector).
+    gsi_answers: crate::cm::budget::AnswerBudget,
     /// An application thread may answer what arrives: ACKs may be held for
     /// it ([`Engine::set_app_active`]).
     app_active: bool,
@@ -260,12 +246,11 @@ impl std::fmt::Debug for Engine {
 
 impl Engine {
     pub fn new(cfg: EngineConfig, mem: Arc<dyn MemoryAccess>) -> Engine {
-        let next_qpn = first_qpn(cfg.id_seed);
         Engine {
             cfg,
             mem,
             qps: FxHashMap::default(),
-            next_qpn,
+            next_qpn: None,
             timers: BinaryHeap::new(),
             timed: 0,
             timer_gen: 0,
@@ -278,6 +263,7 @@ impl Engine {
             xrc_srqs: XrcSrqs::default(),
             gsi_out: VecDeque::new(),
             gsi_psn: 0,
+            gsi_answers: Default::default(),
             app_active: false,
             rx_ids: RxIds::new(),
             copies: VecDeque::new(),
@@ -492,12 +478,19 @@ impl Engine {
         if self.qps.len() >= 0x10000 {
             return Err(Error::new(crate::ib::Errno::ENOMEM, "create_qp: too many QPs"));
         }
-        let mut qpn = self.next_qpn;
+        let seed = self.cfg.id_seed;
+        let (order, next) = self.next_qpn.get_or_insert_with(|| {
+            let order = QpnOrder::new(&mut crate::mem::KeyRng::new(seed));
+            let first = order.first(seed);
+            (order, first)
+        });
+        // Fewer than 0x10000 QPs: a free number comes within as many steps.
+        let mut qpn = *next;
         while self.qps.contains_key(&qpn) {
-            qpn = if qpn >= LAST_QPN { FIRST_QPN } else { qpn + 1 };
+            qpn = order.after(qpn);
         }
         let qp = make(qpn)?;
-        self.next_qpn = if qpn >= LAST_QPN { FIRST_QPN } else { qpn + 1 };
+        *next = order.after(qpn);
         self.qps.insert(qpn, QpSlot::new(qp, self.cfg.defer_blocking_copies));
         Ok(qpn)
     }
@@ -714,7 +707,7 @@ impl Engine {
                 // was destroyed: routine at teardown (counted, not a warning).
                 tracing::debug!(%src, qpn = bth.dest_qp, "dropped a response for a QP that no longer exists");
             } else if bth.dest_qp == crate::cm::GSI_QPN {
-                self.answer_without_cm(src, pkt, !icrc.is_bad());
+                self.answer_without_cm(now, src, pkt, !icrc.is_bad());
             } else {
                 self.log_drop(now, src, "no such QP");
             }
@@ -837,13 +830,17 @@ impl Engine {
     }
 
     /// A CM MAD to a device whose process runs no CM (no QP 1): answered
-    /// as the kernel answers for an agent without state (`cm::gsi`).
-    fn answer_without_cm(&mut self, src: SocketAddr, pkt: &Packet, icrc_ok: bool) {
+    /// as the kernel answers for an agent without state (`cm::gsi`), at
+    /// most at the rate of `cm::budget` (the kernel answers every one).
+    fn answer_without_cm(&mut self, now: Instant, src: SocketAddr, pkt: &Packet, icrc_ok: bool) {
         let deth_ok = pkt.headers.deth.is_some_and(|d| d.qkey == crate::cm::GSI_QKEY);
         if pkt.headers.bth.opcode != wire::Opcode::UD_SEND_ONLY || !deth_ok {
             return;
         }
         let Some(answer) = crate::cm::gsi::answer_unhandled(pkt.payload).filter(|_| icrc_ok) else { return };
+        if !self.gsi_answers.take(now) {
+            return;
+        }
         let h = crate::cm::gsi::mad_headers(self.gsi_psn);
         self.gsi_psn = (self.gsi_psn + 1) & 0xFF_FFFF;
         let out = IpInfo { src: self.cfg.addr, dst: src.ip(), sport: self.cfg.port, dport: self.cfg.port, ipv4_id: 0 };

@@ -26,6 +26,7 @@ pub mod completer;
 pub mod copy;
 pub mod cq;
 mod engine;
+pub mod qpn;
 pub mod memory;
 pub mod psn;
 pub mod qp;

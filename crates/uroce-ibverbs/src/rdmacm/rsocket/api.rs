@@ -377,7 +377,13 @@ fn send_to(
 
 /// `rrecv`: `dst(src, n)` takes the next n received bytes (`rrecvv` fills
 /// every vector, rsockets only the first).
+///
+/// A call that returns data or end of stream leaves errno as it found it:
+/// the library's own non-blocking reads (CM events, CQ events) fail EAGAIN
+/// inside it, and a caller that checks errno after a 0 return (rstream's
+/// `recv_xfer` retries on EAGAIN) would spin on a connection that ended.
 fn recv_with(fd: c_int, len: usize, flags: c_int, bufs: &mut dyn FnMut(&mut Stream, usize, bool) -> usize) -> isize {
+    let saved = crate::errno::last();
     let sock = match sock_of(fd) {
         Ok(s) => s,
         Err(e) => return fail(e),
@@ -413,6 +419,7 @@ fn recv_with(fd: c_int, len: usize, flags: c_int, bufs: &mut dyn FnMut(&mut Stre
     if err != 0 && left == len {
         return fail(err);
     }
+    crate::errno::set_errno(saved);
     (len - left) as isize
 }
 

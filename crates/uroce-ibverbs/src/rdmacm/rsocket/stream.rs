@@ -424,8 +424,14 @@ impl Stream {
     /// Reads the next CM event of the socket's channel without waiting:
     /// (type, status, private data).
     pub fn next_event(&self) -> Option<(u32, c_int, Vec<u8>, *mut rdma_cm_id, rdma_conn_param)> {
+        // The channel's EAGAIN is ours, not the caller's: errno stays as it
+        // was (see `api::recv_with`).
+        let saved = errno();
         // SAFETY: our channel; its fd is non-blocking.
-        let ev = unsafe { channel::get(self.ch) }.ok()?;
+        let Ok(ev) = (unsafe { channel::get(self.ch) }) else {
+            crate::errno::set_errno(saved);
+            return None;
+        };
         // SAFETY: an event just read; acked below.
         unsafe {
             let e = &(*ev).ev;
@@ -548,12 +554,15 @@ impl Stream {
             return;
         }
         let (mut cq, mut ctx) = (null_mut(), null_mut());
+        let saved = errno();
         // SAFETY: our non-blocking channel and out pointers.
         while unsafe { crate::objects::ibv_get_cq_event(self.cq_ch, &mut cq, &mut ctx) } == 0 {
             // SAFETY: the CQ the event was for (ours).
             unsafe { crate::objects::ibv_ack_cq_events(cq, 1) };
             self.cq_armed = false;
         }
+        // The loop ends on EAGAIN: not the caller's error.
+        crate::errno::set_errno(saved);
     }
 
     pub(super) fn post_write_msg(
