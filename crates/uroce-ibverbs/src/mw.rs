@@ -89,6 +89,7 @@ pub unsafe fn bind_wr(w: &ibv_send_wr, wr: &mut SendWr) -> bool {
     // SAFETY: a window from alloc_mw, and an MR from ibv_reg_mr or NULL.
     let Some(umw) = (unsafe { (bm.mw as *mut UMw).as_mut() }) else { return false };
     let Some(mw_key) = umw.inner.as_ref().map(|w| w.rkey()) else { return false };
+    // SAFETY: as above.
     let mr_key = unsafe { (bm.bind_info.mr as *const UMr).as_ref() }.map_or(0, |m| m.mr.lkey);
     wr.opcode = WrOpcode::BindMw;
     wr.bind = Some(Box::new(BindRequest {

@@ -326,6 +326,8 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
                     &c.cq.async_events_completed,
                 )
             };
+            // SAFETY: a CQ's channel is NULL or one of ours, alive while a
+            // CQ uses it (destroy_comp_channel refuses EBUSY until then).
             if let Some(ch) = unsafe { (c.cq.channel as *mut UChannel).as_mut() } {
                 ch.ch.refcnt -= 1;
             }

@@ -260,10 +260,10 @@ fn registration_checks_the_mapping_access() {
     let _g = serial();
     let (ctx, _other) = pair_with(None);
     let pd = ctx.alloc_pd().unwrap();
-    // SAFETY (every register_raw below): the mappings outlive the regions,
-    // and failed registrations keep nothing.
-    let reg = |addr: usize, len: usize, access: Access| unsafe {
-        pd.register_raw(addr as *mut u8, len, addr as u64, access).map(|mr| mr.lkey())
+    let reg = |addr: usize, len: usize, access: Access| {
+        // SAFETY: the mappings of every call below outlive the regions,
+        // and failed registrations keep nothing.
+        unsafe { pd.register_raw(addr as *mut u8, len, addr as u64, access) }.map(|mr| mr.lkey())
     };
     let ro = Map::new(2, libc::PROT_READ);
     for access in [Access::LOCAL_WRITE, ALL, Access::LOCAL_WRITE | Access::REMOTE_WRITE, Access::MW_BIND] {

@@ -562,10 +562,10 @@ pub unsafe extern "C" fn uroce_cm_rdma_connect(id: *mut rdma_cm_id, conn_param: 
         let (dst, mut src, qp, ps) =
             unsafe { (dst_of(u).ok_or(libc::EINVAL)?, src_of(u).ok_or(libc::EINVAL)?, (*u).id.qp, (*u).id.ps) };
         let ps = ps_of(ps).ok_or(libc::EINVAL)?;
-        // SAFETY: the id's QP, if any.
         let (qp_uc, qp_srq) = if qp.is_null() {
             (false, false)
         } else {
+            // SAFETY: the id's QP, not NULL.
             unsafe { ((*qp).qp_type == ibv_qp_type_IBV_QPT_UC, !(*qp).srq.is_null()) }
         };
         let ep = g.devs[d].ep.clone();
@@ -1192,6 +1192,8 @@ pub unsafe extern "C" fn uroce_cm_rdma_init_qp_attr(
     if attr.is_null() || mask.is_null() {
         return fail(libc::EINVAL);
     }
+    // SAFETY: not NULL (checked): the caller's mask, written once below.
+    let mask = unsafe { &mut *mask };
     rc(with_id(id, |g, u| {
         let s = &g.ids[&(u as usize)];
         let d = s.dev.ok_or(libc::EINVAL)?;

@@ -200,7 +200,8 @@ impl Memory {
         access: Access,
         owner: Option<Box<dyn std::any::Any + Send + Sync>>,
     ) -> Result<Arc<MemoryRegion>> {
-        self.register(pd, addr, len, iova, access, owner)
+        // SAFETY: the caller's promise, as `register` asks it.
+        unsafe { self.register(pd, addr, len, iova, access, owner) }
     }
 
     fn register_odp(&self, pd: u32, addr: usize, len: u64, iova: u64, access: Access) -> Result<Arc<MemoryRegion>> {

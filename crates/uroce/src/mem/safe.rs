@@ -33,7 +33,8 @@ pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, n: usize) -> usize {
     if n == 0 {
         return 0;
     }
-    imp::copy(dst, src, n)
+    // SAFETY: the caller's promise, passed on unchanged.
+    unsafe { imp::copy(dst, src, n) }
 }
 
 /// Atomic fetch-and-add of the 8 aligned bytes at `p` (sequentially
@@ -42,7 +43,8 @@ pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, n: usize) -> usize {
 /// # Safety
 /// `p` must be 8-byte aligned; as [`copy`] for what it points to.
 pub(crate) unsafe fn fetch_add(p: *mut u64, add: u64) -> Option<u64> {
-    imp::fetch_add(p, add)
+    // SAFETY: the caller's promise, passed on unchanged.
+    unsafe { imp::fetch_add(p, add) }
 }
 
 /// Atomic compare-and-swap of the 8 aligned bytes at `p` (sequentially
@@ -51,7 +53,8 @@ pub(crate) unsafe fn fetch_add(p: *mut u64, add: u64) -> Option<u64> {
 /// # Safety
 /// As [`fetch_add`].
 pub(crate) unsafe fn compare_swap(p: *mut u64, compare: u64, swap: u64) -> Option<u64> {
-    imp::compare_swap(p, compare, swap)
+    // SAFETY: the caller's promise, passed on unchanged.
+    unsafe { imp::compare_swap(p, compare, swap) }
 }
 
 /// Atomic 8-byte store with release ordering; `None` on a fault.
@@ -59,7 +62,8 @@ pub(crate) unsafe fn compare_swap(p: *mut u64, compare: u64, swap: u64) -> Optio
 /// # Safety
 /// As [`fetch_add`].
 pub(crate) unsafe fn store(p: *mut u64, value: u64) -> Option<()> {
-    imp::store(p, value)
+    // SAFETY: the caller's promise, passed on unchanged.
+    unsafe { imp::store(p, value) }
 }
 
 /// Why [`guarded`] did not return `f`'s result.
@@ -756,8 +760,8 @@ mod tests {
             // SIGBUS at an address in the range): a PROT_NONE page here.
             let m = TwoPages::new(libc::PROT_NONE);
             // Across the boundary: the second page faults.
-            // SAFETY: read inside `guarded`, which recovers the fault.
             let r = guarded(m.0, 2 * PAGE, || {
+                // SAFETY: read inside `guarded`, which recovers the fault.
                 crc32fast::hash(unsafe { std::slice::from_raw_parts(m.0 as *const u8, 2 * PAGE) })
             });
             assert_eq!(r, Err(Unguarded::Fault));
@@ -785,8 +789,8 @@ mod tests {
                     (0..200)
                         .map(|i| {
                             let len = if i % 2 == 0 { PAGE } else { 2 * PAGE };
-                            // SAFETY: read inside `guarded`.
                             guarded(base, len, || {
+                                // SAFETY: read inside `guarded`.
                                 crc32fast::hash(unsafe { std::slice::from_raw_parts(base as *const u8, len) })
                             })
                             .is_ok()

@@ -49,6 +49,7 @@ impl Context {
         // SAFETY: fstat writes a `struct stat` into our zeroed one; any fd
         // value is allowed (an invalid one fails with EBADF).
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
         if unsafe { libc::fstat(fd, &mut st) } != 0 {
             return Err(Error::new(Errno(libc::EBADF), "open_xrcd: fd is not an open file"));
         }

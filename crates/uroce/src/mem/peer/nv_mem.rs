@@ -484,10 +484,10 @@ pub mod cuda {
                 .map_err(|e| format!("libcuda.so.1 not loadable (no NVIDIA driver installed?): {e}"))?;
             macro_rules! sym {
                 ($name:literal, $ty:ty) => {{
-                    // SAFETY: the symbol has this C signature in cuda.h; the
-                    // pointer is used only while `lib` is loaded (it moves
-                    // into the driver with the pointers).
                     let s: libloading::Symbol<$ty> =
+                        // SAFETY: the symbol has this C signature in cuda.h;
+                        // the pointer is used only while `lib` is loaded (it
+                        // moves into the driver with the pointers).
                         unsafe { lib.get($name) }.map_err(|e| format!("libcuda.so.1 too old or broken: {e}"))?;
                     *s
                 }};
