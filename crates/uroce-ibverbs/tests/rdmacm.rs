@@ -482,14 +482,30 @@ fn perftest_client_of_a_killed_server_flushes() {
     let s = Reap(Some(dropin_command("ib_send_bw", "127.0.0.183").args(args).spawn().unwrap()));
     assert!(device_up("127.0.0.183"));
     let cargs: Vec<&str> = args.iter().copied().chain(["127.0.0.183"]).collect();
-    let mut c =
-        Reap(Some(dropin_command("stdbuf", "127.0.0.184").arg("-o0").arg("ib_send_bw").args(&cargs).spawn().unwrap()));
-    // Killed once the client measures (its traffic flows).
-    std::thread::sleep(Duration::from_secs(3));
+    // Killed once the client measures (its traffic flows: it printed the
+    // results' header). A client that came before the server listened is
+    // rejected (REJ 8, Debian perftest's own race: see the README) and is
+    // started again.
+    let mut c = None;
+    for _ in 0..10 {
+        let mut w = Watched::spawn({
+            let mut cmd = dropin_command("stdbuf", "127.0.0.184");
+            cmd.arg("-o0").arg("ib_send_bw").args(&cargs);
+            cmd
+        });
+        if w.wait_for("#bytes", Duration::from_secs(120)) {
+            c = Some(w);
+            break;
+        }
+        let out = w.text();
+        assert!(out.contains("RDMA_CM_EVENT_REJECTED"), "the client failed before measuring: {out}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let c = c.expect("the client never connected");
     let mut s = s.into_inner_killed();
     let _ = s.wait();
     let t = Instant::now();
-    let (ok, out) = c.wait("ib_send_bw client", Duration::from_secs(40));
+    let (ok, out) = c.finish(Duration::from_secs(40));
     assert!(!ok && out.contains("Completion with error") && out.contains("status 12"), "{out}");
     assert!(t.elapsed() < Duration::from_secs(20), "{:?}: {out}", t.elapsed());
 }

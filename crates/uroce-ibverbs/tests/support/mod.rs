@@ -162,3 +162,91 @@ pub fn device_up(addr: &str) -> bool {
     }
     false
 }
+
+/// A child whose output (stdout and stderr, interleaved as they come) is
+/// read while it runs, so a test can wait for a line before acting: the
+/// moment something happens, not a fixed time after the start.
+pub struct Watched {
+    child: Reap,
+    text: std::sync::Arc<std::sync::Mutex<String>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Watched {
+    pub fn spawn(mut cmd: Command) -> Watched {
+        use std::io::Read;
+        let mut child = cmd.spawn().unwrap();
+        let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut readers = Vec::new();
+        let pipes: [Option<Box<dyn Read + Send>>; 2] = [
+            child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
+            child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
+        ];
+        for mut p in pipes.into_iter().flatten() {
+            let text = text.clone();
+            readers.push(std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = p.read(&mut buf) {
+                    text.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            }));
+        }
+        Watched { child: Reap::new(child), text, readers }
+    }
+
+    /// The output so far.
+    pub fn text(&self) -> String {
+        self.text.lock().unwrap().clone()
+    }
+
+    /// Waits until the output contains `needle` (true) or the child exits
+    /// without it (false); panics after `limit`, which only a hang reaches.
+    pub fn wait_for(&mut self, needle: &str, limit: Duration) -> bool {
+        let t = Instant::now();
+        loop {
+            if self.text().contains(needle) {
+                return true;
+            }
+            let c = self.child.0.as_mut().expect("not finished");
+            if c.try_wait().unwrap().is_some() {
+                self.join_readers();
+                return self.text().contains(needle);
+            }
+            assert!(t.elapsed() < limit, "no {needle:?} within {limit:?}:\n{}", self.text());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn join_readers(&mut self) {
+        for r in self.readers.drain(..) {
+            let _ = r.join();
+        }
+    }
+
+    /// Waits at most `limit` for the child to exit (killing it then): whether
+    /// it succeeded, and all its output.
+    pub fn finish(self, limit: Duration) -> (bool, String) {
+        let Watched { child, text, readers } = self;
+        let mut c = child.into_inner();
+        let t = Instant::now();
+        let st = loop {
+            if let Some(st) = c.try_wait().unwrap() {
+                break Some(st);
+            }
+            if t.elapsed() > limit {
+                let _ = c.kill();
+                let _ = c.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        for r in readers {
+            let _ = r.join();
+        }
+        let text = text.lock().unwrap().clone();
+        match st {
+            Some(st) => (st.success(), text),
+            None => (false, format!("still running after {limit:?}: killed\n{text}")),
+        }
+    }
+}
