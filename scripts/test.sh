@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(ibverbs-utils rdmacm-utils librdmacm-dev perftest python3-pyverbs libibverbs-dev rdma-core tshark valgrind iproute2 ethtool clang libclang-dev
-      ucx-utils binutils python3-dpkt)
+      ucx-utils binutils python3-dpkt qperf libfabric-bin)
 
 install_packages() {
     local missing=()

@@ -16,6 +16,7 @@ use super::socket::{Datagram, RecvBatch, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 use super::{Capture, RoceSocket};
 use crate::ib::{Errno, Error, Result};
 use crate::mem::Memory;
+use crate::proto::presence::Presence;
 use crate::proto::qp::QpInit;
 use crate::proto::srq::SharedRecvQueue;
 use crate::proto::{
@@ -52,9 +53,6 @@ pub struct RuntimeConfig {
 
 /// Longest the progress thread sleeps without re-checking its timers.
 const MAX_SLEEP: Duration = Duration::from_millis(200);
-/// How long after an application poll the progress thread leaves the
-/// socket to the application.
-const APP_POLL_GRACE: Duration = Duration::from_micros(500);
 /// Longest sleep while timers are pending (their granularity).
 const TICK: Duration = Duration::from_millis(1);
 /// Receive buffers filled per `recvmmsg` (each may hold a GRO batch).
@@ -114,8 +112,12 @@ pub struct Runtime {
     /// sequentially consistent): either the pass sees the sleep and wakes
     /// the thread for an earlier deadline, or the thread sees the deadline.
     sleeping_until: AtomicInstant,
-    /// When an application thread last polled for completions.
-    app_poll_at: AtomicInstant,
+    /// What application threads do: the policy of who reads the socket
+    /// (`proto::presence`).
+    presence: Arc<Presence>,
+    /// Whether the progress thread sleeps without the socket in its set (an
+    /// armed CQ then wakes it).
+    blind: AtomicBool,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// LINK HOOK: the same-host shared-memory link (see `io::link`); None
     /// when off (`UROCE_LINK=udp`) or not available.
@@ -179,7 +181,8 @@ impl Runtime {
             busy_poll: cfg.busy_poll,
             shutdown: AtomicBool::new(false),
             sleeping_until: AtomicInstant::default(),
-            app_poll_at: AtomicInstant::default(),
+            presence: Arc::default(),
+            blind: AtomicBool::new(false),
             thread: Mutex::new(None),
             link,
         });
@@ -379,12 +382,13 @@ impl Runtime {
         }
         if let Some(d) = deadline {
             // Asleep past the new deadline: wake. Awake (None): it will see
-            // the deadline (see `progress_once`). While an application polls,
-            // its own passes fire due timers (a held ACK's among them,
-            // armed on every message it is to answer): no wake-up, which
-            // would cost it a context switch per message; the thread
-            // sleeps at most APP_POLL_GRACE then.
-            if self.sleeping_until.load(Ordering::SeqCst).is_some_and(|s| d < s) && !self.app_polling(now) {
+            // the deadline (see `progress_once`). While an application thread
+            // receives (polls, or waits on the socket), its own passes fire
+            // due timers (a held ACK's among them, armed on every message it
+            // is to answer): no wake-up, which would cost it a context switch
+            // per message; the thread sleeps at most `presence::POLL_GRACE`
+            // then.
+            if self.sleeping_until.load(Ordering::SeqCst).is_some_and(|s| d < s) && !self.presence.app_receives(now) {
                 self.wake();
             }
         }
@@ -531,7 +535,7 @@ impl Runtime {
     /// is the application thread.
     pub fn try_progress(&self) -> bool {
         let now = Instant::now();
-        self.app_poll_at.store(Some(now), Ordering::Relaxed);
+        self.presence.polled(now);
         let mut events = Vec::new();
         let got = match self.rx.try_lock() {
             Ok(mut rx) => self.receive(&mut rx, now, true, &mut events),
@@ -541,9 +545,85 @@ impl Runtime {
         got
     }
 
-    /// Whether an application thread polled for completions lately.
-    fn app_polling(&self, now: Instant) -> bool {
-        self.app_poll_at.load(Ordering::Relaxed).is_some_and(|t| now < t + APP_POLL_GRACE)
+    /// What application threads of this device do (CQs count their arm
+    /// state in it).
+    pub fn presence(&self) -> &Arc<Presence> {
+        &self.presence
+    }
+
+    /// A CQ of this device was armed: an application waits for its event.
+    /// A progress thread asleep without the socket (left to a poller) is
+    /// woken to watch it, unless a waiter reads it.
+    pub fn cq_armed(&self) {
+        if self.blind.load(Ordering::SeqCst) && !self.presence.app_receives(Instant::now()) {
+            self.wake();
+        }
+    }
+
+    /// Waits, in an application thread, until `fd` (a completion channel's)
+    /// is readable, receiving for the device meanwhile: the thread sleeps
+    /// on the socket beside `fd` and runs a receive pass when a datagram
+    /// comes or a timer is due, so a completion it produces wakes nobody
+    /// else, and the progress thread leaves the socket to it
+    /// (`proto::presence`). Returns true once `fd` is readable (or `ready`
+    /// says so after a pass) or the device shuts down, false at `deadline`;
+    /// fails as `ppoll` does (EINTR: a signal came, as a blocking `read` of
+    /// `fd` would report it).
+    pub fn wait_receiving(
+        &self,
+        fd: std::os::fd::RawFd,
+        deadline: Option<Instant>,
+        ready: impl Fn() -> bool,
+    ) -> io::Result<bool> {
+        self.presence.waiter_enters();
+        let mut slept = false;
+        // A busy-polling progress thread reads the socket itself.
+        let nfds = if self.busy_poll { 1 } else { 2 };
+        let r = loop {
+            if self.shutdown.load(Ordering::SeqCst) {
+                break Ok(true);
+            }
+            let now = Instant::now();
+            let mut timeout = self.sleep_for(now, None);
+            if let Some(d) = deadline {
+                if now >= d {
+                    break Ok(false);
+                }
+                timeout = timeout.min(d - now);
+            }
+            let mut fds = [
+                libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: self.socket.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            ];
+            let ts = libc::timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
+            // SAFETY: fds is a valid array of at least `nfds` pollfd; ts a valid timespec.
+            let n = unsafe { libc::ppoll(fds.as_mut_ptr(), nfds, &ts, std::ptr::null()) };
+            if n < 0 {
+                break Err(io::Error::last_os_error());
+            }
+            if fds[0].revents != 0 {
+                break Ok(true);
+            }
+            slept = true;
+            // Another thread receiving (the progress thread, woken by the
+            // same datagram) completes what it brings: its event wakes us.
+            if let Ok(mut rx) = self.rx.try_lock() {
+                let mut events = Vec::new();
+                self.receive(&mut rx, Instant::now(), true, &mut events);
+                drop(rx);
+                self.dispatch(events);
+                if ready() {
+                    break Ok(true);
+                }
+            } else {
+                let mut one = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }];
+                let ts = libc::timespec { tv_sec: 0, tv_nsec: 50_000 };
+                // SAFETY: one valid pollfd; ts a valid timespec.
+                unsafe { libc::ppoll(one.as_mut_ptr(), 1, &ts, std::ptr::null()) };
+            }
+        };
+        self.presence.waiter_leaves(Instant::now(), slept);
+        r
     }
 
     /// Whether some shard's timer is due at `now`.
@@ -694,8 +774,8 @@ impl Runtime {
         self.faults.as_ref().map(|f| f.stats())
     }
 
-    /// How long the progress thread may sleep at `now`.
-    fn sleep_for(&self, now: Instant, app_polling: bool) -> Duration {
+    /// How long the progress thread may sleep at `now` (at most `cap`).
+    fn sleep_for(&self, now: Instant, cap: Option<Duration>) -> Duration {
         let next =
             [self.next_timeout(), self.faults.as_ref().and_then(|f| f.next_release())].into_iter().flatten().min();
         // With timers pending, wake at least every TICK: then a new, later
@@ -706,8 +786,8 @@ impl Runtime {
             Some(d) => d.saturating_duration_since(now).min(TICK),
             None => MAX_SLEEP,
         };
-        if app_polling {
-            timeout = timeout.min(APP_POLL_GRACE);
+        if let Some(c) = cap {
+            timeout = timeout.min(c);
         }
         timeout
     }
@@ -718,16 +798,24 @@ impl Runtime {
             return false;
         }
         let now = Instant::now();
-        // While an application thread polls a CQ of this device it receives
-        // for us (`try_progress`): leave the socket to it instead of waking
-        // on every packet and fighting over the locks.
-        let app_polling = self.app_polling(now);
-        let mut timeout = self.sleep_for(now, app_polling);
+        // While an application thread receives for us (it polls a CQ,
+        // `try_progress`, or waits on the socket, `wait_receiving`), leave
+        // the socket to it instead of waking on every packet and fighting
+        // over the locks (`proto::presence`).
+        let mut plan = self.presence.thread_sleep(now);
+        if !plan.watch_socket && !self.busy_poll {
+            self.blind.store(true, Ordering::SeqCst);
+            // A CQ armed before it could see `blind` (see `cq_armed`).
+            plan = self.presence.thread_sleep(now);
+            self.blind.store(!plan.watch_socket, Ordering::SeqCst);
+        }
+        let app_polling = !plan.watch_socket;
+        let mut timeout = self.sleep_for(now, plan.cap);
         if !self.busy_poll {
             self.sleeping_until.store(Some(now + timeout), Ordering::SeqCst);
             // A pass that published an earlier deadline before it could see
             // the sleep (see `sleeping_until`).
-            let again = self.sleep_for(now, app_polling);
+            let again = self.sleep_for(now, plan.cap);
             if again < timeout {
                 timeout = again;
                 self.sleeping_until.store(Some(now + timeout), Ordering::SeqCst);
@@ -735,8 +823,9 @@ impl Runtime {
         }
         // LINK HOOK: a sleep that nobody else's polling covers is announced
         // in the rings (producers then ring the wake eventfd); packets
-        // already there cancel it.
-        let link_sleeps = !self.busy_poll && !app_polling && self.link.is_some();
+        // already there cancel it. A waiter watches the socket only: the
+        // rings' doorbell stays this thread's.
+        let link_sleeps = !self.busy_poll && !self.presence.app_polls(now) && self.link.is_some();
         let timeout = match &self.link {
             Some(l) if link_sleeps && l.sleep() => Duration::ZERO,
             Some(l) if !link_sleeps => {
@@ -755,6 +844,7 @@ impl Runtime {
             // SAFETY: fds is a valid array of at least `nfds` pollfd; ts a valid timespec.
             unsafe { libc::ppoll(fds.as_mut_ptr(), nfds, &ts, std::ptr::null()) };
             self.sleeping_until.store(None, Ordering::SeqCst);
+            self.blind.store(false, Ordering::SeqCst);
             if let Some(l) = self.link.as_ref().filter(|_| link_sleeps) {
                 l.woke(); // LINK HOOK
             }
@@ -774,7 +864,7 @@ impl Runtime {
         // While an application calls in, its next post is near: the engines
         // may hold this pass's ACKs for it too (`proto::ack` bounds the hold).
         let now = Instant::now();
-        let app_active = self.app_polling(now);
+        let app_active = self.presence.app_active(now);
         let got = rx.is_some_and(|mut rx| self.receive(&mut rx, now, app_active, &mut events));
         self.dispatch(events);
         if self.busy_poll && !got {

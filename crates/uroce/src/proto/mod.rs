@@ -27,6 +27,7 @@ pub mod copy;
 pub mod cq;
 mod engine;
 pub mod memory;
+pub mod presence;
 pub mod psn;
 pub mod qp;
 pub mod requester;

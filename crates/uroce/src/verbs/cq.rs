@@ -21,6 +21,7 @@ impl CompletionQueue {
         }
         let handle = ctx.dev.next_handle();
         let ring = Arc::new(Ring::with_inline(handle, cqe as usize, Some(ctx.dev.mem.clone()), ctx.dev.inline_recv));
+        ring.count_arms_in(ctx.dev.rt.presence().clone());
         ctx.dev.track_events(crate::proto::EventElement::Cq(handle));
         let channel = channel.map(|c| c.inner.clone());
         if let Some(ch) = &channel {
@@ -70,7 +71,9 @@ impl CompletionQueue {
         if self.channel.is_none() {
             return Err(Error::inval("req_notify_cq: CQ has no completion channel"));
         }
-        self.ring.arm(solicited_only);
+        if self.ring.arm(solicited_only) {
+            self.ctx.dev.rt.cq_armed();
+        }
         Ok(())
     }
 
