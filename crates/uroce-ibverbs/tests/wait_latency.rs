@@ -80,7 +80,8 @@ fn event_driven_uc_and_ud_pingpongs_stay_near_polled_rc() {
 }
 
 /// qperf's `rc_lat` waits on a completion channel unless told to poll
-/// (`-cp1`): both, against the same run's polled figure.
+/// (`-cp1`): both, against the same run's polled figure. RoCE needs its
+/// RDMA CM mode (`-cm1`; the client names the server's device address).
 #[test]
 fn qperf_rc_lat_event_driven_stays_near_polled() {
     let _serial = serial();
@@ -88,11 +89,11 @@ fn qperf_rc_lat_event_driven_stays_near_polled() {
         skip!("qperf is not installed (Debian package qperf)");
     }
     let lp = "19480";
-    let mut server = Reap::new(dropin_command("qperf", "127.0.0.83").args(["-lp", lp]).spawn().unwrap());
+    let server = Reap::new(dropin_command("qperf", "127.0.0.83").args(["-lp", lp]).spawn().unwrap());
     assert!(listening(19480), "qperf: the server never listened on TCP port {lp}");
     let run = |extra: &[&str]| -> f64 {
         let mut c = dropin_command("qperf", "127.0.0.84");
-        c.args(["-lp", lp, "-t", "1", "-m", "64"]).args(extra).args(["127.0.0.1", "rc_lat"]);
+        c.args(["-lp", lp, "-cm1", "-t", "1", "-m", "64"]).args(extra).args(["127.0.0.83", "rc_lat"]);
         let what = format!("qperf rc_lat {extra:?}");
         let (ok, text) = Reap::new(c.spawn().unwrap()).wait(&what, Duration::from_secs(60));
         assert!(ok, "{what}: {text}");
