@@ -591,6 +591,7 @@ impl Runtime {
                 }
                 timeout = timeout.min(d - now);
             }
+            self.presence.waiter_sleeps_until(now + timeout + TICK);
             let mut fds = [
                 libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
                 libc::pollfd { fd: self.socket.as_raw_fd(), events: libc::POLLIN, revents: 0 },

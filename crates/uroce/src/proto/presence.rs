@@ -40,6 +40,10 @@ pub struct Presence {
     waiters: AtomicUsize,
     /// When a waiter that slept last left (as `polled_at`).
     waited_at: AtomicU64,
+    /// Until when the latest waiter's sleep lasts at most (as `polled_at`):
+    /// a waiter that never leaves (its thread cancelled in the wait, as
+    /// `pthread_cancel` may) stops counting once it passed.
+    waiter_lease: AtomicU64,
     /// CQs armed (`ibv_req_notify_cq`) whose event has not fired.
     armed: AtomicUsize,
 }
@@ -91,6 +95,11 @@ impl Presence {
         self.waiters.fetch_sub(1, Ordering::SeqCst);
     }
 
+    /// A waiter goes to sleep until `until` at the latest.
+    pub fn waiter_sleeps_until(&self, until: Instant) {
+        self.waiter_lease.fetch_max(raw(until), Ordering::SeqCst);
+    }
+
     /// A CQ went from unarmed to armed.
     pub fn cq_armed(&self) {
         self.armed.fetch_add(1, Ordering::SeqCst);
@@ -107,7 +116,9 @@ impl Presence {
 
     /// Whether a waiter is there, or one that slept left within the grace.
     fn waiting(&self, now: Instant) -> bool {
-        self.waiters.load(Ordering::SeqCst) > 0 || within_grace(self.waited_at.load(Ordering::SeqCst), now)
+        let lease = self.waiter_lease.load(Ordering::SeqCst);
+        (self.waiters.load(Ordering::SeqCst) > 0 && raw(now) < lease)
+            || within_grace(self.waited_at.load(Ordering::SeqCst), now)
     }
 
     /// Whether an application thread polls (lately, and waits for no event).
@@ -125,7 +136,7 @@ impl Presence {
     /// Whether the application is there to answer what arrives (an ACK
     /// may be held for its next post, see `proto::ack`).
     pub fn app_active(&self, now: Instant) -> bool {
-        self.waiters.load(Ordering::SeqCst) > 0 || self.recent(now)
+        self.waiting(now) || self.recent(now)
     }
 
     /// How the progress thread sleeps at `now`.
@@ -139,10 +150,17 @@ impl Presence {
 mod tests {
     use super::*;
 
+    /// A `now` not before the clock's origin (an instant read before the
+    /// origin is set would clamp to it).
+    fn start() -> Instant {
+        origin();
+        Instant::now()
+    }
+
     #[test]
     fn nobody_there_the_thread_watches_the_socket_without_a_cap() {
         let p = Presence::default();
-        let now = Instant::now();
+        let now = start();
         assert_eq!(p.thread_sleep(now), ThreadSleep { watch_socket: true, cap: None });
         assert!(!p.app_active(now));
     }
@@ -150,7 +168,7 @@ mod tests {
     #[test]
     fn a_poll_leaves_the_socket_to_the_application_for_the_grace() {
         let p = Presence::default();
-        let now = Instant::now();
+        let now = start();
         p.polled(now);
         assert_eq!(p.thread_sleep(now), ThreadSleep { watch_socket: false, cap: Some(POLL_GRACE) });
         assert!(p.app_active(now));
@@ -161,7 +179,7 @@ mod tests {
     #[test]
     fn an_armed_cq_means_the_application_waits_for_an_event_not_polls() {
         let p = Presence::default();
-        let now = Instant::now();
+        let now = start();
         p.polled(now);
         p.cq_armed();
         assert!(!p.app_polls(now));
@@ -174,9 +192,10 @@ mod tests {
     #[test]
     fn a_waiter_holds_the_socket_even_with_its_cq_armed() {
         let p = Presence::default();
-        let now = Instant::now();
+        let now = start();
         p.cq_armed();
         p.waiter_enters();
+        p.waiter_sleeps_until(now + 20 * POLL_GRACE);
         let later = now + 10 * POLL_GRACE;
         assert_eq!(p.thread_sleep(later), ThreadSleep { watch_socket: false, cap: Some(POLL_GRACE) });
         assert!(p.app_receives(later) && p.app_active(later));
@@ -188,9 +207,20 @@ mod tests {
     }
 
     #[test]
+    fn a_waiter_cancelled_in_its_sleep_stops_counting_when_the_sleep_would_end() {
+        let p = Presence::default();
+        let now = start();
+        p.waiter_enters();
+        p.waiter_sleeps_until(now + POLL_GRACE);
+        assert!(!p.thread_sleep(now).watch_socket);
+        // Never leaves.
+        assert!(p.thread_sleep(now + POLL_GRACE).watch_socket);
+    }
+
+    #[test]
     fn a_wait_that_found_its_event_says_nothing_of_the_next() {
         let p = Presence::default();
-        let now = Instant::now();
+        let now = start();
         p.cq_armed();
         p.waiter_enters();
         p.waiter_leaves(now, false); // poll said readable; get_event took it
