@@ -269,9 +269,20 @@ impl Context {
     }
 
     pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
+        self.comp_channel(Arc::downgrade(&self.dev.rt))
+    }
+
+    /// A channel for uroce's own threads (the CM agent): waiting on it
+    /// receives nothing, and its CQs' arm state is not an application's
+    /// (`proto::presence`).
+    pub(crate) fn create_internal_comp_channel(&self) -> Result<CompletionChannel> {
+        self.comp_channel(Weak::new())
+    }
+
+    fn comp_channel(&self, rt: Weak<Runtime>) -> Result<CompletionChannel> {
         Ok(CompletionChannel {
             inner: Arc::new(ChannelInner {
-                rt: Arc::downgrade(&self.dev.rt),
+                rt,
                 fd: new_eventfd(libc::EFD_SEMAPHORE)?,
                 fired: Mutex::new(VecDeque::new()),
                 cqs: AtomicU32::new(0),
@@ -404,7 +415,8 @@ fn capture_error(e: &std::io::Error) -> Option<Error> {
 
 pub(crate) struct ChannelInner {
     /// The device whose CQs may use the channel: a thread waiting for an
-    /// event receives for it meanwhile (`Runtime::wait_receiving`).
+    /// event receives for it meanwhile (`Runtime::wait_receiving`); none
+    /// for an internal channel.
     rt: Weak<Runtime>,
     fd: OwnedFd,
     fired: Mutex<VecDeque<u32>>,
@@ -415,6 +427,10 @@ pub(crate) struct ChannelInner {
 }
 
 impl ChannelInner {
+    /// Whether an application waits on it (not an internal channel).
+    pub(crate) fn is_application(&self) -> bool {
+        self.rt.strong_count() > 0
+    }
     fn notify(&self, cq: u32) {
         self.fired.lock().unwrap().push_back(cq);
         write_eventfd(self.fd.as_raw_fd());
