@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(ibverbs-utils rdmacm-utils librdmacm-dev perftest python3-pyverbs libibverbs-dev rdma-core tshark valgrind iproute2 ethtool clang libclang-dev
-      ucx-utils binutils python3-dpkt libfabric1 libfabric-bin libfabric-dev qemu-system-x86 busybox-static)
+      ucx-utils binutils python3-dpkt libfabric1 libfabric-bin libfabric-dev qemu-system-x86 busybox-static qperf)
 
 install_packages() {
     local missing=()

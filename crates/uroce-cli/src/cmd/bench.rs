@@ -21,7 +21,12 @@
 //! ping-pong; WRITE as perftest (each side writes to the other and polls
 //! memory for the last byte), SEND with receives, READ and atomics one-sided;
 //! half round trip for WRITE and SEND, full round trip for READ and atomics.
-//! Everything polls the CQ busily, which drives the device in this thread.
+//! By default everything polls the CQ busily, which drives the device in
+//! this thread; `--wait event` waits as `ibv_rc_pingpong -e` and qperf do
+//! (a completion channel, `ibv_req_notify_cq` after each event), and its
+//! latency rows compare with a raw UDP ping-pong whose ends block in
+//! `recv` (two kernel wake-ups per round trip). `--transport` runs the
+//! points over RC, UC or UD QPs (UC: WRITE and SEND; UD: SEND).
 
 mod ctrl;
 mod floor;
@@ -93,6 +98,50 @@ pub enum Op {
     Atomic,
 }
 
+/// The QP type of a point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    Rc,
+    Uc,
+    Ud,
+}
+
+/// How an end waits for its completions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Wait {
+    /// Busy `ibv_poll_cq` (perftest's default).
+    Poll,
+    /// `ibv_req_notify_cq` + a completion channel (`ibv_rc_pingpong -e`).
+    Event,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Rc => "rc",
+            Transport::Uc => "uc",
+            Transport::Ud => "ud",
+        }
+    }
+    /// Whether `op` exists over this transport (the verbs' rules).
+    fn allows(self, op: Op) -> bool {
+        match self {
+            Transport::Rc => true,
+            Transport::Uc => matches!(op, Op::Write | Op::Send),
+            Transport::Ud => op == Op::Send,
+        }
+    }
+}
+
+impl Wait {
+    fn name(self) -> &'static str {
+        match self {
+            Wait::Poll => "poll",
+            Wait::Event => "event",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Metric {
     Bw,
@@ -139,6 +188,14 @@ pub struct Opts {
     /// Powers of two from 2 bytes to 1 MiB (atomics: 8 bytes).
     #[arg(long)]
     sweep: bool,
+    /// QP types (comma-separated list allowed): UC runs WRITE and SEND, UD
+    /// SEND only (other operations are skipped for them).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "rc")]
+    transport: Vec<Transport>,
+    /// How to wait for completions (comma-separated list allowed); `event`
+    /// runs latency points of SEND, READ and atomics.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "poll")]
+    wait: Vec<Wait>,
     /// QPs (bandwidth tests, round-robin; latency uses one).
     #[arg(long, default_value_t = 1)]
     qps: usize,
@@ -185,6 +242,8 @@ pub struct Opts {
 #[derive(Clone, Debug)]
 pub struct Spec {
     pub op: Op,
+    pub transport: Transport,
+    pub wait: Wait,
     pub metric: Metric,
     pub size: usize,
     pub qps: usize,
@@ -194,7 +253,8 @@ pub struct Spec {
 impl Spec {
     fn to_json(&self) -> Value {
         json!({
-            "op": self.op.name(), "metric": self.metric.name(), "size": self.size,
+            "op": self.op.name(), "transport": self.transport.name(), "wait": self.wait.name(),
+            "metric": self.metric.name(), "size": self.size,
             "qps": self.qps, "tx_depth": self.tx_depth,
         })
     }
@@ -202,6 +262,8 @@ impl Spec {
         let num = |k: &str| v[k].as_u64().map(|x| x as usize).ok_or_else(|| format!("bench: spec lacks {k}"));
         let spec = Spec {
             op: Op::parse(v["op"].as_str().unwrap_or(""))?,
+            transport: <Transport as clap::ValueEnum>::from_str(v["transport"].as_str().unwrap_or("rc"), false)?,
+            wait: <Wait as clap::ValueEnum>::from_str(v["wait"].as_str().unwrap_or("poll"), false)?,
             metric: if v["metric"] == "lat" { Metric::Lat } else { Metric::Bw },
             size: num("size")?,
             qps: num("qps")?,
@@ -217,11 +279,34 @@ impl Spec {
         if self.qps == 0 || self.qps > 1024 || self.tx_depth == 0 || self.tx_depth > 16384 {
             return Err("bench: --qps must be 1..=1024 and --tx-depth 1..=16384".into());
         }
+        if !self.transport.allows(self.op) {
+            return Err(format!("bench: no {} over {}", self.op.name(), self.transport.name()).into());
+        }
+        if self.wait == Wait::Event && (self.metric != Metric::Lat || self.op == Op::Write) {
+            return Err("bench: --wait event runs latency points of send, read and atomic".into());
+        }
+        if self.transport == Transport::Ud && self.size > 4096 {
+            return Err(format!("bench: a UD message is one packet (at most 4096 bytes, not {})", self.size).into());
+        }
         Ok(())
     }
     /// Latency reported as half the round trip (WRITE, SEND) or all of it.
     fn half_rtt(&self) -> bool {
         matches!(self.op, Op::Write | Op::Send)
+    }
+    /// The row's name: the operation, with its transport and wait when not
+    /// RC and polling (`ud-send`, `send-ev`).
+    pub fn label(&self) -> String {
+        let mut s = String::new();
+        if self.transport != Transport::Rc {
+            s += self.transport.name();
+            s += "-";
+        }
+        s += self.op.name();
+        if self.wait == Wait::Event {
+            s += "-ev";
+        }
+        s
     }
 }
 
@@ -302,6 +387,7 @@ fn server_with(addr: Option<IpAddr>, tcp_port: u16, port: u16, wait: u64, ready:
             "rdma" => rdma::serve(&mut ctrl, &ctx, &pd, &msg),
             "udp_stream" => udp::serve_stream(&mut ctrl, ip),
             "udp_pingpong" => udp::serve_pingpong(&mut ctrl, ip),
+            "udp_pingpong_blocking" => udp::serve_pingpong_blocking(&mut ctrl, ip),
             "udp_floor" => floor::serve(&mut ctrl, ip),
             "bye" => return ctrl.send(&json!({ "ok": true })),
             other => Err(format!("unknown command {other:?}").into()),
@@ -400,13 +486,25 @@ fn points(opts: &Opts) -> Res<Vec<Spec>> {
         };
         for &op in &opts.op {
             let sizes = if op == Op::Atomic { vec![8] } else { sizes.clone() };
-            for size in sizes {
-                let qps = if metric == Metric::Lat { 1 } else { opts.qps };
-                let s = Spec { op, metric, size, qps, tx_depth: opts.tx_depth };
-                s.validate()?;
-                v.push(s);
+            for &transport in opts.transport.iter().filter(|t| t.allows(op)) {
+                for &wait in &opts.wait {
+                    if wait == Wait::Event && (metric != Metric::Lat || op == Op::Write) {
+                        continue; // see `Spec::validate`
+                    }
+                    for &size in &sizes {
+                        let qps = if metric == Metric::Lat { 1 } else { opts.qps };
+                        let s = Spec { op, transport, wait, metric, size, qps, tx_depth: opts.tx_depth };
+                        s.validate()?;
+                        v.push(s);
+                    }
+                }
             }
         }
+    }
+    if v.is_empty() {
+        return Err("bench: no point: --wait event runs latency points of send, read and atomic; \
+                    UC runs write and send, UD send"
+            .into());
     }
     Ok(v)
 }
@@ -468,7 +566,7 @@ fn client(opts: &Opts, server: SocketAddr, addr: Option<IpAddr>, port: Option<u1
             );
             rep.streams.push(b);
         }
-        if specs.iter().any(|s| s.metric == Metric::Lat) {
+        if specs.iter().any(|s| s.metric == Metric::Lat && s.wait == Wait::Poll) {
             let p = udp::pingpong(&mut ctrl, cip, sip, opts.baseline_secs)?;
             println!(
                 "baseline: raw UDP {}-byte busy-poll ping-pong: half round trip {:.2} us (p99 {:.2} us)",
@@ -477,6 +575,16 @@ fn client(opts: &Opts, server: SocketAddr, addr: Option<IpAddr>, port: Option<u1
                 percentile(&p.rtt_us, 99.0) / 2.0
             );
             rep.pingpong = Some(p);
+        }
+        if specs.iter().any(|s| s.wait == Wait::Event) {
+            let p = udp::pingpong_blocking(&mut ctrl, cip, sip, opts.baseline_secs)?;
+            println!(
+                "baseline: raw UDP {}-byte blocking-recv ping-pong: half round trip {:.2} us (p99 {:.2} us)",
+                udp::PING_BYTES,
+                p.half_median_us(),
+                percentile(&p.rtt_us, 99.0) / 2.0
+            );
+            rep.pingpong_blocking = Some(p);
         }
     }
     let want_floor = opts.floor && specs.iter().any(|s| s.metric == Metric::Lat && s.op == Op::Write);

@@ -394,7 +394,7 @@ impl CmEndpoint {
     /// EBUSY if the device already has one.
     pub fn open(ctx: &Context) -> Result<CmEndpoint> {
         let pd = ctx.alloc_pd()?;
-        let chan = ctx.create_comp_channel()?;
+        let chan = ctx.create_internal_comp_channel()?;
         let cq = ctx.create_cq(CQ_DEPTH as u32, Some(&chan))?;
         let attr = QpInitAttr {
             cap: QpCap {

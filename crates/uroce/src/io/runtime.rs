@@ -19,6 +19,7 @@ use super::socket::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 use super::{Capture, RoceSocket};
 use crate::ib::{Errno, Error, Result};
 use crate::mem::Memory;
+use crate::proto::presence::Presence;
 use crate::proto::qp::QpInit;
 use crate::proto::srq::SharedRecvQueue;
 use crate::proto::{
@@ -55,9 +56,6 @@ pub struct RuntimeConfig {
 
 /// Longest the progress thread sleeps without re-checking its timers.
 const MAX_SLEEP: Duration = Duration::from_millis(200);
-/// How long after an application poll the progress thread leaves the
-/// socket to the application.
-const APP_POLL_GRACE: Duration = Duration::from_micros(500);
 /// Longest sleep while timers are pending (their granularity).
 const TICK: Duration = Duration::from_millis(1);
 /// Most QPs of a device.
@@ -104,8 +102,12 @@ pub struct Runtime {
     /// sequentially consistent): either the pass sees the sleep and wakes
     /// the thread for an earlier deadline, or the thread sees the deadline.
     sleeping_until: AtomicInstant,
-    /// When an application thread last polled for completions.
-    app_poll_at: AtomicInstant,
+    /// What application threads do: the policy of who reads the socket
+    /// (`proto::presence`).
+    presence: Arc<Presence>,
+    /// Whether the progress thread sleeps without the socket in its set (an
+    /// armed CQ then wakes it).
+    blind: AtomicBool,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Runs the engines' copy jobs outside every lock (`io::copier`).
     copier: Arc<Copier>,
@@ -169,7 +171,8 @@ impl Runtime {
             busy_poll: cfg.busy_poll,
             shutdown: AtomicBool::new(false),
             sleeping_until: AtomicInstant::default(),
-            app_poll_at: AtomicInstant::default(),
+            presence: Arc::default(),
+            blind: AtomicBool::new(false),
             thread: Mutex::new(None),
         });
         let weak = Arc::downgrade(&rt);
@@ -373,12 +376,13 @@ impl Runtime {
         }
         if let Some(d) = deadline {
             // Asleep past the new deadline: wake. Awake (None): it will see
-            // the deadline (see `progress_once`). While an application polls,
-            // its own passes fire due timers (a held ACK's among them,
-            // armed on every message it is to answer): no wake-up, which
-            // would cost it a context switch per message; the thread
-            // sleeps at most APP_POLL_GRACE then.
-            if self.sleeping_until.load(Ordering::SeqCst).is_some_and(|s| d < s) && !self.app_polling(now) {
+            // the deadline (see `progress_once`). While an application thread
+            // receives (polls, or waits on the socket), its own passes fire
+            // due timers (a held ACK's among them, armed on every message it
+            // is to answer): no wake-up, which would cost it a context switch
+            // per message; the thread sleeps at most `presence::POLL_GRACE`
+            // then.
+            if self.sleeping_until.load(Ordering::SeqCst).is_some_and(|s| d < s) && !self.presence.app_receives(now) {
                 self.wake();
             }
         }
@@ -495,7 +499,7 @@ impl Runtime {
     /// is the application thread.
     pub fn try_progress(&self) -> bool {
         let now = Instant::now();
-        self.app_poll_at.store(Some(now), Ordering::Relaxed);
+        self.presence.polled(now);
         let mut events = Vec::new();
         let got = match self.rx.try_lock() {
             Ok(mut rx) => self.receive(&mut rx, now, true, &mut events),
@@ -505,9 +509,91 @@ impl Runtime {
         got
     }
 
-    /// Whether an application thread polled for completions lately.
-    fn app_polling(&self, now: Instant) -> bool {
-        self.app_poll_at.load(Ordering::Relaxed).is_some_and(|t| now < t + APP_POLL_GRACE)
+    /// What application threads of this device do (CQs count their arm
+    /// state in it).
+    pub fn presence(&self) -> &Arc<Presence> {
+        &self.presence
+    }
+
+    /// A CQ of this device was armed: an application waits for its event.
+    /// A progress thread asleep without the socket (left to a poller) is
+    /// woken to watch it, unless a waiter reads it.
+    pub fn cq_armed(&self) {
+        if self.blind.load(Ordering::SeqCst) && !self.presence.app_receives(Instant::now()) {
+            self.wake();
+        }
+    }
+
+    /// Waits, in an application thread, until `fd` (a completion channel's)
+    /// is readable, receiving for the device meanwhile: the thread sleeps
+    /// on the socket beside `fd` and runs a receive pass when a datagram
+    /// comes or a timer is due, so a completion it produces wakes nobody
+    /// else, and the progress thread leaves the socket to it
+    /// (`proto::presence`). Returns true once `fd` is readable (or `ready`
+    /// says so after a pass) or the device shuts down, false at `deadline`;
+    /// fails as `ppoll` does (EINTR: a signal came, as a blocking `read` of
+    /// `fd` would report it).
+    pub fn wait_receiving(
+        &self,
+        fd: std::os::fd::RawFd,
+        deadline: Option<Instant>,
+        ready: impl Fn() -> bool,
+    ) -> io::Result<bool> {
+        self.presence.waiter_enters();
+        let mut slept = false;
+        // A busy-polling progress thread reads the socket itself.
+        let nfds = if self.busy_poll { 1 } else { 2 };
+        let r = loop {
+            if self.shutdown.load(Ordering::SeqCst) {
+                break Ok(true);
+            }
+            let now = Instant::now();
+            let mut timeout = self.sleep_for(now, None);
+            if let Some(d) = deadline {
+                if now >= d {
+                    break Ok(false);
+                }
+                timeout = timeout.min(d - now);
+            }
+            self.presence.waiter_sleeps_until(now + timeout + TICK);
+            let mut fds = [
+                libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: self.udp_fd(), events: libc::POLLIN, revents: 0 },
+            ];
+            let ts = libc::timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
+            // SAFETY: fds is a valid array of at least `nfds` pollfd; ts a valid timespec.
+            let n = unsafe { libc::ppoll(fds.as_mut_ptr(), nfds, &ts, std::ptr::null()) };
+            if n < 0 {
+                break Err(io::Error::last_os_error());
+            }
+            if fds[0].revents != 0 {
+                break Ok(true);
+            }
+            slept = true;
+            // Another thread receiving (the progress thread, woken by the
+            // same datagram) completes what it brings: its event wakes us.
+            if let Ok(mut rx) = self.rx.try_lock() {
+                let mut events = Vec::new();
+                self.receive(&mut rx, Instant::now(), true, &mut events);
+                drop(rx);
+                self.dispatch(events);
+                if ready() {
+                    break Ok(true);
+                }
+            } else {
+                let mut one = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }];
+                let ts = libc::timespec { tv_sec: 0, tv_nsec: 50_000 };
+                // SAFETY: one valid pollfd; ts a valid timespec.
+                unsafe { libc::ppoll(one.as_mut_ptr(), 1, &ts, std::ptr::null()) };
+            }
+        };
+        self.presence.waiter_leaves(Instant::now(), slept);
+        r
+    }
+
+    /// The UDP socket's descriptor: UDP is always the last medium.
+    fn udp_fd(&self) -> std::os::fd::RawFd {
+        self.media.last().expect("UDP is always a medium").poll_fd()
     }
 
     /// Whether some shard's timer is due at `now`.
@@ -638,8 +724,8 @@ impl Runtime {
         self.faults.as_ref().map(|f| f.stats())
     }
 
-    /// How long the progress thread may sleep at `now`.
-    fn sleep_for(&self, now: Instant, app_polling: bool) -> Duration {
+    /// How long the progress thread may sleep at `now` (at most `cap`).
+    fn sleep_for(&self, now: Instant, cap: Option<Duration>) -> Duration {
         let next =
             [self.next_timeout(), self.faults.as_ref().and_then(|f| f.next_release())].into_iter().flatten().min();
         // With timers pending, wake at least every TICK: then a new, later
@@ -650,8 +736,8 @@ impl Runtime {
             Some(d) => d.saturating_duration_since(now).min(TICK),
             None => MAX_SLEEP,
         };
-        if app_polling {
-            timeout = timeout.min(APP_POLL_GRACE);
+        if let Some(c) = cap {
+            timeout = timeout.min(c);
         }
         timeout
     }
@@ -662,16 +748,24 @@ impl Runtime {
             return false;
         }
         let now = Instant::now();
-        // While an application thread polls a CQ of this device it receives
-        // for us (`try_progress`): leave the socket to it instead of waking
-        // on every packet and fighting over the locks.
-        let app_polling = self.app_polling(now);
-        let mut timeout = self.sleep_for(now, app_polling);
+        // While an application thread receives for us (it polls a CQ,
+        // `try_progress`, or waits on the socket, `wait_receiving`), leave
+        // the socket to it instead of waking on every packet and fighting
+        // over the locks (`proto::presence`).
+        let mut plan = self.presence.thread_sleep(now);
+        if !plan.watch_socket && !self.busy_poll {
+            self.blind.store(true, Ordering::SeqCst);
+            // A CQ armed before it could see `blind` (see `cq_armed`).
+            plan = self.presence.thread_sleep(now);
+            self.blind.store(!plan.watch_socket, Ordering::SeqCst);
+        }
+        let app_polling = !plan.watch_socket;
+        let mut timeout = self.sleep_for(now, plan.cap);
         if !self.busy_poll {
             self.sleeping_until.store(Some(now + timeout), Ordering::SeqCst);
             // A pass that published an earlier deadline before it could see
             // the sleep (see `sleeping_until`).
-            let again = self.sleep_for(now, app_polling);
+            let again = self.sleep_for(now, plan.cap);
             if again < timeout {
                 timeout = again;
                 self.sleeping_until.store(Some(now + timeout), Ordering::SeqCst);
@@ -679,8 +773,11 @@ impl Runtime {
         }
         // A sleep that nobody else's polling covers is announced to the
         // media (a peer then rings its doorbell); packets already waiting
-        // cancel it.
-        let media_sleep = !self.busy_poll && !app_polling;
+        // cancel it. An application thread that polls a CQ drains every
+        // medium; one that waits on the socket (`wait_receiving`) reads
+        // only UDP: the other media's doorbells stay this thread's.
+        let app_polls = self.presence.app_polls(now);
+        let media_sleep = !self.busy_poll && !app_polls;
         if media_sleep {
             let waiting = self.media.iter().fold(false, |w, m| m.sleep() | w);
             if waiting {
@@ -696,11 +793,18 @@ impl Runtime {
                 .chain(self.media.iter().map(|m| m.poll_fd()))
                 .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
                 .collect();
-            let nfds = if app_polling { 1 } else { fds.len() };
+            // The wake eventfd, then the media (UDP last: left out while an
+            // application thread receives from it).
+            let nfds = match (app_polls, app_polling) {
+                (true, _) => 1,
+                (false, true) => fds.len() - 1,
+                (false, false) => fds.len(),
+            };
             let ts = libc::timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
             // SAFETY: fds is a valid array of at least `nfds` pollfd; ts a valid timespec.
             unsafe { libc::ppoll(fds.as_mut_ptr(), nfds as libc::nfds_t, &ts, std::ptr::null()) };
             self.sleeping_until.store(None, Ordering::SeqCst);
+            self.blind.store(false, Ordering::SeqCst);
             if media_sleep {
                 for (m, p) in self.media.iter().zip(&fds[1..]) {
                     m.woke(p.revents != 0);
@@ -722,7 +826,7 @@ impl Runtime {
         // While an application calls in, its next post is near: the engines
         // may hold this pass's ACKs for it too (`proto::ack` bounds the hold).
         let now = Instant::now();
-        let app_active = self.app_polling(now);
+        let app_active = self.presence.app_active(now);
         let got = rx.is_some_and(|mut rx| self.receive(&mut rx, now, app_active, &mut events));
         self.dispatch(events);
         if self.busy_poll && !got {

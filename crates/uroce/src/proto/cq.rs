@@ -11,10 +11,11 @@
 //! poll time completes with LOC_PROT_ERR.
 
 use super::memory::{for_each_sge_piece, MemoryAccess, Want};
+use super::presence::Presence;
 use crate::ib::{Errno, Error, Result, Sge, Wc, WcStatus};
 use smallvec::SmallVec;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Largest inline-received payload (128-byte CQEs).
 pub const MAX_INLINE_RECV: usize = 64;
@@ -67,6 +68,8 @@ pub struct CompletionQueue {
     /// Inline-receive size (0: off) and the memory to scatter into at poll.
     inline_limit: usize,
     mem: Option<Arc<dyn MemoryAccess>>,
+    /// Where the queue's arm state is counted (see [`super::presence`]).
+    presence: OnceLock<Arc<Presence>>,
 }
 
 impl CompletionQueue {
@@ -86,6 +89,7 @@ impl CompletionQueue {
         CompletionQueue {
             inline_limit,
             mem,
+            presence: OnceLock::new(),
             handle,
             inner: Mutex::new(Inner {
                 ring: VecDeque::with_capacity(capacity.min(4096)),
@@ -127,6 +131,9 @@ impl CompletionQueue {
         };
         if notify {
             g.arm = Arm::None;
+            if let Some(p) = self.presence.get() {
+                p.cq_disarmed();
+            }
         }
         Pushed::Stored { notify }
     }
@@ -197,15 +204,28 @@ impl CompletionQueue {
     }
 
     /// Arms the queue: the next completion (or the next solicited or error
-    /// completion) raises an event. Returns true when completions are
-    /// already waiting that satisfy the arm (the caller may raise the event
-    /// at once; verbs leave that to the application's re-poll).
-    pub fn arm(&self, solicited_only: bool) {
+    /// completion) raises an event; completions already waiting raise none
+    /// (as on real devices, the application re-polls after arming).
+    /// Returns whether the queue was unarmed before (it now counts in its
+    /// device's [`Presence`], when it has one).
+    pub fn arm(&self, solicited_only: bool) -> bool {
         let mut g = self.inner.lock().unwrap();
+        let was = g.arm;
         g.arm = match (g.arm, solicited_only) {
             (Arm::Next, _) | (_, false) => Arm::Next,
             _ => Arm::Solicited,
         };
+        let newly = was == Arm::None;
+        if let Some(p) = self.presence.get().filter(|_| newly) {
+            p.cq_armed();
+        }
+        newly
+    }
+
+    /// Counts this queue's arm state in `p` from now on (once; the queue
+    /// must not be armed yet).
+    pub fn count_arms_in(&self, p: Arc<Presence>) {
+        let _ = self.presence.set(p);
     }
 
     pub fn len(&self) -> usize {
@@ -232,6 +252,15 @@ impl CompletionQueue {
 
     pub fn is_overrun(&self) -> bool {
         self.inner.lock().unwrap().overrun
+    }
+}
+
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        let armed = self.inner.get_mut().map(|g| g.arm != Arm::None).unwrap_or(false);
+        if let Some(p) = self.presence.get().filter(|_| armed) {
+            p.cq_disarmed();
+        }
     }
 }
 

@@ -28,6 +28,7 @@ pub mod cq;
 mod engine;
 pub mod qpn;
 pub mod memory;
+pub mod presence;
 pub mod psn;
 pub mod qp;
 pub mod requester;

@@ -269,8 +269,20 @@ impl Context {
     }
 
     pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
+        self.comp_channel(Arc::downgrade(&self.dev.rt))
+    }
+
+    /// A channel for uroce's own threads (the CM agent): waiting on it
+    /// receives nothing, and its CQs' arm state is not an application's
+    /// (`proto::presence`).
+    pub(crate) fn create_internal_comp_channel(&self) -> Result<CompletionChannel> {
+        self.comp_channel(Weak::new())
+    }
+
+    fn comp_channel(&self, rt: Weak<Runtime>) -> Result<CompletionChannel> {
         Ok(CompletionChannel {
             inner: Arc::new(ChannelInner {
+                rt,
                 fd: new_eventfd(libc::EFD_SEMAPHORE)?,
                 fired: Mutex::new(VecDeque::new()),
                 cqs: AtomicU32::new(0),
@@ -409,6 +421,10 @@ fn capture_error(e: &std::io::Error) -> Option<Error> {
 }
 
 pub(crate) struct ChannelInner {
+    /// The device whose CQs may use the channel: a thread waiting for an
+    /// event receives for it meanwhile (`Runtime::wait_receiving`); none
+    /// for an internal channel.
+    rt: Weak<Runtime>,
     fd: OwnedFd,
     fired: Mutex<VecDeque<u32>>,
     /// CQs created on the channel and not yet destroyed (rdma-core's
@@ -418,6 +434,10 @@ pub(crate) struct ChannelInner {
 }
 
 impl ChannelInner {
+    /// Whether an application waits on it (not an internal channel).
+    pub(crate) fn is_application(&self) -> bool {
+        self.rt.strong_count() > 0
+    }
     fn notify(&self, cq: u32) {
         self.fired.lock().unwrap().push_back(cq);
         write_eventfd(self.fd.as_raw_fd());
@@ -433,6 +453,14 @@ impl ChannelInner {
             drain_one(self.fd.as_raw_fd());
         }
     }
+}
+
+/// Whether `fd` has O_NONBLOCK (an application may set it on a channel's
+/// fd to poll it).
+fn is_nonblocking(fd: RawFd) -> bool {
+    // SAFETY: F_GETFL has no memory arguments.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
 /// Takes one count of a semaphore eventfd without blocking (none: nothing).
@@ -464,24 +492,50 @@ impl CompletionChannel {
     /// A count whose event was discarded since (its CQ was destroyed) is
     /// skipped: the call waits for the next event (EAGAIN on a non-blocking
     /// fd).
+    ///
+    /// A blocking wait receives for the device meanwhile: the thread sleeps
+    /// on the device's socket beside the channel, so the datagram that
+    /// completes its CQ wakes it once, as a blocking `recv` would, rather
+    /// than wake the progress thread which then wakes it.
     pub fn get_event(&self) -> Result<u32> {
-        loop {
-            read_eventfd(self.fd())?;
-            if let Some(cq) = self.inner.fired.lock().unwrap().pop_front() {
-                return Ok(cq);
-            }
-        }
+        self.next_event(None)?.ok_or_else(|| Error::new(Errno(libc::EAGAIN), "no CQ event"))
     }
 
-    /// Waits at most `timeout` for a CQ event.
+    /// Waits at most `timeout` for a CQ event (receiving for the device
+    /// meanwhile, as [`Self::get_event`]).
     pub fn wait(&self, timeout: std::time::Duration) -> Result<Option<u32>> {
-        let mut pfd = libc::pollfd { fd: self.fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
-        if n <= 0 {
-            return Ok(None);
+        self.next_event(Some(std::time::Instant::now() + timeout))
+    }
+
+    /// The next event, waiting until `deadline` (None: for ever) unless the
+    /// fd is non-blocking; None at the deadline.
+    fn next_event(&self, deadline: Option<std::time::Instant>) -> Result<Option<u32>> {
+        let rt = self.inner.rt.upgrade().filter(|_| !is_nonblocking(self.fd()));
+        loop {
+            if let Some(rt) = &rt {
+                let fired = || !self.inner.fired.lock().unwrap().is_empty();
+                match rt.wait_receiving(self.fd(), deadline, fired) {
+                    Ok(true) => {}
+                    Ok(false) => return Ok(None),
+                    Err(e) => {
+                        let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                        return Err(Error::new(Errno(errno), "wait for a CQ event"));
+                    }
+                }
+            } else if let Some(d) = deadline {
+                let left = d.saturating_duration_since(std::time::Instant::now());
+                let mut pfd = libc::pollfd { fd: self.fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: one valid pollfd.
+                let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+                if n <= 0 {
+                    return Ok(None);
+                }
+            }
+            read_eventfd(self.fd())?;
+            if let Some(cq) = self.inner.fired.lock().unwrap().pop_front() {
+                return Ok(Some(cq));
+            }
         }
-        self.get_event().map(Some)
     }
 
     /// Whether a CQ that was not destroyed uses the channel.

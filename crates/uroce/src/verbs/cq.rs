@@ -26,6 +26,9 @@ impl CompletionQueue {
         let ring = Arc::new(Ring::with_inline(handle, cqe as usize, Some(ctx.dev.mem.clone()), ctx.dev.inline_recv));
         ctx.dev.track_events(crate::proto::EventElement::Cq(handle));
         let channel = channel.map(|c| c.inner.clone());
+        if channel.as_ref().is_some_and(|c| c.is_application()) {
+            ring.count_arms_in(ctx.dev.rt.presence().clone());
+        }
         if let Some(ch) = &channel {
             ch.cqs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             ctx.dev.bind_channel(handle, ch);
@@ -73,7 +76,10 @@ impl CompletionQueue {
         if self.channel.is_none() {
             return Err(Error::inval("req_notify_cq: CQ has no completion channel"));
         }
-        self.ring.arm(solicited_only);
+        let newly = self.ring.arm(solicited_only);
+        if newly && self.channel.as_ref().is_some_and(|c| c.is_application()) {
+            self.ctx.dev.rt.cq_armed();
+        }
         Ok(())
     }
 

@@ -54,10 +54,10 @@ pub fn compare(opts: &Opts) -> Res<()> {
     for (s, g) in &memcpy {
         println!("baseline: memcpy of {s} bytes (cache-warm buffers): {g:.2} Gb/s");
     }
-    println!("\n{:<7} {:<4} {:>8}  per link (and ratios)", "op", "test", "size");
+    println!("\n{:<10} {:<4} {:>8}  per link (and ratios)", "op", "test", "size");
     let Some((_, first)) = runs.first() else { return Ok(()) };
     for (i, r0) in first.iter().enumerate() {
-        let mut line = format!("{:<7} {:<4} {:>8} ", r0.op, r0.metric, r0.size);
+        let mut line = format!("{:<10} {:<4} {:>8} ", r0.op, r0.metric, r0.size);
         for (l, rows) in &runs {
             if let Some(r) = rows.get(i) {
                 if r.metric == "bw" {

@@ -1,9 +1,10 @@
 //! The RDMA tests: both ends of one measured point (bandwidth with a full
-//! pipe and selective signaling, or ping-pong latency), over RC QPs
-//! connected through the control channel.
+//! pipe and selective signaling, or ping-pong latency), over RC, UC or UD
+//! QPs set up through the control channel, waiting for completions by
+//! polling or through a completion channel.
 
 use super::ctrl::{Ctrl, Res, Watch};
-use super::{Metric, Op, Spec};
+use super::{Metric, Op, Spec, Transport, Wait};
 use serde_json::{json, Value};
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -18,6 +19,13 @@ const RX_DEPTH_BW: u32 = 512;
 const RX_DEPTH_LAT: u32 = 16;
 /// Longest any one measured phase may take.
 pub const PHASE_LIMIT: Duration = Duration::from_secs(60);
+/// Longest one wait for a completion event (then the caller checks its
+/// deadline or the client's `end`).
+const EVENT_WAIT: Duration = Duration::from_millis(100);
+/// The Q_Key of the UD tests.
+const QKEY: u32 = 0x1111_1111;
+/// The GRH a UD receive buffer starts with.
+const GRH: usize = 40;
 
 const ALL: Access =
     Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
@@ -101,6 +109,11 @@ pub fn slot(size: usize) -> usize {
 pub struct Endpoint {
     qps: Vec<QueuePair>,
     cq: CompletionQueue,
+    /// The CQ's channel (`--wait event`; the CQ is armed while waiting).
+    channel: Option<CompletionChannel>,
+    transport: Transport,
+    /// UD: where the peer's QP is (set by `connect`).
+    ud: std::sync::OnceLock<UdDest>,
     buf: Buf,
     slot: usize,
     psn: u32,
@@ -110,7 +123,8 @@ pub struct Endpoint {
 
 impl Endpoint {
     pub fn new(ctx: &Context, pd: &ProtectionDomain, spec: &Spec) -> Res<Endpoint> {
-        let slot = slot(spec.size);
+        // A UD receive takes the GRH before the message.
+        let slot = slot(spec.size + if spec.transport == Transport::Ud { GRH } else { 0 });
         let buf = Buf::new(pd, 2 * slot)?;
         let tx_depth = match spec.metric {
             Metric::Bw => spec.tx_depth as u32,
@@ -126,8 +140,20 @@ impl Endpoint {
         if cqe > 32767 {
             return Err(format!("--qps {qps} × --tx-depth {tx_depth} needs a CQ larger than 32767").into());
         }
-        let cq = ctx.create_cq(cqe, None)?;
+        let channel = match spec.wait {
+            Wait::Poll => None,
+            Wait::Event => Some(ctx.create_comp_channel()?),
+        };
+        let cq = ctx.create_cq(cqe, channel.as_ref())?;
+        if channel.is_some() {
+            cq.req_notify(false)?;
+        }
         let mut attr = QpInitAttr::rc(&cq, &cq);
+        attr.qp_type = match spec.transport {
+            Transport::Rc => QpType::Rc,
+            Transport::Uc => QpType::Uc,
+            Transport::Ud => QpType::Ud,
+        };
         attr.cap.max_send_wr = tx_depth;
         attr.cap.max_recv_wr = rx_depth;
         attr.cap.max_send_sge = 1;
@@ -135,7 +161,8 @@ impl Endpoint {
         let qps = (0..qps).map(|_| pd.create_qp(&attr)).collect::<Result<Vec<_>, _>>()?;
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let psn = (std::process::id() ^ t.subsec_nanos()) & 0xFF_FFFF;
-        Ok(Endpoint { qps, cq, buf, slot, psn, tx_depth, rx_depth })
+        let (transport, ud) = (spec.transport, std::sync::OnceLock::new());
+        Ok(Endpoint { qps, cq, channel, transport, ud, buf, slot, psn, tx_depth, rx_depth })
     }
 
     pub fn info(&self, ctx: &Context) -> Res<Value> {
@@ -152,10 +179,42 @@ impl Endpoint {
         if peer.qpns.len() != self.qps.len() {
             return Err("bench: the peer has a different number of QPs".into());
         }
+        if self.transport == Transport::Ud {
+            return self.connect_ud(peer);
+        }
         for (qp, &rqpn) in self.qps.iter().zip(&peer.qpns) {
             qp.connect_rc(&peer.gid, rqpn, self.psn, peer.psn)?;
         }
         Ok(())
+    }
+
+    /// UD: each QP to RTS with the tests' Q_Key; sends go to the peer's
+    /// first QP.
+    fn connect_ud(&self, peer: &Peer) -> Res<()> {
+        for qp in &self.qps {
+            let mut a = QpAttr { port_num: 1, qkey: QKEY, sq_psn: self.psn, ..QpAttr::default() };
+            for (cur, next) in
+                [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)]
+            {
+                a.qp_state = next;
+                qp.modify(&a, QpAttrMask::STATE | uroce::proto::qp::required_attributes(QpType::Ud, cur, next))?;
+            }
+        }
+        let av = AddressVector { dgid: peer.gid, is_global: true, hop_limit: 64, port_num: 1, ..Default::default() };
+        let _ = self.ud.set(UdDest { av, remote_qpn: peer.qpns[0], remote_qkey: QKEY });
+        Ok(())
+    }
+
+    /// Completions into `wcs`: one poll, or with a channel, as
+    /// `ibv_rc_pingpong -e`: wait for the CQ's event (at most EVENT_WAIT:
+    /// then none), arm the CQ again and poll once.
+    fn completions(&self, wcs: &mut [Wc]) -> Res<usize> {
+        let Some(ch) = &self.channel else { return Ok(self.cq.poll(wcs)?) };
+        if ch.wait(EVENT_WAIT)?.is_none() {
+            return Ok(0);
+        }
+        self.cq.req_notify(false)?;
+        Ok(self.cq.poll(wcs)?)
     }
 
     /// Fills every receive queue (SEND tests).
@@ -170,7 +229,8 @@ impl Endpoint {
     }
 
     fn repost(&self, qp: &QueuePair, i: usize, size: usize, n: usize) -> Res<()> {
-        let wr = RecvWr { wr_id: i as u64, sg_list: uroce::sgl![self.buf.sge(self.slot, size)] };
+        let len = size + if self.transport == Transport::Ud { GRH } else { 0 };
+        let wr = RecvWr { wr_id: i as u64, sg_list: uroce::sgl![self.buf.sge(self.slot, len)] };
         qp.post_recv_list(std::iter::repeat_n(wr, n)).map_err(|(_, e)| e)?;
         Ok(())
     }
@@ -221,6 +281,7 @@ fn send_wr(spec: &Spec, ep: &Endpoint, peer: &Peer, qi: usize, k: u64, signaled:
         w.remote_addr = remote;
         w.rkey = peer.rkey;
     }
+    w.ud = ep.ud.get().copied();
     w.compare_add = 1;
     w
 }
@@ -285,9 +346,10 @@ pub fn lat(ep: &Endpoint, peer: &Peer, spec: &Spec, iters: u64, n: &mut u64) -> 
     let mut rtt = Vec::with_capacity(iters as usize);
     let mut wcs = [wc0(); 16];
     let deadline = Instant::now() + PHASE_LIMIT;
+    let every = if ep.channel.is_some() { 1 } else { 1024 };
     let timeout = |spins: &mut u64, what: &str| -> Res<()> {
         *spins += 1;
-        if *spins % 1024 == 0 && Instant::now() > deadline {
+        if *spins % every == 0 && Instant::now() > deadline {
             return Err(format!("{what}: no answer within {PHASE_LIMIT:?}; QP: {}", ep.debug()).into());
         }
         Ok(())
@@ -316,7 +378,7 @@ pub fn lat(ep: &Endpoint, peer: &Peer, spec: &Spec, iters: u64, n: &mut u64) -> 
                 qp.post_send(&send_wr(spec, ep, peer, 0, *n, signaled))?;
                 let mut got = false;
                 while !got {
-                    let k = ep.cq.poll(&mut wcs)?;
+                    let k = ep.completions(&mut wcs)?;
                     for wc in &wcs[..k] {
                         check(wc, ep, "send lat")?;
                         if wc.opcode == WcOpcode::Recv {
@@ -333,8 +395,9 @@ pub fn lat(ep: &Endpoint, peer: &Peer, spec: &Spec, iters: u64, n: &mut u64) -> 
                 t0 = Instant::now();
                 qp.post_send(&send_wr(spec, ep, peer, 0, *n, true))?;
                 loop {
-                    if let Some(wc) = ep.cq.poll_one() {
-                        check(&wc, ep, "lat")?;
+                    let k = ep.completions(&mut wcs[..1])?;
+                    if k > 0 {
+                        check(&wcs[0], ep, "lat")?;
                         break;
                     }
                     timeout(&mut spins, "lat")?;
@@ -343,7 +406,9 @@ pub fn lat(ep: &Endpoint, peer: &Peer, spec: &Spec, iters: u64, n: &mut u64) -> 
         }
         rtt.push(t0.elapsed().as_secs_f64() * 1e6);
     }
-    // Reap the last signaled completions so the next phase starts clean.
+    // Reap the last signaled completions so the next phase starts clean
+    // (an event they raised stays counted: the next wait takes it and
+    // finds nothing, as `ibv_rc_pingpong -e` may).
     while let Some(wc) = ep.cq.poll_one() {
         check(&wc, ep, "lat")?;
     }
@@ -381,7 +446,7 @@ pub fn serve(ctrl: &mut Ctrl, ctx: &Context, pd: &ProtectionDomain, msg: &Value)
 fn serve_passive(ep: &Endpoint, watch: &Watch) -> Res<()> {
     let mut wcs = [wc0(); 16];
     while !watch.done() {
-        let n = ep.cq.poll(&mut wcs)?;
+        let n = ep.completions(&mut wcs)?;
         for wc in &wcs[..n] {
             check(wc, ep, "server")?;
         }
@@ -435,7 +500,7 @@ fn serve_send_lat(ep: &Endpoint, peer: &Peer, spec: &Spec, watch: &Watch) -> Res
     let mut wcs = [wc0(); 16];
     let mut n = 0u64;
     while !watch.done() {
-        let k = ep.cq.poll(&mut wcs)?;
+        let k = ep.completions(&mut wcs)?;
         for wc in &wcs[..k] {
             check(wc, ep, "send lat server")?;
             if wc.opcode == WcOpcode::Recv {

@@ -1,7 +1,7 @@
 //! Results: the table, CSV, JSON and the machine description.
 
 use super::udp::{PingPong, Stream};
-use super::{percentile, Measured, Metric, Opts, Spec};
+use super::{percentile, Measured, Metric, Opts, Spec, Wait};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -10,7 +10,8 @@ use uroce::verbs::Context;
 /// One row of results.
 #[derive(Debug, Clone)]
 pub struct Row {
-    pub op: &'static str,
+    /// The operation, with its transport and wait ([`Spec::label`]).
+    pub op: String,
     pub metric: &'static str,
     pub size: usize,
     pub qps: usize,
@@ -39,12 +40,14 @@ pub struct Report {
     mtu: usize,
     pub streams: Vec<Stream>,
     pub pingpong: Option<PingPong>,
+    /// The blocking-`recv` ping-pong, the baseline of `--wait event` rows.
+    pub pingpong_blocking: Option<PingPong>,
     rows: Vec<Row>,
 }
 
 impl Report {
     pub fn new(server_machine: Value, mtu: usize) -> Report {
-        Report { server_machine, mtu, streams: Vec::new(), pingpong: None, rows: Vec::new() }
+        Report { server_machine, mtu, streams: Vec::new(), pingpong: None, pingpong_blocking: None, rows: Vec::new() }
     }
 
     pub fn add(&mut self, spec: &Spec, m: Measured, segment: usize) -> Row {
@@ -53,7 +56,7 @@ impl Report {
                 let gbps = m.iters as f64 * spec.size as f64 * 8.0 / m.secs / 1e9;
                 let base = self.streams.iter().find(|s| s.segment == segment).map(|s| s.gbps);
                 Row {
-                    op: spec.op.name(),
+                    op: spec.label(),
                     metric: "bw",
                     size: spec.size,
                     qps: spec.qps,
@@ -74,9 +77,13 @@ impl Report {
             Metric::Lat => {
                 let div = if spec.half_rtt() { 2.0 } else { 1.0 };
                 let med = percentile(&m.rtt_us, 50.0) / div;
-                let base = self.pingpong.as_ref().map(|p| percentile(&p.rtt_us, 50.0) / div);
+                let pp = match spec.wait {
+                    Wait::Poll => &self.pingpong,
+                    Wait::Event => &self.pingpong_blocking,
+                };
+                let base = pp.as_ref().map(|p| percentile(&p.rtt_us, 50.0) / div);
                 Row {
-                    op: spec.op.name(),
+                    op: spec.label(),
                     metric: "lat",
                     size: spec.size,
                     qps: 1,
@@ -127,10 +134,11 @@ impl Report {
         for b in &self.streams {
             let _ = writeln!(s, "udp-gso-gro-stream,bw,{},1,,{:.4},Gb/s,,,{:.4},,,,", b.segment, b.gbps, b.mpps);
         }
-        if let Some(p) = &self.pingpong {
+        let pps = [("udp-busy-poll-pingpong", &self.pingpong), ("udp-blocking-pingpong", &self.pingpong_blocking)];
+        for (name, p) in pps.iter().filter_map(|(n, p)| p.as_ref().map(|p| (n, p))) {
             let _ = writeln!(
                 s,
-                "udp-busy-poll-pingpong,lat,{},1,{},{:.4},us half-RTT,,,,{:.4},{:.4},,",
+                "{name},lat,{},1,{},{:.4},us half-RTT,,,,{:.4},{:.4},,",
                 super::udp::PING_BYTES,
                 p.iters,
                 percentile(&p.rtt_us, 50.0) / 2.0,
@@ -171,12 +179,13 @@ impl Report {
                 "path_mtu": self.mtu,
                 "tx_depth": opts.tx_depth,
                 "signal_every": 16,
-                "polling": "busy (CQ)",
+                "polling": "busy (CQ), or a completion channel for `-ev` rows",
                 "latency": "median; write/send: half round trip, read/atomic: full round trip",
             },
             "baselines": {
                 "udp_stream": streams,
                 "udp_pingpong": self.pingpong.as_ref().map(PingPong::to_json),
+                "udp_pingpong_blocking": self.pingpong_blocking.as_ref().map(PingPong::to_json),
             },
             "results": results,
         })
@@ -185,7 +194,7 @@ impl Report {
 
 pub fn header() {
     println!(
-        "\n{:<7} {:<4} {:>8} {:>4} {:>10} {:<12} {:>9} {:>7}  detail",
+        "\n{:<10} {:<4} {:>8} {:>4} {:>10} {:<12} {:>9} {:>7}  detail",
         "op", "test", "size", "qps", "result", "unit", "baseline", "ratio"
     );
 }
@@ -199,7 +208,7 @@ pub fn row(r: &Row) {
     };
     let detail = if r.retransmits > 0 { format!("{detail}, {} retransmits", r.retransmits) } else { detail };
     println!(
-        "{:<7} {:<4} {:>8} {:>4} {:>10.3} {:<12} {:>9} {:>7}  {detail}",
+        "{:<10} {:<4} {:>8} {:>4} {:>10.3} {:<12} {:>9} {:>7}  {detail}",
         r.op, r.metric, r.size, r.qps, r.result, r.unit, base, ratio
     );
 }

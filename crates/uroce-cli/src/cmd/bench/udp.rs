@@ -158,6 +158,28 @@ pub fn serve_pingpong(ctrl: &mut Ctrl, ip: IpAddr) -> Res<()> {
     ctrl.send(&json!({ "ok": true }))
 }
 
+/// Server side of the blocking ping-pong: echo every datagram from a
+/// blocking `recv` (a short timeout, to see the client's `end`).
+pub fn serve_pingpong_blocking(ctrl: &mut Ctrl, ip: IpAddr) -> Res<()> {
+    let s = UdpSocket::bind(SocketAddr::new(ip, 0))?;
+    s.set_read_timeout(Some(Duration::from_millis(20)))?;
+    ctrl.send(&json!({ "port": s.local_addr()?.port() }))?;
+    let watch = ctrl.watch_end()?;
+    let mut buf = [0u8; 2048];
+    let limit = Instant::now() + Duration::from_secs(120);
+    while !watch.done() && Instant::now() < limit {
+        match s.recv_from(&mut buf) {
+            Ok((n, src)) => {
+                s.send_to(&buf[..n], src)?;
+            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    watch.join()?;
+    ctrl.send(&json!({ "ok": true }))
+}
+
 /// The ping-pong baseline's result, in microseconds.
 #[derive(Debug, Clone)]
 pub struct PingPong {
@@ -199,6 +221,32 @@ pub fn pingpong(ctrl: &mut Ctrl, local: IpAddr, server: IpAddr, secs: f64) -> Re
         || match s.recv(&mut buf) {
             Ok(_) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(e.into()),
+        },
+    )?;
+    ctrl.call(&json!({ "cmd": "end" }))?;
+    Ok(PingPong { iters: rtt.len(), rtt_us: rtt })
+}
+
+/// Client side of the blocking ping-pong: both ends sleep in `recv` (two
+/// kernel wake-ups per round trip), the floor of an event-driven wait.
+pub fn pingpong_blocking(ctrl: &mut Ctrl, local: IpAddr, server: IpAddr, secs: f64) -> Res<PingPong> {
+    let r = ctrl.call(&json!({ "cmd": "udp_pingpong_blocking" }))?;
+    let port = r["port"].as_u64().ok_or("udp_pingpong_blocking: no port")? as u16;
+    let s = UdpSocket::bind(SocketAddr::new(local, 0))?;
+    s.connect(SocketAddr::new(server, port))?;
+    // A recv returns after this without an answer (`round_trips` counts
+    // such calls: a lost datagram is sent again after about a second).
+    s.set_read_timeout(Some(Duration::from_millis(1)))?;
+    let msg = [0x42u8; PING_BYTES];
+    let mut buf = [0u8; 2048];
+    let rtt = round_trips(
+        secs,
+        "udp blocking ping-pong",
+        || Ok(s.send(&msg).map(|_| ())?),
+        || match s.recv(&mut buf) {
+            Ok(_) => Ok(true),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => Ok(false),
             Err(e) => Err(e.into()),
         },
     )?;
