@@ -888,7 +888,8 @@ impl Inner {
             // A socket file left by a device that is gone, one whose backlog
             // is full (stopped, or never accepting), a refusal, a claim
             // that does not hold, or no room.
-            if e.kind() != io::ErrorKind::ConnectionRefused && e.kind() != io::ErrorKind::NotFound {
+            let routine = [io::ErrorKind::ConnectionRefused, io::ErrorKind::NotFound, io::ErrorKind::Interrupted];
+            if !routine.contains(&e.kind()) {
                 self.refused(&e);
             }
             self.not_linked(dst, &e.to_string());
@@ -927,6 +928,7 @@ impl Inner {
         let (my_bell, their_bell) = discovery::doorbell_pair()?;
         send_hello(&s, HELLO, self.local, &[mfd.as_raw_fd(), their_bell.as_raw_fd()])?;
         drop(their_bell);
+        self.await_answer(&s, dst)?;
         let mut buf = [0u8; 64];
         let (n, mut fds) = discovery::recv_with_fds(&s, &mut buf)?;
         if n < OK.len() || buf[..OK.len()] != OK[..] || fds.len() != 1 || !discovery::is_doorbell(&fds[0]) {
@@ -947,6 +949,39 @@ impl Inner {
             closed_since: AtomicInstant::default(),
             _map: map,
         }))
+    }
+
+    /// Waits (at most CONNECT_TIMEOUT) for the answer on `s`. Both ends of
+    /// a pair may link at once, each hub then waiting for the other's
+    /// answer while the other's hello waits in its own backlog: the end
+    /// with the higher address gives its attempt up as soon as a
+    /// connection waits to be accepted, and takes the other's (`Interrupted`;
+    /// the hub accepts it next).
+    fn await_answer(&self, s: &OwnedFd, dst: SocketAddr) -> io::Result<()> {
+        let deadline = Instant::now() + CONNECT_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer to the hello"));
+            }
+            let mut fds = [
+                libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: self.listener.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            ];
+            let n = if self.local > dst { 2 } else { 1 };
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+            // SAFETY: `fds` holds at least `n` valid pollfd.
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), n as libc::nfds_t, ms) };
+            if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                return Err(io::Error::last_os_error());
+            }
+            if fds[0].revents != 0 {
+                return Ok(());
+            }
+            if fds[1].revents != 0 {
+                return Err(io::Error::new(io::ErrorKind::Interrupted, "both ends linking at once: taking the other's"));
+            }
+        }
     }
 
     /// A hello came on an accepted connection (or it closed).
