@@ -4,6 +4,7 @@
  * atomics in flight each way, PSNs 0, seven retries. */
 #ifndef UROCE_TEST_CONNECT_H
 #define UROCE_TEST_CONNECT_H
+#include <errno.h>
 #include <string.h>
 #include <infiniband/verbs.h>
 
@@ -40,6 +41,26 @@ static void connect_qp(struct ibv_qp *q, uint32_t dest, const union ibv_gid *gid
 	if (q->qp_type != IBV_QPT_XRC_RECV)
 		rts |= IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
 	CHECK(ibv_modify_qp(q, &a, rts) == 0, "RTS of type %d", q->qp_type);
+}
+
+/* Two RC QPs of `pd` on `cq`, connected to each other on the same device,
+ * each with `depth` work requests and `sges` SGEs both ways; a QP already
+ * in `qp` is destroyed first. */
+static void rc_pair(struct ibv_pd *pd, struct ibv_cq *cq, uint32_t depth, uint32_t sges, struct ibv_qp *qp[2])
+{
+	for (int i = 0; i < 2; i++) {
+		if (qp[i])
+			ibv_destroy_qp(qp[i]);
+		struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+					       .cap = { .max_send_wr = depth, .max_recv_wr = depth,
+							.max_send_sge = sges, .max_recv_sge = sges } };
+		qp[i] = ibv_create_qp(pd, &ia);
+		CHECK(qp[i], "create_qp: %s", strerror(errno));
+	}
+	union ibv_gid gid;
+	CHECK(ibv_query_gid(pd->context, 1, 0, &gid) == 0, "query_gid");
+	connect_qp(qp[0], qp[1]->qp_num, &gid);
+	connect_qp(qp[1], qp[0]->qp_num, &gid);
 }
 
 #endif

@@ -25,19 +25,7 @@ static struct ibv_qp *qp[2];
 
 static void fresh_qps(void)
 {
-	for (int i = 0; i < 2; i++) {
-		if (qp[i])
-			ibv_destroy_qp(qp[i]);
-		struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
-					       .cap = { .max_send_wr = 64, .max_recv_wr = 64, .max_send_sge = 4,
-							.max_recv_sge = 4 } };
-		qp[i] = ibv_create_qp(pd, &ia);
-		CHECK(qp[i], "create_qp: %s", strerror(errno));
-	}
-	union ibv_gid gid;
-	CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0, "query_gid");
-	connect_qp(qp[0], qp[1]->qp_num, &gid);
-	connect_qp(qp[1], qp[0]->qp_num, &gid);
+	rc_pair(pd, cq, 64, 4, qp);
 }
 
 /* One one-sided op from qp[0]; returns the completion status (the QPs are

@@ -50,17 +50,7 @@ int main(void)
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
 	CHECK(pd && cq, "pd/cq");
-	for (int i = 0; i < 2; i++) {
-		struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
-					       .cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1,
-							.max_recv_sge = 1 } };
-		qp[i] = ibv_create_qp(pd, &ia);
-		CHECK(qp[i], "create_qp: %s", strerror(errno));
-	}
-	union ibv_gid gid;
-	CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0, "query_gid");
-	connect_qp(qp[0], qp[1]->qp_num, &gid);
-	connect_qp(qp[1], qp[0]->qp_num, &gid);
+	rc_pair(pd, cq, 8, 1, qp);
 
 	/* The seed's matrix: column COL of N rows of M 8-byte cells. */
 	enum { N = 32, M = 100, COL = 7, C = 8 };
