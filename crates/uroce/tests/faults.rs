@@ -40,14 +40,16 @@ fn faulty_links_lose_and_corrupt_nothing() {
     wait_ok(server, "server", Duration::from_secs(30));
 }
 
-/// Cuts a's link for 1.5 s while the client runs operations.
-fn cut_link(test: &str, net: u8, timeout: &str, retry: &str) -> (bool, String) {
+/// Cuts a's link for 1.5 s while the client runs `ops` operations (enough
+/// that they are still running when the cut comes, however fast or slow the
+/// machine).
+fn cut_link(test: &str, net: u8, timeout: &str, retry: &str, ops: &str) -> (bool, String) {
     let p = Pair::new(test, &format!("c{net}"), net, None).expect("checked by the caller");
     let server = p.exec(&p.b, PEER, &["--server", "18602"]).env("UROCE_ADDR", &p.ip_b).spawn().unwrap();
     let client = p
         .exec(&p.a, PEER, &["--client", &format!("{}:18602", p.ip_b)])
         .env("UROCE_ADDR", &p.ip_a)
-        .env("UROCE_PEER_OPS", "40000")
+        .env("UROCE_PEER_OPS", ops)
         .env("UROCE_PEER_TIMEOUT", timeout)
         .env("UROCE_PEER_RETRY", retry)
         .spawn()
@@ -78,8 +80,9 @@ fn link_cut_with_one_retry_fails_with_retry_exc_err() {
     if Pair::new("link_cut_with_one_retry_fails_with_retry_exc_err", "p", 40, None).is_none() {
         return;
     }
-    // One retry of a ~4 ms timeout: RETRY_EXC_ERR, reported, no hang.
-    let (ok, out) = cut_link("link cut, one retry", 42, "10", "1");
+    // One retry of a ~4 ms timeout: RETRY_EXC_ERR, reported, no hang (the
+    // operations would take hours: the cut ends them).
+    let (ok, out) = cut_link("link cut, one retry", 42, "10", "1", "100000000");
     assert!(!ok, "{out}");
     assert!(out.contains("RetryExcErr"), "{out}");
 }
@@ -91,9 +94,11 @@ fn link_cut_within_the_retry_budget_recovers() {
     if Pair::new("link_cut_within_the_retry_budget_recovers", "q", 43, None).is_none() {
         return;
     }
-    let (ok, out) = cut_link("link cut, seven retries of 1 s", 41, "18", "7");
+    let (ok, out) = cut_link("link cut, seven retries of 1 s", 41, "18", "7", "100000");
     assert!(ok, "{out}");
-    assert!(out.contains("40000 verified operations"), "{out}");
+    assert!(out.contains("100000 verified operations"), "{out}");
+    let timeouts: u64 = out.split(" timeouts ").nth(1).and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
+    assert!(timeouts > 0, "the cut came while the operations ran: {out}");
 }
 
 /// Takes `child`'s stdout and returns the child with a channel of its lines
