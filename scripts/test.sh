@@ -104,7 +104,9 @@ link_tests=(two_devices_of_one_process_link_and_captures_see_every_packet two_pr
 # client of a dead server waits 74 s for the CM's 16 tries either way.)
 # The kernel-rxe VM test (crates/uroce-ibverbs/tests/kernel_rxe.rs) has no
 # same-host peer: every packet goes by UDP in pass 1 already.
-once_tests=(rping_to_a_killed_server_is_unreachable kernel_rxe_matrix_both_ways)
+# The wait-latency programs go by UDP in both passes (tests/wait_latency.rs).
+once_tests=(rping_to_a_killed_server_is_unreachable kernel_rxe_matrix_both_ways
+            event_driven_uc_and_ud_pingpongs_stay_near_polled_rc qperf_rc_lat_event_driven_stays_near_polled)
 UROCE_LINK=udp cargo test --workspace --tests --no-fail-fast -- --show-output \
     $(printf -- '--skip %s ' "${link_tests[@]}" "${once_tests[@]}") >"$log2" 2>&1 || status=1
 # Its log in full only where something failed; else each binary's result line.
