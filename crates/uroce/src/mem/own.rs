@@ -178,10 +178,19 @@ fn errno() -> i32 {
 }
 
 /// Whether registration can move this private mapping into a memfd.
+/// Private anonymous memory uroce may move into a memfd. Never a stack: the
+/// main thread's (`[stack]`) nor the one this thread runs on — while the
+/// range is read-only for the copy, the thread's own next push would fault,
+/// and the fault handler itself needs that stack (the process died with
+/// SIGSEGV registering a buffer on the stack). Such a region is not owned:
+/// it follows the application's address space, as before.
 fn movable(v: &Vma) -> bool {
+    let here = 0u8;
+    let sp = std::ptr::addr_of!(here) as u64;
     !v.shared
         && v.inode == 0
-        && (v.name.is_empty() || v.name == "[heap]" || v.name.starts_with("[stack") || v.name.starts_with("[anon:"))
+        && !(v.lo..v.hi).contains(&sp)
+        && (v.name.is_empty() || v.name == "[heap]" || v.name.starts_with("[anon:"))
 }
 
 /// Takes ownership of the pages of `addr..addr + len` (see the module
