@@ -182,9 +182,18 @@ impl Memory {
                 None
             }
         };
-        let host = pages.as_ref().map_or(addr, |o| o.host(addr));
-        self.pins.lock().unwrap().pin(host as u64, len)?;
-        Ok((host, pages))
+        if let Some(o) = pages {
+            let host = o.host(addr);
+            match self.pins.lock().unwrap().pin(host as u64, len) {
+                Ok(()) => return Ok((host, Some(o))),
+                // uroce's own mapping could not be locked (the process's map
+                // count, a memlock limit): the pages are given back (`o`
+                // dropped) and the region follows the address space.
+                Err(e) => tracing::warn!(addr, len, error = %e.what, "reg_mr: owned pages not lockable; not owned"),
+            }
+        }
+        self.pins.lock().unwrap().pin(addr as u64, len)?;
+        Ok((addr, None))
     }
 
     /// The old name of [`Memory::register`].
