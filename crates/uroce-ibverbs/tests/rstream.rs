@@ -432,7 +432,7 @@ struct Hostile {
 }
 
 impl Hostile {
-    fn connect(port: u16) -> Hostile {
+    fn connect(port: u16, server: &mut std::process::Child) -> Hostile {
         use uroce::cm::{CmEndpoint, ConnOptions};
         use uroce::verbs::*;
         let ctx = Context::open(&DeviceConfig::at("hostile", "127.0.0.234".parse().unwrap(), 4791)).unwrap();
@@ -460,12 +460,16 @@ impl Hostile {
         cd[36..40].copy_from_slice(&65536u32.to_be_bytes());
         let opts = ConnOptions { private_data: cd.to_vec(), ..ConnOptions::default() };
         let dst = std::net::SocketAddr::new(SERVER.parse().unwrap(), port);
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // (Generous: the machine may be busy.)
+        let deadline = Instant::now() + Duration::from_secs(180);
         let conn = loop {
-            match ep.connect(&qp, dst, &opts, Duration::from_secs(10)) {
+            match ep.connect(&qp, dst, &opts, Duration::from_secs(20)) {
                 Ok(c) => break c,
                 // Refused (REJ 8) until the server listens.
-                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
+                Err(e) if Instant::now() < deadline => {
+                    assert!(matches!(server.try_wait(), Ok(None)), "the rstream server exited ({e})");
+                    std::thread::sleep(Duration::from_millis(200))
+                }
                 Err(e) => panic!("the hostile client never connected: {e}"),
             }
         };
@@ -550,8 +554,8 @@ fn rstream_server_survives_clients_that_break_the_protocol() {
             server.args(["-b", SERVER, "-p", &port.to_string(), "-S", "16", "-C", "100000"]).args(mode);
             let mut s = Reap::new(server.spawn().unwrap());
             assert!(device_up(SERVER), "rstream server did not open its device");
-            let h = Hostile::connect(port);
             let child = s.0.as_mut().unwrap();
+            let h = Hostile::connect(port, child);
             h.post(&tolerated, false, child);
             h.post(&msgs(h.rbuf.2), *send, child);
             let (ok, out) = s.wait("rstream server", Duration::from_secs(60));
