@@ -414,3 +414,161 @@ fn rstream_blocking_server_does_not_spin_on_a_silent_client() {
     let _ = s.0.as_mut().map(|c| c.kill());
     let _ = s.wait("rstream server", Duration::from_secs(10));
 }
+
+/// An rsockets client that breaks the protocol (issue 27 §3): it connects
+/// with plausible rs_conn_data (a real 2-entry target SGL and a 64 KiB data
+/// buffer, 4 message credits) and then writes whatever immediates it likes.
+/// (Fields drop in order: the connection first, the context last.)
+struct Hostile {
+    _conn: uroce::cm::Connection,
+    _mrs: Vec<uroce::verbs::MemoryRegion>,
+    qp: uroce::verbs::QueuePair,
+    scq: uroce::verbs::CompletionQueue,
+    _rcq: uroce::verbs::CompletionQueue,
+    _ep: uroce::cm::CmEndpoint,
+    _ctx: uroce::verbs::Context,
+    /// The server's first receive-buffer half: address, key, length.
+    rbuf: (u64, u32, u32),
+}
+
+impl Hostile {
+    fn connect(port: u16, server: &mut std::process::Child) -> Hostile {
+        use uroce::cm::{CmEndpoint, ConnOptions};
+        use uroce::verbs::*;
+        let ctx = Context::open(&DeviceConfig::at("hostile", "127.0.0.234".parse().unwrap(), 4791)).unwrap();
+        let ep = CmEndpoint::open(&ctx).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let scq = ctx.create_cq(512, None).unwrap();
+        let rcq = ctx.create_cq(512, None).unwrap();
+        let qp = pd.create_qp(&QpInitAttr::rc(&scq, &rcq)).unwrap();
+        CmEndpoint::init_qp(&qp).unwrap();
+        // Receives for the server's messages (its sync transfer, credits).
+        for i in 0..200 {
+            qp.post_recv(&RecvWr { wr_id: i, sg_list: uroce::sgl![] }).unwrap();
+        }
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let tgt = pd.register(vec![0; 32], rw).unwrap();
+        let data = pd.register(vec![0; 65536], rw).unwrap();
+        let mut cd = [0u8; 40];
+        cd[0] = 1;
+        cd[2..4].copy_from_slice(&4u16.to_be_bytes());
+        cd[8..16].copy_from_slice(&tgt.iova().to_be_bytes());
+        cd[16..20].copy_from_slice(&tgt.rkey().to_be_bytes());
+        cd[20..24].copy_from_slice(&2u32.to_be_bytes());
+        cd[24..32].copy_from_slice(&data.iova().to_be_bytes());
+        cd[32..36].copy_from_slice(&data.rkey().to_be_bytes());
+        cd[36..40].copy_from_slice(&65536u32.to_be_bytes());
+        let opts = ConnOptions { private_data: cd.to_vec(), ..ConnOptions::default() };
+        let dst = std::net::SocketAddr::new(SERVER.parse().unwrap(), port);
+        // (Generous: the machine may be busy.)
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let conn = loop {
+            match ep.connect(&qp, dst, &opts, Duration::from_secs(20)) {
+                Ok(c) => break c,
+                // Refused (REJ 8) until the server listens.
+                Err(e) if Instant::now() < deadline => {
+                    assert!(matches!(server.try_wait(), Ok(None)), "the rstream server exited ({e})");
+                    std::thread::sleep(Duration::from_millis(200))
+                }
+                Err(e) => panic!("the hostile client never connected: {e}"),
+            }
+        };
+        let p = &conn.private_data;
+        assert!(p.len() >= 40 && p[0] == 1, "the server's rs_conn_data: {p:?}");
+        let word = |o: usize| u32::from_be_bytes(p[o..o + 4].try_into().unwrap());
+        let rbuf = (u64::from_be_bytes(p[24..32].try_into().unwrap()), word(32), word(36));
+        Hostile { _ctx: ctx, _ep: ep, scq, _rcq: rcq, qp, _mrs: vec![tgt, data], _conn: conn, rbuf }
+    }
+
+    /// Posts `msgs` (SEND WITH IMM when `send`, carrying 64 bytes, else
+    /// empty RDMA WRITEs WITH IMM to the server's receive buffer), 100 at a
+    /// time, while the server runs; stops at the first failed completion.
+    fn post(&self, msgs: &[u32], send: bool, server: &mut std::process::Child) {
+        use uroce::verbs::*;
+        for chunk in msgs.chunks(100) {
+            for (i, &imm) in chunk.iter().enumerate() {
+                let mut w = SendWr::new(i as u64, if send { WrOpcode::SendImm } else { WrOpcode::RdmaWriteImm });
+                (w.imm_data, w.remote_addr, w.rkey) = (imm, self.rbuf.0, self.rbuf.1);
+                if send {
+                    (w.inline, w.flags) = (Some(vec![0x5a; 64]), SendFlags::INLINE);
+                }
+                if i + 1 == chunk.len() {
+                    w.flags |= SendFlags::SIGNALED;
+                }
+                if self.qp.post_send(&w).is_err() {
+                    return;
+                }
+            }
+            let t = Instant::now();
+            loop {
+                if let Ok(wc) = self.scq.wait(1, Duration::from_millis(100)) {
+                    if wc[0].status != WcStatus::Success {
+                        return;
+                    }
+                    break;
+                }
+                if t.elapsed() > Duration::from_secs(60) || !matches!(server.try_wait(), Ok(None)) {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Issue 27 §3: clients that break the rsockets protocol once connected.
+/// Each attack meets a fresh rstream server, blocking (`-T b`) then in its
+/// default non-blocking mode (MSG_DONTWAIT): tolerated nonsense first (an
+/// unknown control message, an iomap update, an OP_WRITE, as rsocket.c
+/// ignores them), then a reserved op code, a length beyond the receive
+/// buffer, more bytes than the server offered (credits ignored), or a SEND
+/// WITH IMM too long for its empty receives. The server reports the error
+/// (rrecv/rsend fail EPROTO, or EIO for the failed receive) and exits; it
+/// does not crash, hang or spin. A legitimate client then transfers
+/// verified data. (A flood of more messages than credits is refused the
+/// same way when the reader falls behind, but rstream reads too fast for
+/// a test to make it fall behind for sure.)
+#[test]
+fn rstream_server_survives_clients_that_break_the_protocol() {
+    use stream_msg as m;
+    if !have_rstream() {
+        skip!("rstream is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    let port = 7498u16;
+    let tolerated = [m(7, 12345), m(6, 0x1FFF_FFFF), m(2, 77)];
+    // Each attack's messages, given the receive-buffer half the server
+    // offered (in its REP).
+    type Msgs = fn(u32) -> Vec<u32>;
+    let attacks: [(&str, Msgs, bool, &str); 4] = [
+        ("reserved op code", |_| vec![m(1, 8)], false, "Protocol error"),
+        ("length beyond the buffer", |h| vec![m(0, h + 1)], false, "Protocol error"),
+        // The first half comes with the connection, the second with the
+        // server's first credit update, a third when it has read a half:
+        // eight halves at once are more than it can have offered.
+        ("more bytes than offered", |h| [vec![m(0, h); 8], vec![m(0, 1)]].concat(), false, "Protocol error"),
+        ("SEND into an empty receive", |_| vec![m(0, 16)], true, "Input/output error"),
+    ];
+    for mode in [&["-T", "b"][..], &[]] {
+        for (what, msgs, send, want) in &attacks {
+            let mut server = dropin_command("rstream", SERVER);
+            server.args(["-b", SERVER, "-p", &port.to_string(), "-S", "16", "-C", "100000"]).args(mode);
+            let mut s = Reap::new(server.spawn().unwrap());
+            assert!(device_up(SERVER), "rstream server did not open its device");
+            let child = s.0.as_mut().unwrap();
+            let h = Hostile::connect(port, child);
+            h.post(&tolerated, false, child);
+            h.post(&msgs(h.rbuf.2), *send, child);
+            let (ok, out) = s.wait("rstream server", Duration::from_secs(60));
+            assert!(!ok && out.contains(want), "{mode:?} {what}: the server should fail with {want}: {out}");
+            assert!(!out.contains("panicked"), "{mode:?} {what}: {out}");
+            drop(h);
+        }
+    }
+    rstream(&["v", "b"], 64, 200, "7498");
+    rstream(&["v"], 4096, 100, "7498");
+}
+
+/// An rsockets immediate (`op << 29 | data`).
+fn stream_msg(op: u32, data: u32) -> u32 {
+    (op << 29) | (data & 0x1FFF_FFFF)
+}

@@ -337,7 +337,7 @@ fn send_to(
             return fail(e);
         }
         if s.state & stream::WRITABLE == 0 {
-            return fail(libc::ECONNRESET);
+            return fail(ended(&mut s));
         }
         nonblocking(&s, flags)
     };
@@ -357,7 +357,7 @@ fn send_to(
             }
             s = sock.lock();
             if s.state & stream::WRITABLE == 0 {
-                err = libc::ECONNRESET;
+                err = ended(&mut s);
                 break;
             }
         }
@@ -373,6 +373,16 @@ fn send_to(
         return fail(err);
     }
     (len - left) as isize
+}
+
+/// Why a socket cannot send: the error its connection ended with (once),
+/// else ECONNRESET.
+fn ended(s: &mut Stream) -> c_int {
+    if s.state & stream::ERROR != 0 && s.err != 0 {
+        std::mem::take(&mut s.err)
+    } else {
+        libc::ECONNRESET
+    }
 }
 
 /// `rrecv`: `dst(src, n)` takes the next n received bytes (`rrecvv` fills
@@ -414,6 +424,17 @@ fn recv_with(fd: c_int, len: usize, flags: c_int, bufs: &mut dyn FnMut(&mut Stre
         }
         if peek || left == 0 || flags & libc::MSG_WAITALL == 0 || s.state & stream::READABLE == 0 {
             break;
+        }
+    }
+    if err == 0 && left == len && len > 0 && !peek {
+        // A connection that ended in error (EPROTO: the peer broke the
+        // protocol; EIO: the transport failed) says so once, as a TCP
+        // socket's reset does. rsocket.c returns 0 with errno untouched,
+        // and rstream's non-blocking loops retry that 0 on a stale EAGAIN
+        // for good.
+        let mut s = sock.lock();
+        if s.state & stream::ERROR != 0 && s.err != 0 {
+            err = ended(&mut s);
         }
     }
     if err != 0 && left == len {

@@ -112,6 +112,10 @@ pub struct Stream {
     tbuf: Option<Buf>,
     tmr: *mut ibv_mr,
     rbuf_bytes_avail: u32,
+    /// Bytes of rbuf the peer was offered and has not yet written (the
+    /// first half at connect, a half with each credit SGL): more in
+    /// `OP_DATA` messages is a protocol violation.
+    rbuf_granted: u32,
     rbuf_free_offset: u32,
     rbuf_offset: u32,
     pub(super) sbuf_bytes_avail: u32,
@@ -225,6 +229,7 @@ impl Stream {
             tbuf: None,
             tmr: null_mut(),
             rbuf_bytes_avail: 0,
+            rbuf_granted: 0,
             rbuf_free_offset: 0,
             rbuf_offset: 0,
             sbuf_bytes_avail: 0,
@@ -364,6 +369,7 @@ impl Stream {
         self.sbuf_bytes_avail = self.sbuf_size;
         self.rbuf_free_offset = self.rbuf_size >> 1;
         self.rbuf_bytes_avail = self.rbuf_size >> 1;
+        self.rbuf_granted = self.rbuf_size >> 1;
         self.sqe_avail = self.sq_size as i32 - self.ctrl_max_seqno as i32;
         self.rseq_comp = self.rq_size >> 1;
         Ok(())
@@ -413,7 +419,7 @@ impl Stream {
         if c.flags & wire::FLAG_IOMAP != 0 {
             let entries = wire::scale_to_value(c.target_iomap_size as u32, 8);
             self.remote_iomap = RsSge {
-                addr: c.target_sgl.addr + std::mem::size_of::<RsSge>() as u64 * c.target_sgl.length as u64,
+                addr: c.target_sgl.addr.wrapping_add(std::mem::size_of::<RsSge>() as u64 * c.target_sgl.length as u64),
                 key: c.target_sgl.key,
                 length: entries,
             };
@@ -647,12 +653,13 @@ impl Stream {
                 self.set_error(libc::EIO);
             }
             self.rbuf_bytes_avail -= self.rbuf_size >> 1;
+            self.rbuf_granted = self.rbuf_granted.saturating_add(self.rbuf_size >> 1);
             self.rbuf_free_offset += self.rbuf_size >> 1;
             if self.rbuf_free_offset >= self.rbuf_size {
                 self.rbuf_free_offset = 0;
             }
             self.remote_sge += 1;
-            if self.remote_sge == self.remote_sgl.length {
+            if self.remote_sge >= self.remote_sgl.length {
                 self.remote_sge = 0;
             }
         } else if self.post_msg(m).is_err() {
@@ -679,6 +686,31 @@ impl Stream {
         }
     }
 
+    /// A message no rsockets peer sends (librdmacm's rsocket.c trusts
+    /// them, and reads past its buffer on a bad length): the connection
+    /// ends with EPROTO and its QP goes to the error state, so nothing
+    /// more the peer sends lands in our buffers.
+    fn violation(&mut self) {
+        if self.state & CONNECTED != 0 {
+            self.set_error(libc::EPROTO);
+            self.qp_to_err();
+        }
+    }
+
+    /// An `OP_DATA` message of `len` bytes: queued when it fits one target
+    /// entry, the peer had the bytes (credits) and a message slot, else a
+    /// violation.
+    fn queue_data(&mut self, len: u32) {
+        let next = (self.rmsg_tail + 1) % self.rmsg.len().max(1);
+        // (One message fills at most one target entry: half of rbuf.)
+        if len > self.rbuf_size >> 1 || len > self.rbuf_granted || next == self.rmsg_head || self.rmsg.is_empty() {
+            return self.violation();
+        }
+        self.rbuf_granted -= len;
+        self.rmsg[self.rmsg_tail] = (wire::OP_DATA, len);
+        self.rmsg_tail = next;
+    }
+
     /// `rs_poll_cq`: every completion, then receives re-posted.
     fn poll_cq(&mut self) {
         if self.cq.is_null() {
@@ -694,6 +726,12 @@ impl Stream {
             }
             if wc.wr_id & wire::WR_ID_RECV != 0 {
                 if wc.status != ibv_wc_status_IBV_WC_SUCCESS {
+                    // Not re-posted (a failed QP would only flush it
+                    // again). A failure other than a flush (a SEND too long
+                    // for our empty receives, say) ends the connection.
+                    if wc.status != ibv_wc_status_IBV_WC_WR_FLUSH_ERR {
+                        self.set_error(libc::EIO);
+                    }
                     continue;
                 }
                 rcnt += 1;
@@ -722,13 +760,10 @@ impl Stream {
                         wire::CTRL_KEEPALIVE => {}
                         _ => {}
                     },
-                    // More than half the receive buffer (what one target
-                    // entry offers) is nothing a peer can have written.
-                    wire::OP_DATA if wire::msg_data(m) > self.rbuf_size >> 1 => self.set_error(libc::EPROTO),
-                    op => {
-                        self.rmsg[self.rmsg_tail] = (op, wire::msg_data(m));
-                        self.rmsg_tail = (self.rmsg_tail + 1) % self.rmsg.len();
-                    }
+                    // More bytes than were offered, more messages than
+                    // credits, or a reserved op (1, 3, 5).
+                    wire::OP_DATA => self.queue_data(wire::msg_data(m)),
+                    _ => self.violation(),
                 }
             } else {
                 let m = wc.wr_id as u32;
@@ -825,7 +860,8 @@ impl Stream {
         self.sbuf_bytes_avail -= xfer;
         let mut t = self.tget(self.target_sge);
         let (addr, rkey) = (t.addr, t.key);
-        t.addr += xfer as u64;
+        // (The peer wrote the entry: its address may wrap.)
+        t.addr = t.addr.wrapping_add(xfer as u64);
         t.length -= xfer;
         self.tset(self.target_sge, t);
         if t.length == 0 {
