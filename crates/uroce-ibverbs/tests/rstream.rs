@@ -267,7 +267,7 @@ fn udpong_datagrams() {
                     .spawn()
                     .unwrap(),
             );
-            let (ok, out) = c.wait("udpong client", Duration::from_secs(20));
+            let (ok, out) = c.wait("udpong client", Duration::from_secs(120));
             assert!(ok, "{opts:?} {size}: {out}");
             let line = out.lines().find(|l| l.starts_with("custom")).unwrap_or_else(|| panic!("{opts:?}: {out}"));
             // Echo mode counts both directions.
