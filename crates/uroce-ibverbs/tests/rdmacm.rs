@@ -237,7 +237,6 @@ fn library_behaviour_from_c() {
 /// rping's client under valgrind through both drop-ins: no invalid access,
 /// no definitely lost block.
 #[test]
-#[ignore = "OPEN REGRESSION (2026-11-29, after the session-10 merges): valgrind reports uninitialised bytes in msg_iov[0] (packet headers) of the progress thread's sendmmsg; counted as a skip until found"]
 fn valgrind_reports_no_error_in_rping_client() {
     if !have("rping") {
         skip!("rping is not installed (Debian package rdmacm-utils)");
