@@ -46,7 +46,7 @@ static void connect_qp(struct ibv_qp *q, uint32_t dest, const union ibv_gid *gid
 /* Two RC QPs of `pd` on `cq`, connected to each other on the same device,
  * each with `depth` work requests and `sges` SGEs both ways; a QP already
  * in `qp` is destroyed first. */
-static void rc_pair(struct ibv_pd *pd, struct ibv_cq *cq, uint32_t depth, uint32_t sges, struct ibv_qp *qp[2])
+static inline void rc_pair(struct ibv_pd *pd, struct ibv_cq *cq, uint32_t depth, uint32_t sges, struct ibv_qp *qp[2])
 {
 	for (int i = 0; i < 2; i++) {
 		if (qp[i])
