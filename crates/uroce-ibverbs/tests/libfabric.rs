@@ -26,8 +26,8 @@ mod support;
 
 use std::io::BufRead;
 use std::process::Command;
-use std::time::{Duration, Instant};
-use support::{dropin_dir, have, root, serial, Reap};
+use std::time::Duration;
+use support::{dropin_dir, have, listening_at, root, serial, Reap};
 
 /// fi_pingpong's out-of-band TCP port (its default).
 const CTRL_PORT: u16 = 47592;
@@ -56,23 +56,7 @@ fn in_ns(p: &netns::Pair, ns: &str, addr: &str, prog: &str, args: &[&str]) -> Co
 /// Waits (at most 20 s) until process `pid` (in its own namespace) listens
 /// on TCP `port`.
 fn listening_in(pid: u32, port: u16) -> bool {
-    let suffix = format!(":{port:04X}");
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(20) {
-        for table in ["tcp", "tcp6"] {
-            let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
-            // sl local_address rem_address st ...; st 0A is LISTEN.
-            let listens = text.lines().skip(1).any(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                f.len() > 3 && f[1].ends_with(&suffix) && f[3] == "0A"
-            });
-            if listens {
-                return true;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    false
+    listening_at(&format!("/proc/{pid}/net"), port, Duration::from_secs(20))
 }
 
 /// Namespaces for one test: `a` and `b` joined by a veth pair, and a

@@ -126,11 +126,18 @@ impl Drop for Reap {
 /// /proc/net/tcp{,6}: servers that accept a single connection (perftest,
 /// UCX's) are not probed by connecting.
 pub fn listening(port: u16) -> bool {
+    listening_at("/proc/net", port, Duration::from_secs(10))
+}
+
+/// Waits (at most `limit`) until a socket listens on TCP `port` in the
+/// tables `tcp` and `tcp6` of `net` (`/proc/net`, or `/proc/<pid>/net` for
+/// a process in another namespace).
+pub fn listening_at(net: &str, port: u16, limit: Duration) -> bool {
     let suffix = format!(":{port:04X}");
     let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(10) {
-        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-            let text = std::fs::read_to_string(table).unwrap_or_default();
+    while t.elapsed() < limit {
+        for table in ["tcp", "tcp6"] {
+            let text = std::fs::read_to_string(format!("{net}/{table}")).unwrap_or_default();
             // sl local_address rem_address st ...; st 0A is LISTEN.
             let listens = text.lines().skip(1).any(|l| {
                 let f: Vec<&str> = l.split_whitespace().collect();
