@@ -16,9 +16,17 @@ sum() { grep -E '^test result:' "$log" | grep -oE "[0-9]+ $1" | awk '{s+=$1} END
 passed=$(sum passed); failed=$(sum failed); ignored=$(sum ignored)
 skipped_whole=$(grep -cE '^SKIP ' "$log")
 passed=$((passed - skipped_whole)); skipped=$((ignored + skipped_whole))
+# A test binary that died of a signal (a crash, or scripts/test.sh's
+# watchdog) printed no result line: each counts as one failure.
+crashed=$(grep -cE "process didn't exit successfully: .*\(signal: " "$log")
+failed=$((failed + crashed))
 echo
 echo "skipped tests ($skipped_whole, with reasons; $ignored more marked #[ignore]):"
 grep -E '^SKIP ' "$log" | sort | sed 's/^/  /' || echo "  none"
+if [ "$crashed" != 0 ]; then
+    echo "test binaries that died of a signal ($crashed, each counted as one failure):"
+    grep -E "process didn't exit successfully: .*\(signal: |^WATCHDOG" "$log" | sed 's/^/  /'
+fi
 echo "partly skipped tests (counted as passed):"
 grep -E '^SKIP-PART ' "$log" | sort | sed 's/^/  /' || echo "  none"
 if [ "${CI:-}" = true ] && grep -qE '^SKIP(-PART)? .*is not installed' "$log"; then

@@ -82,11 +82,35 @@ fi
 # (UROCE_LINK=auto: devices of this host exchange packets through shared
 # memory, crates/uroce/src/io/link), then with it off (UROCE_LINK=udp: every
 # packet by UDP, as between hosts).
+# A hung test must not eat the whole CI budget: while a pass runs, a
+# watchdog kills the test binary that has let its log stand still for
+# UROCE_TEST_STALL seconds (no test of it finished; the slowest single test,
+# the kernel-rxe matrix, takes 5 minutes alone). The killed binary shows in
+# cargo's output as "(signal: 9, SIGKILL: kill)" and counts as one failure
+# (scripts/test-summary.sh); the tests still running in it are named.
+stall=${UROCE_TEST_STALL:-1200}
+watchdog() {
+    local log=$1 deps="$PWD/target/debug/deps/"
+    while sleep 20; do
+        local age=$(( $(date +%s) - $(stat -c %Y "$log" 2>/dev/null || date +%s) ))
+        [ "$age" -lt "$stall" ] && continue
+        for pid in $(pgrep -f "^$deps"); do
+            local name; name=$(basename "$(readlink "/proc/$pid/exe" 2>/dev/null)")
+            echo "WATCHDOG: killed $name: no test finished for $age s (UROCE_TEST_STALL=$stall); still running:" \
+                "$(tail -c 2000 "$log" | grep -oE 'test [^ ]+ has been running' | awk '{print $2}' | sort -u | tr '\n' ' ')" \
+                | tee -a "$log" >&2
+            pkill -9 -P "$pid"; kill -9 "$pid"
+        done
+        touch "$log"
+    done
+}
 echo "== pass 1 of 2: UROCE_LINK=auto (same-host peers by shared memory)"
 # Not --all-targets: that would run the benches (harness = false: their
 # main) as timed tests; they are measurements (`cargo bench`), compiled and
 # linted above by clippy --all-targets.
+watchdog "$log" & wd=$!
 UROCE_LINK=auto cargo test --workspace --lib --bins --tests --examples --no-fail-fast -- --show-output 2>&1 | tee "$log" || status=1
+kill $wd
 cargo test --workspace --doc --no-fail-fast 2>&1 | tee -a "$log" || status=1
 log2=$(mktemp)
 trap 'rm -f "$log" "$log2" "$checks"' EXIT
@@ -107,8 +131,10 @@ link_tests=(two_devices_of_one_process_link_and_captures_see_every_packet two_pr
 # The wait-latency programs go by UDP in both passes (tests/wait_latency.rs).
 once_tests=(rping_to_a_killed_server_is_unreachable kernel_rxe_matrix_both_ways
             event_driven_uc_and_ud_pingpongs_stay_near_polled_rc qperf_rc_lat_event_driven_stays_near_polled)
+watchdog "$log2" & wd=$!
 UROCE_LINK=udp cargo test --workspace --tests --no-fail-fast -- --show-output \
     $(printf -- '--skip %s ' "${link_tests[@]}" "${once_tests[@]}") >"$log2" 2>&1 || status=1
+kill $wd
 # Its log in full only where something failed; else each binary's result line.
 if grep -qE '^test result: FAILED|^error' "$log2"; then cat "$log2"; else grep -E '^(test result:|SKIP)' "$log2"; fi
 

@@ -6,8 +6,10 @@
 //! the old ICRC, and the receiver dropped them as bad ICRCs.
 //!
 //! One thread posts 4 KiB UD sends, another polls their completions and
-//! overwrites the buffer with the next message the moment one arrives; the
-//! receiver must see every message intact and no bad ICRC.
+//! overwrites the buffer with the next message the moment one arrives; every
+//! message the receiver gets must be intact, and no packet may be dropped
+//! for a bad ICRC. UD may lose packets (a full ring or socket buffer on a
+//! busy machine): a lost message is counted, never waited for.
 
 mod common;
 
@@ -19,7 +21,7 @@ use uroce::verbs::*;
 const QKEY: u32 = 0x1111_1111;
 const SIZE: usize = 4096;
 const MESSAGES: u64 = 3000;
-const RECVS: u64 = 256;
+const RECVS: u64 = 1024;
 
 /// Message `i`: its number, then a byte that depends on it.
 fn message(i: u64) -> Vec<u8> {
@@ -66,22 +68,26 @@ fn a_buffer_reused_at_its_ud_send_completion_changes_no_packet() {
         .unwrap();
     let dest = UdDest { av: ah.av, remote_qpn: qb.qp_num(), remote_qkey: QKEY };
 
-    // Messages the buffer holds (set by the completion thread), received.
+    // The message the buffer holds (set by the completion thread); set by
+    // the receiver once it has seen the last message (or one after it).
     let ready = Arc::new(AtomicU64::new(0));
-    let received = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let done = AtomicBool::new(false);
+    let stop = AtomicBool::new(false);
+    let deadline = Instant::now() + Duration::from_secs(120);
     std::thread::scope(|s| {
-        // Posts message i once the buffer holds it and the receiver has
-        // room for it.
+        // Whatever ends this scope, a panic included, stops both threads
+        // (else the scope would wait for them forever).
+        let _stop = SetOnDrop(&stop);
+        // Posts message i once the buffer holds it, past the last one until
+        // the receiver has seen one of them (the last may be lost).
         s.spawn(|| {
-            for i in 0..MESSAGES {
-                while (ready.load(Ordering::Acquire) < i || received.load(Ordering::Acquire) + RECVS / 2 < i)
-                    && !stop.load(Ordering::Relaxed)
-                {
-                    std::hint::spin_loop();
+            for i in 0..2 * MESSAGES {
+                while ready.load(Ordering::Acquire) < i && !stop.load(Ordering::Relaxed) {
+                    // (Not a bare spin: on two cores the receiver and the
+                    // progress threads need the CPU too.)
+                    std::thread::yield_now();
                 }
-                if stop.load(Ordering::Relaxed) {
+                if stop.load(Ordering::Relaxed) || done.load(Ordering::Relaxed) {
                     return;
                 }
                 let mut w = common::wr(i, WrOpcode::Send, tx.sge(0, SIZE as u32));
@@ -92,8 +98,9 @@ fn a_buffer_reused_at_its_ud_send_completion_changes_no_packet() {
         // On the completion of message i, refills the buffer with i + 1 at
         // once: the application owns the buffer again.
         s.spawn(|| {
+            let _stop = SetOnDrop(&stop);
             let mut next = 0;
-            while next < MESSAGES && !stop.load(Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 let Some(wc) = qa_cq.poll_one() else { continue };
                 assert_eq!((wc.status, wc.wr_id), (WcStatus::Success, next));
                 next += 1;
@@ -101,10 +108,10 @@ fn a_buffer_reused_at_its_ud_send_completion_changes_no_packet() {
                 ready.store(next, Ordering::Release);
             }
         });
-        // The receiver: every message intact, in order (loopback keeps it),
-        // none lost for a bad ICRC.
-        let mut want = 0;
-        while want < MESSAGES && Instant::now() < deadline && cb.stats().rx_drop_icrc == 0 {
+        // The receiver: every message it gets intact and in order (loopback
+        // keeps it), none dropped for a bad ICRC.
+        let (mut last, mut received) = (None, 0u64);
+        while Instant::now() < deadline && cb.stats().rx_drop_icrc == 0 && !stop.load(Ordering::Relaxed) {
             let Some(wc) = qb_cq.poll_one() else {
                 std::thread::sleep(Duration::from_micros(20));
                 continue;
@@ -113,17 +120,33 @@ fn a_buffer_reused_at_its_ud_send_completion_changes_no_packet() {
             let mut got = vec![0u8; SIZE];
             rx.read_at(wc.wr_id as usize * (40 + SIZE) + 40, &mut got).unwrap();
             let i = u64::from_le_bytes(got[..8].try_into().unwrap());
-            assert_eq!(i, want, "message {want} received intact and in order");
+            assert!(last.is_none_or(|l| i > l), "message {i} after {last:?}: in order: {:?} {:?}", ca.link_stats(), cb.link_stats());
             assert!(got == message(i), "message {i}'s bytes are the ones it was sent with");
-            want += 1;
-            received.store(want, Ordering::Release);
+            (last, received) = (Some(i), received + 1);
             qb.post_recv(&RecvWr { wr_id: wc.wr_id, sg_list: uroce::sgl![slot(wc.wr_id)] }).unwrap();
+            if i + 1 >= MESSAGES {
+                done.store(true, Ordering::Relaxed);
+                break;
+            }
         }
-        stop.store(true, Ordering::Relaxed);
         let st = cb.stats();
         assert_eq!(st.rx_drop_icrc, 0, "packets sent with bytes changed after their ICRC: {st:?}");
-        assert_eq!(want, MESSAGES, "every message arrived in time: {st:?}");
+        assert!(done.load(Ordering::Relaxed), "the last message (or one after it) arrived in time: {st:?}");
+        // Enough arrived for the check to mean something (a receiver slower
+        // than the sender loses UD packets: the link's ring or the socket
+        // buffer overflows, counted as ring_full_drops or by the kernel).
+        assert!(received >= MESSAGES / 10, "{received} of {MESSAGES} messages arrived: {st:?}");
+        eprintln!("{received} of {MESSAGES} messages arrived intact ({} lost): {st:?} {:?}", MESSAGES - received.min(MESSAGES), ca.link_stats());
     });
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The same in the sans-IO engine: a UD send sent in place completes at

@@ -70,8 +70,17 @@ pub trait Medium: Send + Sync + std::fmt::Debug {
         false
     }
 
-    /// Packets that came by another medium: (sender, length), for this
-    /// medium's per-peer counters.
+    /// Whether packets wait in this medium that must not overtake what a
+    /// later medium may still hold (the first packets of a new link, behind
+    /// the peer's last UDP packets): the later media then read in this pass
+    /// whatever `others_active` says, and [`Medium::count_elsewhere`] sees
+    /// all they had.
+    fn holding(&self) -> bool {
+        false
+    }
+
+    /// Packets that came by another medium in this pass: (sender, length),
+    /// for this medium's per-peer counters (and its [`Medium::holding`]).
     fn count_elsewhere(&self, _pkts: &mut dyn Iterator<Item = (SocketAddr, usize)>) {}
 
     /// A descriptor that is readable when this medium has something for

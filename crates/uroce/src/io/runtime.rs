@@ -611,10 +611,13 @@ impl Runtime {
         let RxState { bufs, order, rx_ids } = rx;
         // In order: a medium that reads by system call may skip a read
         // while one before it delivers (see `io::udp`).
-        let mut active = false;
+        // A medium that holds packets back for a later one (a new link)
+        // has the later ones read in full.
+        let (mut active, mut holding) = (false, false);
         for (m, b) in self.media.iter().zip(bufs.iter_mut()) {
-            m.recv(b.as_mut(), now, active);
+            m.recv(b.as_mut(), now, active && !holding);
             active |= !b.is_empty() || m.active(now);
+            holding |= m.holding();
         }
         let all = || bufs.iter().flat_map(|b| (0..b.len()).map(|i| b.get(i)));
         let n: usize = bufs.iter().map(|b| b.len()).sum();

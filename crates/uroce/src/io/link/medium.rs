@@ -49,6 +49,10 @@ impl Medium for Links {
         Links::active(self, now)
     }
 
+    fn holding(&self) -> bool {
+        Links::holding(self)
+    }
+
     fn count_elsewhere(&self, pkts: &mut dyn Iterator<Item = (SocketAddr, usize)>) {
         self.count_udp_rx(pkts);
     }

@@ -45,6 +45,7 @@ use crate::proto::Transmit;
 use discovery::Mapping;
 use ring::{Consumer, Geometry, Producer, RingMem};
 use rustc_hash::{FxHashMap, FxHashSet};
+use smallvec::SmallVec;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -184,6 +185,15 @@ struct Link {
     /// ACKs, say) has been read.
     closed: AtomicBool,
     closed_since: AtomicInstant,
+    /// The ring is not read yet: the peer sent by UDP until the link was up,
+    /// and its last UDP packets may still wait in our socket. Its first
+    /// ring packets wait behind them (else they would overtake them: a
+    /// UC message lost, an RC sequence NAK, a UD message out of order) until
+    /// a receive pass, begun with packets in the ring, reads the socket and
+    /// finds none of the peer's (see [`Links::holding`]).
+    held: AtomicBool,
+    /// While held: the ring had packets when the pass began.
+    held_full: AtomicBool,
     /// Last: the rings point into it.
     _map: Mapping,
 }
@@ -489,6 +499,14 @@ impl Links {
                 break;
             }
             let Ok(mut c) = l.rx.try_lock() else { continue };
+            if l.held.load(Ordering::Relaxed) {
+                // Noted before this pass reads the socket: a UDP packet the
+                // peer sent before these was in our socket before they
+                // were in the ring (a same-host UDP send is queued before
+                // it returns).
+                l.held_full.store(c.pending().map_or(true, |n| n > 0), Ordering::Relaxed);
+                continue;
+            }
             let RxBuf { data, pkts } = buf;
             let mut at = data.len();
             let (peer, mut bytes) = (l.peer, 0u64);
@@ -516,16 +534,36 @@ impl Links {
         now.saturating_duration_since(self.inner.rx_at.load(Ordering::Relaxed)) < SPIN_AFTER_RX
     }
 
-    /// Counts packets received by UDP from known peers.
+    /// Whether a new link's ring holds packets that wait behind the
+    /// peer's UDP packets: this pass must read the socket (not skip it).
+    pub fn holding(&self) -> bool {
+        self.inner.links.read().unwrap().iter().any(|l| l.held.load(Ordering::Relaxed) && l.held_full.load(Ordering::Relaxed))
+    }
+
+    /// Counts packets received by UDP from known peers, and lets a held
+    /// link's ring be read once a pass that began with packets in it read
+    /// the socket and found none of its peer's. (A socket read is at most
+    /// one batch: should it be full of other peers' packets with more of
+    /// this peer's behind them, those few are overtaken.)
     pub fn count_udp_rx(&self, pkts: impl Iterator<Item = (SocketAddr, usize)>) {
         let peers = self.inner.peers.read().unwrap();
         if peers.is_empty() {
             return;
         }
+        let mut senders = SmallVec::<[SocketAddr; 4]>::new();
         for (from, len) in pkts {
             if let Some(p) = peers.get(&from) {
                 add(&p.c.udp_rx_packets, 1);
                 add(&p.c.udp_rx_bytes, len as u64);
+                if !senders.contains(&from) {
+                    senders.push(from);
+                }
+            }
+        }
+        drop(peers);
+        for l in self.inner.links.read().unwrap().iter() {
+            if l.held.load(Ordering::Relaxed) && l.held_full.load(Ordering::Relaxed) && !senders.contains(&l.peer) {
+                l.held.store(false, Ordering::Relaxed);
             }
         }
     }
@@ -947,6 +985,8 @@ impl Inner {
             dead: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             closed_since: AtomicInstant::default(),
+            held: AtomicBool::new(true),
+            held_full: AtomicBool::new(false),
             _map: map,
         }))
     }
@@ -1039,6 +1079,8 @@ impl Inner {
             dead: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             closed_since: AtomicInstant::default(),
+            held: AtomicBool::new(true),
+            held_full: AtomicBool::new(false),
             _map: map,
         }))
     }
