@@ -120,7 +120,12 @@ fn a_buffer_reused_at_its_ud_send_completion_changes_no_packet() {
             let mut got = vec![0u8; SIZE];
             rx.read_at(wc.wr_id as usize * (40 + SIZE) + 40, &mut got).unwrap();
             let i = u64::from_le_bytes(got[..8].try_into().unwrap());
-            assert!(last.is_none_or(|l| i > l), "message {i} after {last:?}: in order: {:?} {:?}", ca.link_stats(), cb.link_stats());
+            assert!(
+                last.is_none_or(|l| i > l),
+                "message {i} after {last:?}: in order: {:?} {:?}",
+                ca.link_stats(),
+                cb.link_stats()
+            );
             assert!(got == message(i), "message {i}'s bytes are the ones it was sent with");
             (last, received) = (Some(i), received + 1);
             qb.post_recv(&RecvWr { wr_id: wc.wr_id, sg_list: uroce::sgl![slot(wc.wr_id)] }).unwrap();
@@ -136,7 +141,11 @@ fn a_buffer_reused_at_its_ud_send_completion_changes_no_packet() {
         // than the sender loses UD packets: the link's ring or the socket
         // buffer overflows, counted as ring_full_drops or by the kernel).
         assert!(received >= MESSAGES / 10, "{received} of {MESSAGES} messages arrived: {st:?}");
-        eprintln!("{received} of {MESSAGES} messages arrived intact ({} lost): {st:?} {:?}", MESSAGES - received.min(MESSAGES), ca.link_stats());
+        eprintln!(
+            "{received} of {MESSAGES} messages arrived intact ({} lost): {st:?} {:?}",
+            MESSAGES - received.min(MESSAGES),
+            ca.link_stats()
+        );
     });
 }
 

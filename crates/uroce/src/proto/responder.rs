@@ -187,18 +187,20 @@ impl Qp {
 
     /// A retransmission of the request at `psn` arrived while the copy job
     /// of its page fault still runs: true if it was answered with another
-    /// RNR NAK (each with four times the wait of the one before, from the QP's
-    /// `min_rnr_timer` on: a fault that outlasts the first wait on a busy
-    /// host does not use up a small `rnr_retry` at once); false if it is not
+    /// RNR NAK (each with sixteen times the wait of the one before, from the
+    /// QP's `min_rnr_timer` on: a fault that outlasts the first wait on a
+    /// busy host does not use up a small `rnr_retry` at once; with
+    /// `min_rnr_timer` 12 and `rnr_retry` 3 the waits are 0.64, 10.24 and
+    /// 163.84 ms, where a fault served at once costs one 0.64 ms wait); false if it is not
     /// that request (the engine parks it behind the job).
     pub(crate) fn fault_rnr_again(&mut self, ctx: &mut Ctx, psn: u32) -> bool {
         let Some((p, t)) = self.resp.fault else { return false };
         if p != psn || self.qp_type == QpType::Uc {
             return false;
         }
-        // Timer codes step by about 1.5x; four steps make the wait four
+        // Timer codes step by about 1.4x; eight steps make the wait sixteen
         // times longer (0 is already the longest, 655 ms).
-        let t = if t == 0 { 0 } else { (t + 4).min(31) };
+        let t = if t == 0 { 0 } else { (t + 8).min(31) };
         self.resp.fault = Some((p, t));
         ctx.stats.rnr_naks_sent += 1;
         ctx.stats.fault_rnr_naks += 1;
