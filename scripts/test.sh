@@ -5,6 +5,7 @@
 # Env:   UROCE_SIM_SEEDS=N          seeds for the simulated fabric (default 300)
 #        UROCE_NO_INSTALL=1         never call apt-get, never set up UCX's device node
 #        CI=true                    fail when a test skips because something is not installed
+#        UROCE_TEST_STALL=S         kill a test binary none of whose tests finished for S s (default 900)
 # Skips: a test that cannot run prints one line `SKIP <test>: <reason>`
 # (crates/uroce/tests/skip/mod.rs); it is counted as skipped, not passed. A
 # part of a test skipped prints `SKIP-PART <test>: <reason>`; the test counts
@@ -88,7 +89,7 @@ fi
 # the kernel-rxe matrix, takes 5 minutes alone). The killed binary shows in
 # cargo's output as "(signal: 9, SIGKILL: kill)" and counts as one failure
 # (scripts/test-summary.sh); the tests still running in it are named.
-stall=${UROCE_TEST_STALL:-1200}
+stall=${UROCE_TEST_STALL:-900}
 watchdog() {
     local log=$1 deps="$PWD/target/debug/deps/"
     while sleep 20; do
