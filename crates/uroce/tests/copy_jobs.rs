@@ -171,8 +171,8 @@ fn a_request_sent_again_during_its_fault_gets_rnr_naks_with_longer_waits() {
             _ => None,
         })
         .collect();
-    // min_rnr_timer is 1 (0.01 ms) here: then 5, 9, 13 (0.06, 0.24, 0.96 ms).
-    assert_eq!(timers, vec![1, 5, 9, 13]);
+    // min_rnr_timer is 1 (0.01 ms) here: then 9, 17, 25 (0.24, 3.84, 61.44 ms).
+    assert_eq!(timers, vec![1, 9, 17, 25]);
     assert_eq!(w.nodes[1].engine.stats().copies_deferred, 1, "one job");
 }
 

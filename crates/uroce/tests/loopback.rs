@@ -78,7 +78,12 @@ fn write_read_send_and_atomics_over_udp() {
     let mut c = [0u8; 8];
     counter.read_at(0, &mut c).unwrap();
     assert_eq!(u64::from_ne_bytes(c), 99);
-    assert_eq!(a.ctx.stats().retransmits, 0);
+    // Nothing was refused or lost on loopback: no NAK of any kind. (A busy
+    // machine may delay an ACK past the timeout: a retransmission then
+    // comes from a timeout, never from anything else.)
+    let st = a.ctx.stats();
+    assert_eq!((st.naks_received, st.seq_naks_received, st.rnr_naks_received), (0, 0, 0), "{st:?}");
+    assert!(st.retransmits == 0 || st.timeouts > 0, "{st:?}");
 }
 
 #[test]
