@@ -159,7 +159,7 @@ pub(crate) fn install() {
 mod imp {
     use std::cell::UnsafeCell;
     use std::mem::MaybeUninit;
-    use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
     // System V ABI: arguments in rdi, rsi, rdx, rcx; result in rax; DF = 0.
     // Each `*_f0_v1` .. `*_f1_v1` range holds the instructions that may touch
@@ -436,13 +436,20 @@ mod imp {
         end: AtomicUsize,
     }
     const HOLDS: usize = 16;
+    /// `si_code` of a fault on a page mapped without the access tried.
+    const SEGV_ACCERR: i32 = 2;
     #[allow(clippy::declare_interior_mutable_const)]
     const NO_HOLD: Hold = Hold { tid: AtomicI32::new(0), start: AtomicUsize::new(0), end: AtomicUsize::new(0) };
     static HELD: [Hold; HOLDS] = [NO_HOLD; HOLDS];
 
+    /// Holds taken and released so far (see [`retry_after_release`]).
+    static HOLDS_TAKEN: AtomicU64 = AtomicU64::new(0);
+    static HOLDS_RELEASED: AtomicU64 = AtomicU64::new(0);
+
     pub(super) fn hold(start: usize, len: usize) -> Option<usize> {
         let tid = gettid();
         let i = HELD.iter().position(|h| h.tid.compare_exchange(0, tid, Ordering::Acquire, Ordering::Relaxed).is_ok())?;
+        HOLDS_TAKEN.fetch_add(1, Ordering::AcqRel);
         HELD[i].start.store(start, Ordering::Relaxed);
         HELD[i].end.store(start.saturating_add(len), Ordering::Release);
         Some(i)
@@ -451,6 +458,31 @@ mod imp {
     pub(super) fn release_hold(i: usize) {
         HELD[i].end.store(0, Ordering::Release);
         HELD[i].tid.store(0, Ordering::Release);
+        HOLDS_RELEASED.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A write fault (`SEGV_ACCERR`) in no range held now: it may have hit
+    /// one just before the holder made the pages writable again and
+    /// released it (between the fault and this handler). Retried once per
+    /// release seen: a real fault comes back at once, finds no release
+    /// since, and is passed on. (The process died of such a write, by a
+    /// test's writer thread, in one run of two under load.) Async-signal-
+    /// safe: atomics and a const-initialized thread-local without `Drop`.
+    fn retry_after_release(addr: usize) -> bool {
+        std::thread_local! {
+            static LAST: std::cell::Cell<(usize, u64)> = const { std::cell::Cell::new((0, u64::MAX)) };
+        }
+        if HOLDS_TAKEN.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let released = HOLDS_RELEASED.load(Ordering::Acquire);
+        LAST.with(|last| {
+            if last.get() == (addr, released) {
+                return false;
+            }
+            last.set((addr, released));
+            true
+        })
     }
 
     /// Waits while a write fault at `addr` of another thread falls in a held
@@ -599,6 +631,12 @@ mod imp {
                     (*uc).uc_mcontext.gregs[libc::REG_RSP as usize] = frame as i64;
                     (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] =
                         uroce_mem_guard_fix_v1 as *const () as usize as i64;
+                    return;
+                }
+                if sig == libc::SIGSEGV
+                    && (*info).si_code == SEGV_ACCERR
+                    && retry_after_release((*info).si_addr() as usize)
+                {
                     return;
                 }
             }
