@@ -46,6 +46,10 @@ fn uroce(rt: &Path, args: &[&str]) -> Output {
 
 /// A `uroce demo` doing traffic for `secs` seconds, publishing into `rt`.
 fn traffic(rt: &Path, secs: u32, port: u16, config: Option<&Path>) -> Child {
+    traffic_command(rt, secs, port, config).spawn().unwrap()
+}
+
+fn traffic_command(rt: &Path, secs: u32, port: u16, config: Option<&Path>) -> Command {
     let mut c = Command::new(UROCE);
     c.args(["demo", "--duration", &secs.to_string(), "--port", &port.to_string()])
         .env("UROCE_RUNTIME_DIR", rt)
@@ -55,7 +59,7 @@ fn traffic(rt: &Path, secs: u32, port: u16, config: Option<&Path>) -> Child {
         Some(p) => c.env("UROCE_CONFIG", p),
         None => c.env_remove("UROCE_CONFIG"),
     };
-    c.spawn().unwrap()
+    c
 }
 
 struct Reap(Child);
@@ -401,7 +405,10 @@ fn peers_start_and_stop_a_client() {
 fn what_a_sigkilled_process_left_is_reaped() {
     let rt = tmpdir("reap");
     let port = 37000 + (std::process::id() % 1000) as u16;
-    let mut killed = Reap(traffic(&rt, 120, port, None));
+    // With the same-host link on, whatever the pass (its sockets are what
+    // is reaped; UROCE_LINK=udp, the suite's second pass, makes none).
+    let linked = |port| traffic_command(&rt, 120, port, None).env("UROCE_LINK", "auto").spawn().unwrap();
+    let mut killed = Reap(linked(port));
     let pid = killed.0.id();
     let links = rt.join("links");
     let sockets = |dir: &Path| -> Vec<String> {
@@ -417,7 +424,7 @@ fn what_a_sigkilled_process_left_is_reaped() {
         rt.join(pid.to_string()).join("stats.json").exists() && sockets(&links).len() == 2
     });
     // A live process beside it, on another port: untouched by the reaping.
-    let live = Reap(traffic(&rt, 120, port + 1, None));
+    let live = Reap(linked(port + 1));
     let live_pid = live.0.id();
     until("the live demo's stats.json", || rt.join(live_pid.to_string()).join("stats.json").exists());
     killed.0.kill().unwrap(); // SIGKILL
