@@ -170,6 +170,23 @@ pub fn device_up(addr: &str) -> bool {
     false
 }
 
+/// The stacks of every thread of process `pid` (by gdb, when installed):
+/// what a test that found a child hung prints.
+pub fn stacks(pid: u32) -> String {
+    let out = Command::new("gdb")
+        .args(["-q", "-batch", "-p", &pid.to_string(), "-ex", "thread apply all bt 20"])
+        .stdin(Stdio::null())
+        .output();
+    match out {
+        Ok(o) => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.starts_with('#') || l.starts_with("Thread"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Err(e) => format!("(gdb: {e})"),
+    }
+}
+
 /// A child whose output (stdout and stderr, interleaved as they come) is
 /// read while it runs, so a test can wait for a line before acting: the
 /// moment something happens, not a fixed time after the start.
@@ -219,7 +236,10 @@ impl Watched {
                 self.join_readers();
                 return self.text().contains(needle);
             }
-            assert!(t.elapsed() < limit, "no {needle:?} within {limit:?}:\n{}", self.text());
+            if t.elapsed() >= limit {
+                let stacks = stacks(c.id());
+                panic!("no {needle:?} within {limit:?}:\n{}\n--- its threads:\n{stacks}", self.text());
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
     }

@@ -547,17 +547,14 @@ impl Links {
     /// this peer's behind them, those few are overtaken.)
     pub fn count_udp_rx(&self, pkts: impl Iterator<Item = (SocketAddr, usize)>) {
         let peers = self.inner.peers.read().unwrap();
-        if peers.is_empty() {
-            return;
-        }
         let mut senders = SmallVec::<[SocketAddr; 4]>::new();
         for (from, len) in pkts {
             if let Some(p) = peers.get(&from) {
                 add(&p.c.udp_rx_packets, 1);
                 add(&p.c.udp_rx_bytes, len as u64);
-                if !senders.contains(&from) {
-                    senders.push(from);
-                }
+            }
+            if !senders.contains(&from) {
+                senders.push(from);
             }
         }
         drop(peers);
