@@ -8,13 +8,9 @@
 //! connected QPs.
 
 mod agent;
-pub(crate) mod budget;
 mod conn;
 mod endpoint;
 pub mod event;
-pub mod gsi;
-pub mod mad;
-pub mod service;
 pub mod timer;
 
 #[cfg(test)]
@@ -32,9 +28,13 @@ pub use event::{CmEvent, ConnId, ConnParam, EventKind, ListenId, Param, UdParam}
 pub use mad::{CmMad, CmMsg, MadError, MadView};
 pub use service::{CmaHdr, PortSpace};
 
-/// Q_Key of the General Services Interface QP (QP 1), `IB_QP1_QKEY`.
-pub const GSI_QKEY: u32 = 0x8001_0000;
-/// The GSI QP number.
-pub const GSI_QPN: u32 = 1;
+// The CM's wire formats (MADs, the rdma_cm IP service) live in `wire`, and
+// the answers of a device without QP 1 in `proto`, below the engine that
+// uses them; they keep their names here.
+pub(crate) use crate::proto::budget;
+pub use crate::proto::gsi;
+pub use crate::wire::cm_service as service;
+pub use crate::wire::mad;
+pub use crate::wire::mad::{GSI_QKEY, GSI_QPN};
 /// Q_Key rdma_cm gives UD ids of RDMA_PS_UDP / RDMA_PS_IB (`RDMA_UDP_QKEY`).
 pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;

@@ -239,7 +239,7 @@ impl Runtime {
     /// [`Engine::create_gsi_qp`]).
     pub fn create_gsi_qp(&self, init: QpInit) -> Result<u32> {
         self.claim_qp()?;
-        let r = self.shard(crate::cm::GSI_QPN).engine.lock().unwrap().create_gsi_qp(init);
+        let r = self.shard(crate::wire::mad::GSI_QPN).engine.lock().unwrap().create_gsi_qp(init);
         if r.is_err() {
             self.qp_count.fetch_sub(1, Ordering::Relaxed);
         }

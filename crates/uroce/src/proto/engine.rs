@@ -140,7 +140,7 @@ pub struct Engine {
     gsi_out: VecDeque<Transmit>,
     gsi_psn: u32,
     /// How often a device without a CM answers a MAD (not a reflector).
-    gsi_answers: crate::cm::budget::AnswerBudget,
+    gsi_answers: super::budget::AnswerBudget,
     /// An application thread may answer what arrives: ACKs may be held for
     /// it ([`Engine::set_app_active`]).
     app_active: bool,
@@ -434,7 +434,7 @@ impl Engine {
     /// The GSI QP (QP 1, a UD QP) of the device's CM agent: the one QP
     /// number no `create_qp` hands out. EBUSY if it exists.
     pub fn create_gsi_qp(&mut self, init: QpInit) -> Result<u32> {
-        let qpn = crate::cm::GSI_QPN;
+        let qpn = crate::wire::mad::GSI_QPN;
         if init.qp_type != QpType::Ud {
             return Err(Error::inval("create_gsi_qp: QP 1 is a UD QP"));
         }
@@ -706,7 +706,7 @@ impl Engine {
                 // An ACK or response that reaches a requester after its QP
                 // was destroyed: routine at teardown (counted, not a warning).
                 tracing::debug!(%src, qpn = bth.dest_qp, "dropped a response for a QP that no longer exists");
-            } else if bth.dest_qp == crate::cm::GSI_QPN {
+            } else if bth.dest_qp == crate::wire::mad::GSI_QPN {
                 self.answer_without_cm(now, src, pkt, !icrc.is_bad());
             } else {
                 self.log_drop(now, src, "no such QP");
@@ -833,18 +833,18 @@ impl Engine {
     /// as the kernel answers for an agent without state (`cm::gsi`), at
     /// most at the rate of `cm::budget` (the kernel answers every one).
     fn answer_without_cm(&mut self, now: Instant, src: SocketAddr, pkt: &Packet, icrc_ok: bool) {
-        let deth_ok = pkt.headers.deth.is_some_and(|d| d.qkey == crate::cm::GSI_QKEY);
+        let deth_ok = pkt.headers.deth.is_some_and(|d| d.qkey == crate::wire::mad::GSI_QKEY);
         if pkt.headers.bth.opcode != wire::Opcode::UD_SEND_ONLY || !deth_ok {
             return;
         }
-        let Some(answer) = crate::cm::gsi::answer_unhandled(pkt.payload).filter(|_| icrc_ok) else { return };
+        let Some(answer) = super::gsi::answer_unhandled(pkt.payload).filter(|_| icrc_ok) else { return };
         if !self.gsi_answers.take(now) {
             return;
         }
-        let h = crate::cm::gsi::mad_headers(self.gsi_psn);
+        let h = super::gsi::mad_headers(self.gsi_psn);
         self.gsi_psn = (self.gsi_psn + 1) & 0xFF_FFFF;
         let out = IpInfo { src: self.cfg.addr, dst: src.ip(), sport: self.cfg.port, dport: self.cfg.port, ipv4_id: 0 };
-        let mut buf = vec![0u8; wire::packet_len(h.header_len(), crate::cm::mad::MAD_LEN)];
+        let mut buf = vec![0u8; wire::packet_len(h.header_len(), crate::wire::mad::MAD_LEN)];
         if let Ok(n) = wire::build_packet(&h, &answer.to_bytes(), &out, &mut buf) {
             buf.truncate(n);
             self.stats.tx_packets += 1;

@@ -22,9 +22,11 @@
 //! the I/O layer below sees no memory type.
 
 mod ack;
+pub(crate) mod budget;
 pub mod completer;
 pub mod copy;
 pub mod cq;
+pub mod gsi;
 mod engine;
 pub mod qpn;
 pub mod memory;

@@ -61,8 +61,8 @@ pub fn describe(p: &Packet) -> String {
     }
     s += &format!(" | payload={}", p.payload.len());
     // A MAD to the GSI QP: the CM message by name.
-    if h.deth.is_some_and(|d| d.qkey == crate::cm::GSI_QKEY) && b.dest_qp == crate::cm::GSI_QPN {
-        s += &format!(" | {}", crate::cm::mad::summarize(p.payload));
+    if h.deth.is_some_and(|d| d.qkey == super::mad::GSI_QKEY) && b.dest_qp == super::mad::GSI_QPN {
+        s += &format!(" | {}", super::mad::summarize(p.payload));
     }
     s
 }

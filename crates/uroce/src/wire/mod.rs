@@ -6,9 +6,11 @@
 //! an error. Emission is byte-exact (tested against rxe captures and
 //! hardware vectors in `shared/conformance`).
 
+pub mod cm_service;
 pub mod decode;
 mod headers;
 pub mod icrc;
+pub mod mad;
 mod opcode;
 mod packet;
 pub mod pcap;

@@ -6,8 +6,7 @@
 //! SIDR_REP "unsupported", a DREQ a DREP (`k/cm.c` `cm_issue_rej`,
 //! `cm_issue_drep`); anything else is dropped.
 
-use super::mad::{rej_reason, sidr_status, Bytes, CmMad, CmMsg, Drep, MsgRef, Rej, SidrRep};
-use super::{GSI_QKEY, GSI_QPN};
+use crate::wire::mad::{rej_reason, sidr_status, Bytes, CmMad, CmMsg, Drep, MsgRef, Rej, SidrRep, GSI_QKEY, GSI_QPN};
 use crate::wire::{Bth, Deth, Headers, Opcode};
 
 /// The headers of a CM MAD packet sent from QP 1 with `psn`.

@@ -12,6 +12,11 @@
 
 use std::fmt;
 
+/// Q_Key of the General Services Interface QP (QP 1), `IB_QP1_QKEY`.
+pub const GSI_QKEY: u32 = 0x8001_0000;
+/// The GSI QP number.
+pub const GSI_QPN: u32 = 1;
+
 /// Every MAD is this long.
 pub const MAD_LEN: usize = 256;
 /// Length of the common MAD header.
@@ -834,7 +839,7 @@ pub fn summarize(mad: &[u8]) -> String {
     let ids = |l: u32, r: u32| format!("lcid={l:#010x} rcid={r:#010x}");
     let body = match &m.msg {
         CmMsg::Req(r) => {
-            let hdr = super::service::CmaHdr::parse(r.private_data.as_slice())
+            let hdr = super::cm_service::CmaHdr::parse(r.private_data.as_slice())
                 .map_or_else(|e| format!(" ({e})"), |h| format!(" ip {}:{} -> {}", h.src, h.src_port, h.dst));
             format!(
                 "lcid={:#010x} sid={:#018x} guid={:#018x} qpn={:#08x} psn={:#08x} rr={} id={} retry={} rnr={} \
