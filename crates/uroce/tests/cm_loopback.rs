@@ -17,6 +17,7 @@ use uroce::verbs::*;
 use uroce::wire::pcap::{extract_roce, PcapReader};
 
 const PORT: u16 = 7174;
+const PORT_AFTER_RESTART: u16 = 7175;
 
 #[test]
 fn connect_accept_send_disconnect() {
@@ -364,4 +365,38 @@ fn uc_connects_too() {
     qa.post_send(&wr(1, WrOpcode::Send, tx.sge(0, 2))).unwrap();
     assert_eq!(b.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);
     assert_eq!(&rx.to_vec()[..2], b"uc");
+}
+
+/// QP 1 that left RTS (an overrun or a bug; here moved to ERROR on
+/// purpose) is brought back to RTS by its endpoint, its receives posted
+/// again, and serves the next connection: a broken QP 1 must not end the
+/// CM for good (issue 27).
+#[test]
+fn qp1_moved_to_error_comes_back_and_serves_a_connection() {
+    let (ca, cb) = pair_with(None);
+    let (ea, eb) = (CmEndpoint::open(&ca).unwrap(), CmEndpoint::open(&cb).unwrap());
+    let (a, b) = (end(ca), end(cb));
+    let listen = eb.listen(PORT_AFTER_RESTART, 4).unwrap();
+    CmEndpoint::init_qp(&b.qp).unwrap();
+    eb.gsi_qp().modify(&QpAttr { qp_state: QpState::Err, ..QpAttr::default() }, QpAttrMask::STATE).unwrap();
+    // Its flushed receives wake the endpoint, which finds QP 1 out of RTS.
+    let t = std::time::Instant::now();
+    while eb.stats().qp1_restarts == 0 || eb.gsi_qp().state() != QpState::Rts {
+        assert!(t.elapsed() < Duration::from_secs(60), "QP 1 not back: {:?} {:?}", eb.gsi_qp().state(), eb.stats());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let dst = SocketAddr::new(b.ctx.local_addr().ip(), PORT_AFTER_RESTART);
+    let (conn, accepted) = std::thread::scope(|s| {
+        let server = s.spawn(|| {
+            let req = eb.get_request(listen, T).unwrap();
+            eb.accept(&req, &b.qp, &ConnOptions::default(), T).unwrap()
+        });
+        let conn = ea.connect(&a.qp, dst, &ConnOptions::default(), T).unwrap();
+        (conn, server.join().unwrap())
+    });
+    assert_eq!((a.qp.state(), b.qp.state()), (QpState::Rts, QpState::Rts));
+    assert_eq!(accepted.info.remote_qpn, a.qp.qp_num());
+    assert_eq!(eb.stats().qp1_restarts, 1, "{:?}", eb.stats());
+    ea.disconnect(&conn, &a.qp).unwrap();
+    assert_eq!(eb.wait_disconnected(&accepted, T).unwrap(), 0);
 }

@@ -462,6 +462,14 @@ impl CmEndpoint {
         self.inner.lock().cm.stats()
     }
 
+    /// The endpoint's QP 1, for tests that break it on purpose (see
+    /// `restart_qp1`).
+    #[cfg(feature = "unstable")]
+    #[doc(hidden)]
+    pub fn gsi_qp(&self) -> &QueuePair {
+        &self.inner.qp
+    }
+
     /// `rdma_listen` on `port` of RDMA_PS_TCP, any address of the device.
     pub fn listen(&self, port: u16, backlog: u32) -> Result<ListenId> {
         self.inner.lock().cm.listen(ListenParams { ps: PortSpace::Tcp, addr: None, port, backlog })
