@@ -548,6 +548,88 @@ fn rping_100_connections_in_a_row_with_loss() {
     drop(server); // killed: a persistent server serves until then
 }
 
+/// QP 1 of an rping server against a flood (issue 27 §1): 200 000 CM REQs
+/// from a third loopback address, as fast as one core sends them, each a
+/// valid packet naming the server's port; then a legitimate rping client
+/// connects and verifies its pings, and the server's RSS stayed bounded.
+/// (`crates/uroce/tests/cm_flood.rs` does the same against uroce's own CM
+/// API; this is the unmodified rping through the drop-in.)
+#[test]
+fn rping_connects_after_a_req_flood_at_its_server() {
+    use uroce::cm::gsi::mad_headers;
+    use uroce::cm::mad::{CmMad, CmMsg, Req};
+    use uroce::wire::{build_packet, packet_len, IpInfo};
+    if !have("rping") {
+        skip!("rping is not installed (Debian package rdmacm-utils)");
+    }
+    let _g = serial();
+    const FLOOD: usize = 200_000;
+    let (server_ip, attacker) = ("127.0.0.185", "127.0.0.187");
+    let server = Reap(Some(
+        dropin_command("rping", server_ip).args(["-s", "-P", "-a", server_ip, "-p", "7482"]).spawn().unwrap(),
+    ));
+    assert!(device_up(server_ip));
+    let pid = server.0.as_ref().unwrap().id();
+    let rss = || {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().split(' ').next()?.parse::<u64>().ok())
+    };
+    let dst: std::net::SocketAddr = format!("{server_ip}:4791").parse().unwrap();
+    let src: std::net::IpAddr = attacker.parse().unwrap();
+    let packets: Vec<Vec<u8>> = (0..1024u32)
+        .map(|i| {
+            let req = Req {
+                local_comm_id: 0x1000 + i,
+                service_id: 0x0106_0000 | 7482,
+                local_ca_guid: 0xbad0_0000_0000_0000 | u64::from(i),
+                local_qpn: 0x100 + i,
+                starting_psn: i,
+                responder_resources: 1,
+                initiator_depth: 1,
+                remote_cm_response_timeout: 20,
+                local_cm_response_timeout: 20,
+                retry_count: 7,
+                rnr_retry_count: 7,
+                max_cm_retries: 15,
+                pkey: 0xFFFF,
+                path_mtu: 3,
+                ..Req::default()
+            };
+            let mad = CmMad::new(u64::from(i), CmMsg::Req(Box::new(req))).to_bytes();
+            let h = mad_headers(i);
+            let ip = IpInfo { src, dst: dst.ip(), sport: 4791, dport: 4791, ipv4_id: 0 };
+            let mut buf = vec![0u8; packet_len(h.header_len(), mad.len())];
+            let len = build_packet(&h, &mad, &ip, &mut buf).unwrap();
+            buf.truncate(len);
+            buf
+        })
+        .collect();
+    let rss_before = rss().expect("the server runs");
+    let sock = std::net::UdpSocket::bind((src, 4791)).unwrap();
+    let start = Instant::now();
+    let mut sent = 0;
+    while sent < FLOOD && start.elapsed() < Duration::from_secs(120) {
+        // A full socket buffer (ENOBUFS/EAGAIN) is the flood's own limit.
+        if sock.send_to(&packets[sent % packets.len()], dst).is_ok() {
+            sent += 1;
+        }
+    }
+    assert_eq!(sent, FLOOD, "the flood was sent");
+    let mut c = Reap(Some(
+        dropin_command("rping", "127.0.0.186")
+            .args(["-c", "-a", server_ip, "-p", "7482", "-C", "3", "-V", "-v"])
+            .spawn()
+            .unwrap(),
+    ));
+    let (ok, out) = c.wait("rping client", Duration::from_secs(120));
+    assert!(ok || rping_teardown_race(&out), "after the flood ({:?}): {out}", start.elapsed());
+    assert_eq!(out.matches("ping data: rdma-ping-").count(), 3, "{out}");
+    let rss_after = rss().expect("the server survived the flood");
+    println!("flood of {FLOOD} REQs in {:?}; rping server RSS {rss_before} -> {rss_after} KiB", start.elapsed());
+    assert!(rss_after < rss_before + 64 * 1024, "RSS {rss_before} -> {rss_after} KiB");
+    drop(server);
+}
+
 /// rping's own teardown race: its CM thread may read the event channel
 /// again after the main thread destroyed it (EBADF, as a kernel gives for a
 /// closed fd, or whatever the reused fd number now is: EISDIR was seen) and

@@ -12,7 +12,7 @@ use common::*;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 use uroce::cm::gsi::mad_headers;
-use uroce::cm::mad::{Bytes, Path, Req, TransportType};
+use uroce::cm::mad::Req;
 use uroce::cm::{CmEndpoint, CmMad, CmMsg, ConnOptions};
 use uroce::verbs::*;
 use uroce::wire::{build_packet, packet_len, IpInfo};
@@ -31,31 +31,20 @@ fn reqs(n: u32, src: IpAddr, dst: IpAddr, port: u16) -> Vec<Vec<u8>> {
         .map(|i| {
             let req = Req {
                 local_comm_id: 0x1000 + i,
-                vendor_id: 0,
                 service_id: 0x0106_0000 | u64::from(PORT),
                 local_ca_guid: 0xbad0_0000_0000_0000 | u64::from(i),
-                local_qkey: 0,
                 local_qpn: 0x100 + i,
-                responder_resources: 1,
-                local_eecn: 0,
-                initiator_depth: 1,
-                remote_eecn: 0,
-                remote_cm_response_timeout: 20,
-                transport: TransportType::Rc,
-                flow_control: false,
                 starting_psn: i,
+                responder_resources: 1,
+                initiator_depth: 1,
+                remote_cm_response_timeout: 20,
                 local_cm_response_timeout: 20,
                 retry_count: 7,
-                pkey: 0xFFFF,
-                path_mtu: 3,
-                rdc_exists: false,
                 rnr_retry_count: 7,
                 max_cm_retries: 15,
-                srq: false,
-                ext_transport: 0,
-                primary: Path::default(),
-                alternate: Path::default(),
-                private_data: Bytes::default(),
+                pkey: 0xFFFF,
+                path_mtu: 3,
+                ..Req::default()
             };
             let mad = CmMad::new(u64::from(i), CmMsg::Req(Box::new(req))).to_bytes();
             let h = mad_headers(i);

@@ -276,8 +276,9 @@ impl Path {
 }
 
 /// Transport Service Type of a REQ.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TransportType {
+    #[default]
     Rc,
     Uc,
     Rd,
@@ -303,8 +304,8 @@ impl TransportType {
     }
 }
 
-/// Connection Request (IBA Table 106).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Connection Request (IBA Table 106). `Default`: every field zero, RC.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Req {
     pub local_comm_id: u32,
     /// 24 bits (ECE vendor ID).
