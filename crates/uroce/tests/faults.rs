@@ -55,13 +55,15 @@ fn cut_link(test: &str, net: u8, timeout: &str, retry: &str, ops: &str) -> (bool
         .spawn()
         .unwrap();
     // Cut once the verified operations are under way (the client has
-    // verified its first 1 MiB WRITE and READ), however long a loaded
-    // machine took to get there; the cut itself is what the test is about
-    // and lasts a fixed 1.5 s.
+    // verified its first 1 MiB WRITE and READ and the server has checked
+    // it, over TCP: a cut before that line delays only that TCP byte, and
+    // the operations ran after it), however long a loaded machine took to
+    // get there; the cut itself is what the test is about and lasts a
+    // fixed 1.5 s.
     // (A client that ends before that line, as one with a one-retry budget
     // may on a loaded machine, is judged by its result: no cut.)
     let (client, lines) = stdout_lines(client);
-    let first = wait_line(&lines, "WRITE + READ of 1 MiB", Duration::from_secs(120));
+    let first = wait_line(&lines, "operations, each verified", Duration::from_secs(120));
     if first.1 {
         p.link(false);
         std::thread::sleep(Duration::from_millis(1500));

@@ -150,6 +150,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let mut d = [0u8; 1];
         sock.read_exact(&mut d)?;
         if ops > 0 {
+            println!("client: starting {ops} operations, each verified");
             verified_ops(&pd, &qp, &cq, &peer, ops)?;
             let s = ctx.stats();
             println!(

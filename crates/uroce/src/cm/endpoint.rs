@@ -53,8 +53,11 @@ const PASSES: usize = 4;
 const QP1_CHECK: Duration = Duration::from_secs(1);
 /// One receive: the 40-byte GRH area, then the MAD.
 const SLOT: usize = 40 + MAD_LEN;
-/// Longest sleep of the agent's thread (it also wakes for MADs and timers).
-const MAX_SLEEP: Duration = Duration::from_millis(20);
+/// Longest sleep of the agent's thread, for the QP 1 check: it wakes for
+/// MADs (QP 1's CQ is armed), for its next deadline, and when a call of
+/// another thread makes an earlier one or the endpoint stops (both
+/// interrupt its sleep).
+const MAX_SLEEP: Duration = QP1_CHECK;
 
 /// What a side asks of a connection (`struct rdma_conn_param`); the
 /// default is rping's (1, 1, 7, 7, no private data).
@@ -121,6 +124,9 @@ struct State {
     sends_in_flight: usize,
     /// When QP 1's state was last checked.
     qp1_checked: Instant,
+    /// Until when the agent's thread sleeps (`None`: it is not asleep); a
+    /// call that makes an earlier deadline interrupts it.
+    sleeps_until: Option<Instant>,
 }
 
 struct Inner {
@@ -290,27 +296,39 @@ impl Inner {
         any
     }
 
-    /// A pass after a user call: what it caused leaves now.
+    /// A pass after a user call: what it caused leaves now; a deadline it
+    /// made earlier than the agent's thread's wake-up wakes the thread.
     fn kick(&self, st: &mut State) {
         if self.pump(st) {
             self.cond.notify_all();
+        }
+        if let (Some(next), Some(wake)) = (st.cm.poll_timeout(), st.sleeps_until) {
+            if next < wake {
+                st.sleeps_until = None;
+                self.chan.interrupt();
+            }
         }
     }
 
     /// The agent's thread: a pass, then sleep until a MAD arrives on QP 1
     /// (its CQ armed, and polled once more to close the race), the next
-    /// deadline, or `MAX_SLEEP` (to notice `stop`).
+    /// deadline (an earlier one made meanwhile interrupts the sleep, see
+    /// `kick`), `stop` (which interrupts it too) or `MAX_SLEEP`.
     fn run(&self) {
-        while !self.stop.load(Ordering::Relaxed) {
-            let next = {
+        while !self.stop.load(Ordering::SeqCst) {
+            let sleep = {
                 let mut st = self.lock();
+                st.sleeps_until = None;
                 self.kick(&mut st);
                 let _ = self.cq.req_notify(false);
                 self.kick(&mut st);
-                st.cm.poll_timeout()
+                let now = Instant::now();
+                let wake = st.cm.poll_timeout().map_or(now + MAX_SLEEP, |t| t.min(now + MAX_SLEEP));
+                // Published under the lock: a call after it sees the sleep.
+                st.sleeps_until = Some(wake);
+                wake.saturating_duration_since(now)
             };
-            let sleep = next.map_or(MAX_SLEEP, |t| t.saturating_duration_since(Instant::now())).min(MAX_SLEEP);
-            if !sleep.is_zero() {
+            if !sleep.is_zero() && !self.stop.load(Ordering::SeqCst) {
                 let _ = self.chan.wait(sleep);
             }
         }
@@ -429,6 +447,7 @@ impl CmEndpoint {
                 next_port,
                 sends_in_flight: 0,
                 qp1_checked: Instant::now(),
+                sleeps_until: None,
             }),
             cond: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -508,6 +527,7 @@ impl CmEndpoint {
             info.local_qpn = qp.qp_num();
             if let Err(e) = move_qp(qp, &info, dev_mtu) {
                 let _ = st.cm.reject(Instant::now(), req.id, rej_reason::CONSUMER_DEFINED, &[]);
+                self.inner.kick(&mut st);
                 return Err(e);
             }
             let p = AcceptParams {
@@ -563,7 +583,7 @@ impl CmEndpoint {
             id
         };
         let e = self.inner.wait_event(timeout, |e| e.id == id);
-        let _ = self.inner.lock().cm.destroy(Instant::now(), id);
+        let _ = self.with_cm(|cm, now| cm.destroy(now, id));
         let e = e?;
         match (e.kind, e.param) {
             (EventKind::Established, Param::Ud(u)) => {
@@ -621,13 +641,13 @@ impl CmEndpoint {
         let e = match self.inner.wait_event(timeout, |e| e.id == id) {
             Ok(e) => e,
             Err(err) => {
-                let _ = self.inner.lock().cm.destroy(Instant::now(), id);
+                let _ = self.with_cm(|cm, now| cm.destroy(now, id));
                 return Err(err);
             }
         };
         if e.kind != EventKind::ConnectResponse {
             let r = self.result(id, e, Vec::new());
-            let _ = self.inner.lock().cm.destroy(Instant::now(), id);
+            let _ = self.with_cm(|cm, now| cm.destroy(now, id));
             return r;
         }
         let dev_mtu = self.inner.ctx.query_port(1)?.active_mtu;
@@ -658,7 +678,7 @@ impl CmEndpoint {
 
     /// `rdma_notify(COMM_EST)`: data arrived on a passive QP before the RTU.
     pub fn notify(&self, id: ConnId) -> Result<()> {
-        self.inner.lock().cm.notify_established(Instant::now(), id)
+        self.with_cm(|cm, now| cm.notify_established(now, id))
     }
 
     /// `rdma_disconnect`: `qp` to ERR, then DREQ (or DREP to the peer's DREQ).
@@ -726,7 +746,8 @@ impl CmEndpoint {
 
 impl Drop for CmEndpoint {
     fn drop(&mut self) {
-        self.inner.stop.store(true, Ordering::Relaxed);
+        self.inner.stop.store(true, Ordering::SeqCst);
+        self.inner.chan.interrupt();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// One device of this process: runtime, memory and event routing. Shared by
@@ -286,6 +286,7 @@ impl Context {
                 fd: new_eventfd(libc::EFD_SEMAPHORE)?,
                 fired: Mutex::new(VecDeque::new()),
                 cqs: AtomicU32::new(0),
+                interrupted: AtomicBool::new(false),
             }),
         })
     }
@@ -431,6 +432,9 @@ pub(crate) struct ChannelInner {
     /// `refcnt`): what decides whether it may be destroyed. The progress
     /// thread's passing reference while it notifies does not count.
     pub(crate) cqs: AtomicU32,
+    /// Set by [`CompletionChannel::interrupt`]: the waiter returns with no
+    /// event.
+    interrupted: AtomicBool,
 }
 
 impl ChannelInner {
@@ -535,7 +539,19 @@ impl CompletionChannel {
             if let Some(cq) = self.inner.fired.lock().unwrap().pop_front() {
                 return Ok(Some(cq));
             }
+            if self.inner.interrupted.swap(false, Ordering::SeqCst) {
+                return Ok(None);
+            }
         }
+    }
+
+    /// Wakes the thread waiting in [`Self::wait`] on this channel (or the
+    /// next one to wait): its call returns `Ok(None)`, no event, at once.
+    /// For a channel its owner's own thread sleeps on (the CM agent's),
+    /// woken for a new deadline or to stop instead of waking to look.
+    pub fn interrupt(&self) {
+        self.inner.interrupted.store(true, Ordering::SeqCst);
+        write_eventfd(self.fd());
     }
 
     /// Whether a CQ that was not destroyed uses the channel.
