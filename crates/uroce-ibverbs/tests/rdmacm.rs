@@ -604,6 +604,29 @@ fn rping_connects_after_a_req_flood_at_its_server() {
             buf
         })
         .collect();
+    // The server listens once a client connects (one that came before its
+    // rdma_listen is rejected, status 8: started again).
+    let client = |pings: &str| {
+        let mut c = Reap(Some(
+            dropin_command("rping", "127.0.0.186")
+                .args(["-c", "-a", server_ip, "-p", "7482", "-C", pings, "-V", "-v"])
+                .spawn()
+                .unwrap(),
+        ));
+        c.wait("rping client", Duration::from_secs(120))
+    };
+    let t = Instant::now();
+    loop {
+        let (ok, out) = client("1");
+        if ok || rping_teardown_race(&out) {
+            break;
+        }
+        assert!(
+            out.contains("RDMA_CM_EVENT_REJECTED") && t.elapsed() < Duration::from_secs(60),
+            "before the flood: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let rss_before = rss().expect("the server runs");
     let sock = std::net::UdpSocket::bind((src, 4791)).unwrap();
     let start = Instant::now();
@@ -615,13 +638,7 @@ fn rping_connects_after_a_req_flood_at_its_server() {
         }
     }
     assert_eq!(sent, FLOOD, "the flood was sent");
-    let mut c = Reap(Some(
-        dropin_command("rping", "127.0.0.186")
-            .args(["-c", "-a", server_ip, "-p", "7482", "-C", "3", "-V", "-v"])
-            .spawn()
-            .unwrap(),
-    ));
-    let (ok, out) = c.wait("rping client", Duration::from_secs(120));
+    let (ok, out) = client("3");
     assert!(ok || rping_teardown_race(&out), "after the flood ({:?}): {out}", start.elapsed());
     assert_eq!(out.matches("ping data: rdma-ping-").count(), 3, "{out}");
     let rss_after = rss().expect("the server survived the flood");

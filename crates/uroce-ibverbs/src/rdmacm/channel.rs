@@ -21,8 +21,6 @@ use std::time::{Duration, Instant};
 
 /// How long a call on a destroyed channel waits before failing EBADF.
 pub const CLOSED_GRACE: Duration = Duration::from_secs(10);
-/// How often a blocked call looks whether its channel was destroyed.
-const CLOSED_CHECK_MS: c_int = 100;
 
 /// Bytes of private data an event carries (`RDMA_MAX_PRIVATE_DATA`).
 pub const MAX_PRIVATE: usize = 256;
@@ -134,7 +132,14 @@ pub unsafe fn destroy(ch: *mut rdma_event_channel, free: bool) {
         drop(unsafe { Box::from_raw(e as *mut UEvent) });
     }
     if u.readers > 0 {
-        // The last reader closes the fds as it leaves.
+        // Woken, each blocked reader finds the channel closed (one byte per
+        // reader: one may sit in `read`); the last closes the fds as it
+        // leaves.
+        for _ in 0..u.readers {
+            let b = 0u8;
+            // SAFETY: one byte from a local into our pipe, open while readers remain.
+            unsafe { libc::write(c.wfd, &b as *const u8 as *const libc::c_void, 1) };
+        }
         return;
     }
     close_fds(c, &mut u);
@@ -198,10 +203,11 @@ fn wait_readable(c: &UChannel) -> bool {
             return false;
         }
         let mut p = libc::pollfd { fd: c.ch.fd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one pollfd on the stack; our fd, open (see above).
-        let n = unsafe { libc::poll(&mut p, 1, CLOSED_CHECK_MS) };
+        // SAFETY: one pollfd on the stack; our fd, open (see above). No
+        // timeout: `destroy` wakes its readers with a byte.
+        let n = unsafe { libc::poll(&mut p, 1, -1) };
         if n > 0 {
-            return true;
+            return !c.closed.load(Ordering::SeqCst);
         }
     }
 }

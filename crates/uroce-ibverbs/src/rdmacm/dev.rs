@@ -163,9 +163,12 @@ extern "C" fn destroy_all_at_exit() {
 /// The process that registered [`destroy_all_at_exit`].
 static EXIT_OWNER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+/// The device's event thread: routes each CM event to its id's channel,
+/// sleeping until one comes (the agent notifies; the timeout only bounds
+/// one wait of a loop that never ends).
 fn dispatch(dev: usize, ep: Arc<CmEndpoint>) {
     loop {
-        if let Some(e) = ep.next_event(Duration::from_millis(500)) {
+        if let Some(e) = ep.next_event(Duration::from_secs(60)) {
             route(dev, &ep, e);
         }
     }

@@ -346,7 +346,9 @@ impl Inner {
             if left.is_zero() {
                 return Err(errno(libc::ETIMEDOUT, "cm: timed out waiting for the peer"));
             }
-            st = self.cond.wait_timeout(st, left.min(Duration::from_millis(50))).unwrap_or_else(|p| p.into_inner()).0;
+            // Every pass that queues events notifies (`kick`): no need to
+            // wake before the deadline to look.
+            st = self.cond.wait_timeout(st, left).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
 }
