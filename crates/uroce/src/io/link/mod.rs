@@ -217,15 +217,17 @@ impl Link {
                 dropped += 1;
             }
         }
-        if p.publish() {
-            discovery::ring_peer(self.bell.as_raw_fd());
-        }
-        drop(p);
+        // Counted before the peer can see them: whoever sees an effect of
+        // a packet (its ACK, its completion) finds it counted.
         add(&self.c.shm_tx_packets, n);
         add(&self.c.shm_tx_bytes, bytes);
         if dropped > 0 {
             add(&self.c.ring_full_drops, dropped);
         }
+        if p.publish() {
+            discovery::ring_peer(self.bell.as_raw_fd());
+        }
+        drop(p);
         Ok(())
     }
 }
