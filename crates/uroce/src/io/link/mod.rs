@@ -298,6 +298,9 @@ struct Inner {
     warned: Mutex<FxHashSet<SocketAddr>>,
     /// When a receive pass last found packets in a ring.
     rx_at: AtomicInstant,
+    /// The last drain found a held link with packets (see
+    /// [`Links::holding`]): kept so that a pass without one costs no lock.
+    holding: AtomicBool,
 }
 
 /// An `Instant` in an atomic (nanoseconds since a process-wide origin).
@@ -426,6 +429,7 @@ impl Links {
             shutdown: AtomicBool::new(false),
             warned: Mutex::default(),
             rx_at: AtomicInstant::default(),
+            holding: AtomicBool::new(false),
         });
         let i = inner.clone();
         let thread = std::thread::Builder::new().name("uroce-link".into()).spawn(move || i.hub_loop());
@@ -495,6 +499,7 @@ impl Links {
     /// `buf`, which the caller cleared.
     pub fn drain(&self, buf: &mut RxBuf) {
         let links = self.inner.links.read().unwrap();
+        let mut holding = false;
         for l in links.iter() {
             let room = RX_MAX.saturating_sub(buf.pkts.len());
             if room == 0 {
@@ -506,7 +511,9 @@ impl Links {
                 // peer sent before these was in our socket before they
                 // were in the ring (a same-host UDP send is queued before
                 // it returns).
-                l.held_full.store(c.pending().map_or(true, |n| n > 0), Ordering::Relaxed);
+                let full = c.pending().map_or(true, |n| n > 0);
+                l.held_full.store(full, Ordering::Relaxed);
+                holding |= full;
                 continue;
             }
             let RxBuf { data, pkts } = buf;
@@ -528,6 +535,7 @@ impl Links {
                 Err(e) => self.inner.broken(l, e),
             }
         }
+        self.inner.holding.store(holding, Ordering::Relaxed);
     }
 
     /// Whether a ring delivered packets lately (within the spin window
@@ -539,7 +547,7 @@ impl Links {
     /// Whether a new link's ring holds packets that wait behind the
     /// peer's UDP packets: this pass must read the socket (not skip it).
     pub fn holding(&self) -> bool {
-        self.inner.links.read().unwrap().iter().any(|l| l.held.load(Ordering::Relaxed) && l.held_full.load(Ordering::Relaxed))
+        self.inner.holding.load(Ordering::Relaxed)
     }
 
     /// Counts packets received by UDP from known peers, and lets a held
@@ -548,6 +556,7 @@ impl Links {
     /// one batch: should it be full of other peers' packets with more of
     /// this peer's behind them, those few are overtaken.)
     pub fn count_udp_rx(&self, pkts: impl Iterator<Item = (SocketAddr, usize)>) {
+        let holding = self.inner.holding.swap(false, Ordering::Relaxed);
         let peers = self.inner.peers.read().unwrap();
         let mut senders = SmallVec::<[SocketAddr; 4]>::new();
         for (from, len) in pkts {
@@ -555,11 +564,14 @@ impl Links {
                 add(&p.c.udp_rx_packets, 1);
                 add(&p.c.udp_rx_bytes, len as u64);
             }
-            if !senders.contains(&from) {
+            if holding && !senders.contains(&from) {
                 senders.push(from);
             }
         }
         drop(peers);
+        if !holding {
+            return;
+        }
         for l in self.inner.links.read().unwrap().iter() {
             if l.held.load(Ordering::Relaxed) && l.held_full.load(Ordering::Relaxed) && !senders.contains(&l.peer) {
                 l.held.store(false, Ordering::Relaxed);
