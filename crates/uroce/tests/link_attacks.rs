@@ -475,16 +475,17 @@ fn attack_link(victim: SocketAddr, claimed: SocketAddr, bell: &str, bind: bool, 
         // Made before connecting: the victim waits for a hello only so long.
         let (bell_fd, mine) = doorbell(bell);
         let mfd = rings_memfd();
+        let (my_mark, their_mark) = discovery::mark_pair(claimed.ip()).unwrap();
         let Ok(s) = discovery::connect(&dir, &name, Duration::from_secs(1)) else {
             connect_failed += 1;
             continue;
         };
-        if discovery::send_with_fds(&s, &hello(b"UROCELK1", claimed), &[mfd.as_raw_fd(), bell_fd.as_raw_fd()]).is_err()
-        {
+        let fds = [mfd.as_raw_fd(), bell_fd.as_raw_fd(), their_mark.as_raw_fd()];
+        if discovery::send_with_fds(&s, &hello(b"UROCELK2", claimed), &fds).is_err() {
             connect_failed += 1;
             continue;
         }
-        keep.push((mine, bell_fd));
+        keep.push((mine, bell_fd, my_mark));
         socks.push(s);
     }
     let (mut ok, mut refused, mut silent) = (0, 0, 0);

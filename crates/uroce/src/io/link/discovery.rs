@@ -270,6 +270,65 @@ pub fn is_doorbell(fd: &OwnedFd) -> bool {
     opt(libc::SO_DOMAIN) == Some(libc::AF_UNIX) && opt(libc::SO_TYPE) == Some(libc::SOCK_DGRAM)
 }
 
+/// The two ends of a link's switch-over marker path: UDP sockets bound to
+/// `ip` (the connecting device's own address, so that both lie on this
+/// host and the datagrams go through loopback, as the device's own UDP
+/// packets to its peer do) and connected to each other. Each side sends its
+/// marker by its end just before its first ring packet; the other reads it
+/// before it reads that ring (see `Link::held`).
+pub fn mark_pair(ip: std::net::IpAddr) -> io::Result<(OwnedFd, OwnedFd)> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let one = || -> io::Result<Socket> {
+        let s = Socket::new(Domain::for_address(SocketAddr::new(ip, 0)), Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
+        s.set_nonblocking(true)?;
+        s.bind(&SocketAddr::new(ip, 0).into())?;
+        Ok(s)
+    };
+    let (a, b) = (one()?, one()?);
+    a.connect(&b.local_addr()?)?;
+    b.connect(&a.local_addr()?)?;
+    Ok((a.into(), b.into()))
+}
+
+/// Whether `fd` is a UDP socket bound and connected to addresses of `ip`
+/// (a connecting peer's end of [`mark_pair`]; `ip` is the address it
+/// proved it owns): what we send by it stays on this host.
+pub fn is_mark(fd: &OwnedFd, ip: std::net::IpAddr) -> bool {
+    let s = socket2::SockRef::from(fd);
+    let on_ip = |a: io::Result<socket2::SockAddr>| a.ok().and_then(|a| a.as_socket()).is_some_and(|a| a.ip() == ip);
+    s.r#type().ok() == Some(socket2::Type::DGRAM)
+        && s.protocol().ok().flatten() == Some(socket2::Protocol::UDP)
+        && on_ip(s.local_addr())
+        && on_ip(s.peer_addr())
+}
+
+/// Sends a link's switch-over marker by its end of [`mark_pair`], never
+/// waiting; a failure is ignored (the receiver stops waiting for it after
+/// a while).
+pub fn send_mark(fd: RawFd) {
+    // SAFETY: sends from a valid buffer.
+    unsafe { libc::send(fd, MARK.as_ptr().cast(), MARK.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+}
+
+/// Whether the peer's marker waits on our end of [`mark_pair`] (reads at
+/// most 8 datagrams, never waiting; anything else is discarded).
+pub fn take_mark(fd: RawFd) -> bool {
+    let mut b = [0u8; 16];
+    for _ in 0..8 {
+        // SAFETY: reads into a valid buffer without waiting.
+        let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
+        if n < 0 {
+            return false;
+        }
+        if b[..n as usize] == MARK[..] {
+            return true;
+        }
+    }
+    false
+}
+
+const MARK: [u8; 8] = *b"uroceMRK";
+
 /// Rings a peer's doorbell: one byte, never waiting (see
 /// [`doorbell_pair`]); every failure is ignored (a full queue: the peer has
 /// wake-ups pending; a closed one: the hub drops the link).
@@ -308,7 +367,7 @@ pub fn peer_cred(s: &OwnedFd) -> io::Result<(u32, u32)> {
     Ok((c.pid as u32, c.uid))
 }
 
-const MAX_FDS: usize = 2;
+const MAX_FDS: usize = 3;
 
 /// Sends `bytes` with `fds` attached.
 pub fn send_with_fds(s: &OwnedFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
@@ -326,7 +385,7 @@ pub fn send_with_fds(s: &OwnedFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()>
         msg.msg_control = cbuf.as_mut_ptr().cast();
         msg.msg_controllen = space as _;
         // SAFETY: the control buffer holds `space` bytes (64 >= CMSG_SPACE
-        // of two ints); CMSG_FIRSTHDR of it is non-null and in bounds.
+        // of three ints); CMSG_FIRSTHDR of it is non-null and in bounds.
         unsafe {
             let c = libc::CMSG_FIRSTHDR(&msg);
             (*c).cmsg_level = libc::SOL_SOCKET;

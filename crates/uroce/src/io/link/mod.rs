@@ -104,9 +104,12 @@ const MAX_PEERS: usize = 4096;
 const SPIN: Duration = Duration::from_micros(30);
 /// ... if they came this recently.
 const SPIN_AFTER_RX: Duration = Duration::from_micros(200);
+/// Longest a new link's ring with packets waits for the peer's marker
+/// (see `Link::mark`): a marker is lost only if its send failed.
+const MARK_WAIT: Duration = Duration::from_millis(100);
 /// Packets taken out of the rings per receive pass at most.
 pub const RX_MAX: usize = 256;
-const HELLO: &[u8; 8] = b"UROCELK1";
+const HELLO: &[u8; 8] = b"UROCELK2";
 const OK: &[u8; 8] = b"UROCEOK1";
 
 /// Per-peer traffic counters.
@@ -186,14 +189,32 @@ struct Link {
     closed: AtomicBool,
     closed_since: AtomicInstant,
     /// The ring is not read yet: the peer sent by UDP until the link was up,
-    /// and its last UDP packets may still wait in our socket. Its first
-    /// ring packets wait behind them (else they would overtake them: a
-    /// UC message lost, an RC sequence NAK, a UD message out of order) until
-    /// a receive pass, begun with packets in the ring, reads the socket and
-    /// finds none of the peer's (see [`Links::holding`]).
+    /// and its last UDP packets may still wait in our socket, or on their
+    /// way to it. Its first ring packets wait behind them (else they would
+    /// overtake them: a UC message lost, an RC sequence NAK, a UD message
+    /// out of order) until a receive pass, begun with packets in the ring
+    /// and the peer's marker read, reads the socket and finds none of the
+    /// peer's (see [`Links::holding`]).
     held: AtomicBool,
-    /// While held: the ring had packets when the pass began.
+    /// While held: the ring had packets, and the marker had come (or was
+    /// given up on), when the pass began.
     held_full: AtomicBool,
+    /// Our end of the marker path ([`discovery::mark_pair`]). The marker
+    /// goes by loopback, as UDP packets do, from the thread that pushes
+    /// the first ring packet, just before it: packets queued for the
+    /// peer's socket are delivered in the order they were sent from one
+    /// CPU, so once the marker is read, the sending thread's last UDP
+    /// packets are in the socket even when the kernel deferred their
+    /// delivery (to ksoftirqd, on a busy machine) past the send's return.
+    mark: OwnedFd,
+    /// Our marker was sent (before our first ring packet).
+    mark_sent: AtomicBool,
+    /// The peer's marker was read.
+    mark_seen: AtomicBool,
+    /// When a pass first found the held ring with packets (nanoseconds
+    /// since the origin of [`AtomicInstant`], plus one; 0: not yet). The
+    /// marker is waited for [`MARK_WAIT`] at most from then.
+    held_since: AtomicU64,
     /// Last: the rings point into it.
     _map: Mapping,
 }
@@ -203,10 +224,33 @@ impl Link {
         self.closed_since.load(Ordering::Relaxed).elapsed() >= d
     }
 
+    /// While held, with packets in the ring: whether the peer's marker
+    /// was read (now or before), or waited for [`MARK_WAIT`] in vain (a
+    /// send that failed; the peer is only trusted with our ring order).
+    fn marked(&self) -> bool {
+        if self.mark_seen.load(Ordering::Relaxed) {
+            return true;
+        }
+        if discovery::take_mark(self.mark.as_raw_fd()) {
+            self.mark_seen.store(true, Ordering::Relaxed);
+            return true;
+        }
+        let now = Instant::now().saturating_duration_since(AtomicInstant::origin()).as_nanos() as u64 + 1;
+        let since = match self.held_since.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => now,
+            Err(t) => t,
+        };
+        Duration::from_nanos(now - since) >= MARK_WAIT
+    }
+
     /// Copies the packets into the peer's ring; a packet that finds the
     /// ring full is dropped (counted). Err: the ring is corrupt.
     fn send(&self, pkts: &[Transmit]) -> Result<(), ring::Corrupt> {
         let mut p = self.tx.lock().unwrap();
+        if !self.mark_sent.load(Ordering::Relaxed) {
+            discovery::send_mark(self.mark.as_raw_fd());
+            self.mark_sent.store(true, Ordering::Relaxed);
+        }
         let (mut n, mut bytes, mut dropped) = (0, 0, 0);
         for t in pkts {
             let len = t.len();
@@ -508,11 +552,10 @@ impl Links {
             let Ok(mut c) = l.rx.try_lock() else { continue };
             if l.held.load(Ordering::Relaxed) {
                 // Noted before this pass reads the socket: a UDP packet the
-                // peer sent before these was in our socket before they
-                // were in the ring (a same-host UDP send is queued before
-                // it returns).
+                // peer sent before these is in our socket once the marker
+                // it sent after it was read (see `Link::mark`).
                 let full = c.pending().map_or(true, |n| n > 0);
-                l.held_full.store(full, Ordering::Relaxed);
+                l.held_full.store(full && l.marked(), Ordering::Relaxed);
                 holding |= full;
                 continue;
             }
@@ -551,8 +594,9 @@ impl Links {
     }
 
     /// Counts packets received by UDP from known peers, and lets a held
-    /// link's ring be read once a pass that began with packets in it read
-    /// the socket and found none of its peer's. (A socket read is at most
+    /// link's ring be read once a pass that began with packets in it and
+    /// the peer's marker read (see `Link::mark`) read the socket and found
+    /// none of its peer's. (A socket read is at most
     /// one batch: should it be full of other peers' packets with more of
     /// this peer's behind them, those few are overtaken.)
     pub fn count_udp_rx(&self, pkts: impl Iterator<Item = (SocketAddr, usize)>) {
@@ -975,8 +1019,9 @@ impl Inner {
         r0.init();
         r1.init();
         let (my_bell, their_bell) = discovery::doorbell_pair()?;
-        send_hello(&s, HELLO, self.local, &[mfd.as_raw_fd(), their_bell.as_raw_fd()])?;
-        drop(their_bell);
+        let (my_mark, their_mark) = discovery::mark_pair(self.local.ip())?;
+        send_hello(&s, HELLO, self.local, &[mfd.as_raw_fd(), their_bell.as_raw_fd(), their_mark.as_raw_fd()])?;
+        drop((their_bell, their_mark));
         self.await_answer(&s, dst)?;
         let mut buf = [0u8; 64];
         let (n, mut fds) = discovery::recv_with_fds(&s, &mut buf)?;
@@ -998,6 +1043,10 @@ impl Inner {
             closed_since: AtomicInstant::default(),
             held: AtomicBool::new(true),
             held_full: AtomicBool::new(false),
+            mark: my_mark,
+            mark_sent: AtomicBool::new(false),
+            mark_seen: AtomicBool::new(false),
+            held_since: AtomicU64::new(0),
             _map: map,
         }))
     }
@@ -1059,7 +1108,7 @@ impl Inner {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed without a hello"));
         }
         let from = parse_hello(&buf[..n]).ok_or_else(|| bad("bad hello"))?;
-        if fds.len() != 2 || from == self.local {
+        if fds.len() != 3 || from == self.local {
             return Err(bad("bad hello"));
         }
         let room = self.check_room(&self.links.read().unwrap(), from);
@@ -1070,6 +1119,9 @@ impl Inner {
         discovery::check_memfd(&fds[0], size).map_err(bad)?;
         if !discovery::is_doorbell(&fds[1]) {
             return Err(bad("the doorbell is not a Unix datagram socket"));
+        }
+        if !discovery::is_mark(&fds[2], from.ip()) {
+            return Err(bad("the marker end is not a UDP socket on the peer's address"));
         }
         let map = Mapping::new(&fds[0], size)?;
         let (r0, r1) = rings(&map, geo)?;
@@ -1084,6 +1136,7 @@ impl Inner {
             sock: s,
             tx: Mutex::new(Producer::new(r1)),
             rx: Mutex::new(Consumer::new(r0)),
+            mark: fds.remove(2),
             bell: fds.remove(1),
             my_bell,
             c: self.counters_for(from)?,
@@ -1092,6 +1145,9 @@ impl Inner {
             closed_since: AtomicInstant::default(),
             held: AtomicBool::new(true),
             held_full: AtomicBool::new(false),
+            mark_sent: AtomicBool::new(false),
+            mark_seen: AtomicBool::new(false),
+            held_since: AtomicU64::new(0),
             _map: map,
         }))
     }
@@ -1185,5 +1241,94 @@ mod tests {
         bad[8] ^= 1;
         assert_eq!(parse_hello(&bad), None, "another geometry");
         assert_eq!(parse_hello(&m[..10]), None);
+    }
+
+    /// Two hubs of this process, `a` linked to `b`, and the UDP sockets
+    /// that prove their addresses.
+    fn linked_pair(ports: (u16, u16)) -> (Links, Links, [std::net::UdpSocket; 2], [OwnedFd; 2]) {
+        let at = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+        let (pa, pb) = (at(ports.0), at(ports.1));
+        let udp = [std::net::UdpSocket::bind(pa).unwrap(), std::net::UdpSocket::bind(pb).unwrap()];
+        let wake = [eventfd().unwrap(), eventfd().unwrap()];
+        let a = Links::advertise(pa, wake[0].as_raw_fd(), Mode::Shm, 4).unwrap();
+        let b = Links::advertise(pb, wake[1].as_raw_fd(), Mode::Shm, 4).unwrap();
+        let t = Instant::now();
+        while b.inner.links.read().unwrap().is_empty() || a.inner.links.read().unwrap().is_empty() {
+            a.send(&[]);
+            let _ = a.inner.peer(pb).map(|p| {
+                if a.inner.due(&p.state.lock().unwrap()) {
+                    *p.state.lock().unwrap() = State::Pending;
+                    a.inner.want(pb);
+                }
+            });
+            assert!(t.elapsed() < Duration::from_secs(30), "no link");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        (a, b, udp, wake)
+    }
+
+    fn one_packet(dst: SocketAddr) -> Transmit {
+        Transmit { dst, data: vec![7u8; 40], in_place: None }
+    }
+
+    /// What a receive pass of `b` delivers from the ring, given what its
+    /// UDP read found (senders); asserts that the ring, if it delivers
+    /// nothing, has the pass read the socket.
+    fn pass(b: &Links, udp_from: &[SocketAddr]) -> usize {
+        let mut buf = RxBuf::default();
+        b.drain(&mut buf);
+        assert!(!buf.is_empty() || b.holding(), "a held ring makes the pass read the socket");
+        b.count_udp_rx(udp_from.iter().map(|&f| (f, 40)));
+        buf.len()
+    }
+
+    #[test]
+    fn a_new_ring_waits_for_the_marker_then_for_a_socket_read_without_the_peers_packets() {
+        let (a, b, _udp, _wake) = linked_pair((47911, 47912));
+        let (pa, pb) = (a.inner.local, b.inner.local);
+        assert!(a.send(&[one_packet(pb)]), "linked: the ring carries it");
+        // The marker went before the ring packet; take it out of b's end
+        // as if the kernel had not delivered it yet.
+        let bl = b.inner.links.read().unwrap()[0].clone();
+        let t = Instant::now();
+        while !discovery::take_mark(bl.mark.as_raw_fd()) {
+            assert!(t.elapsed() < Duration::from_secs(10), "no marker");
+        }
+        // No marker: held, though the socket read found none of a's packets.
+        for _ in 0..3 {
+            assert_eq!(pass(&b, &[]), 0);
+        }
+        // The marker comes with a's last UDP packets ahead of it.
+        discovery::send_mark(a.inner.links.read().unwrap()[0].mark.as_raw_fd());
+        let t = Instant::now();
+        while !bl.mark_seen.load(Ordering::Relaxed) {
+            assert_eq!(pass(&b, &[pa]), 0, "a's UDP packets came in this pass: still held");
+            assert!(t.elapsed() < Duration::from_secs(10), "marker not read");
+        }
+        assert_eq!(pass(&b, &[pa, SocketAddr::from(([127, 0, 0, 9], 1))]), 0, "still a's packets: held");
+        assert_eq!(pass(&b, &[SocketAddr::from(([127, 0, 0, 9], 1))]), 0, "none of a's: released after this pass");
+        let mut buf = RxBuf::default();
+        b.drain(&mut buf);
+        assert_eq!(buf.len(), 1, "then the ring is read");
+        assert!(!b.holding());
+    }
+
+    #[test]
+    fn a_marker_that_never_comes_is_waited_for_a_bounded_time() {
+        let (a, b, _udp, _wake) = linked_pair((47913, 47914));
+        assert!(a.send(&[one_packet(b.inner.local)]));
+        let bl = b.inner.links.read().unwrap()[0].clone();
+        let t = Instant::now();
+        while !discovery::take_mark(bl.mark.as_raw_fd()) {
+            assert!(t.elapsed() < Duration::from_secs(10), "no marker");
+        }
+        let t = Instant::now();
+        let mut got = 0;
+        while got == 0 {
+            got = pass(&b, &[]);
+            assert!(t.elapsed() < Duration::from_secs(10), "held for good");
+        }
+        assert_eq!(got, 1);
+        assert!(t.elapsed() >= MARK_WAIT, "released before the marker wait ran out");
     }
 }
