@@ -72,6 +72,32 @@ impl ProcessDir {
     }
 }
 
+/// What must outlive a process directory, kept by a layer above this one
+/// before the directory is removed (this process's at exit, a dead one's
+/// when reaped): `mem::peer` folds the peer-memory counters into the host
+/// totals. The runtime imports nothing above it; they register here.
+/// It returns once what it keeps is safe elsewhere (`Err`: the directory
+/// stays, for a later process or reader to keep).
+pub type Keeper = fn(rt: &SafeDir, dir_name: &str, file_mode: u32) -> std::io::Result<()>;
+
+static KEEPER: OnceLock<Keeper> = OnceLock::new();
+
+/// Registers the [`Keeper`] (the first registration stands). Every caller
+/// that may open the process directory does it first (`mem::peer` before
+/// it publishes, `verbs::publish`), so that a process that removes a
+/// directory keeps what it holds; a dead process's directory is left
+/// alone while no keeper is registered.
+pub fn set_keeper(k: Keeper) {
+    let _ = KEEPER.set(k);
+}
+
+/// Runs the keeper on directory `name` of `rt`: whether what it holds was
+/// kept (false when no keeper is registered; then a directory with
+/// anything to keep is left alone).
+fn keep(rt: &SafeDir, name: &str, file_mode: u32) -> bool {
+    KEEPER.get().is_some_and(|k| k(rt, name, file_mode).is_ok())
+}
+
 fn access_from_config() -> Access {
     match crate::config::ConfigFile::load() {
         Ok(Some((f, _))) if f.stats.world_readable => Access::WorldReadable,
@@ -85,8 +111,10 @@ pub fn open_process_dir(root: &Path, access: Access) -> Result<ProcessDir, Refus
     let runtime = SafeDir::create_or_open(root, access)?;
     let name = std::process::id().to_string();
     if runtime.contains(&name) {
-        // An earlier process with this pid: its peer counters go to the totals.
-        let _ = crate::mem::peer::totals::fold_process(&runtime, &name, access.file_mode());
+        // An earlier process with this pid: what it left to keep (its peer
+        // counters) is kept first; the directory goes in any case (it is
+        // this process's now; every caller registered the keeper).
+        let _ = keep(&runtime, &name, access.file_mode());
         let _ = runtime.remove_tree(&name, 4);
     }
     reap_dead(&runtime);
@@ -102,14 +130,18 @@ pub fn open_process_dir(root: &Path, access: Access) -> Result<ProcessDir, Refus
 /// folded into the host totals first, as at a normal exit.
 pub fn reap_dead(rt: &SafeDir) -> reap::Reaped {
     let file_mode = if rt.mode().is_ok_and(|m| m & 0o055 != 0) { 0o644 } else { 0o600 };
-    let fold = |rt: &SafeDir, name: &str| {
-        let _ = crate::mem::peer::totals::fold_process(rt, name, file_mode);
-    };
-    let r = reap::reap(rt, &fold);
+    let keeper = |rt: &SafeDir, name: &str| keep(rt, name, file_mode) || !holds_more_than_stats(rt, name);
+    let r = reap::reap(rt, &keeper);
     if r != reap::Reaped::default() {
         tracing::debug!("reaped dead processes {:?} and link sockets {:?}", r.processes, r.sockets);
     }
     r
+}
+
+/// Whether process directory `name` holds something a [`Keeper`] keeps
+/// (a `memory_peers` directory), beyond what dies with the process.
+fn holds_more_than_stats(rt: &SafeDir, name: &str) -> bool {
+    rt.subdir_for_reading(name).is_ok_and(|d| d.contains("memory_peers"))
 }
 
 /// This process's directory, created and checked on first use and removed
@@ -121,8 +153,9 @@ pub fn process_dir() -> Option<&'static ProcessDir> {
             extern "C" fn remove_at_exit() {
                 if let Some(Some(d)) = DIR.get() {
                     // Peer counters outlive the process in the host totals.
-                    let _ = crate::mem::peer::totals::fold_process(&d.runtime, &d.name, d.access.file_mode());
-                    let _ = d.runtime.remove_tree(&d.name, 4);
+                    if keep(&d.runtime, &d.name, d.access.file_mode()) || !holds_more_than_stats(&d.runtime, &d.name) {
+                        let _ = d.runtime.remove_tree(&d.name, 4);
+                    }
                 }
             }
             // SAFETY: registers a plain extern "C" function with no arguments.
@@ -215,6 +248,7 @@ mod tests {
         let root = std::env::temp_dir().join(format!("uroce-rt-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let me = std::process::id().to_string();
+        set_keeper(crate::mem::peer::totals::fold_process);
         let d = open_process_dir(&root, Access::Private).unwrap();
         d.write(&["memory_peers", "ssd0"], "version", "1\n").unwrap();
         assert_eq!((mode(&root), mode(&root.join(&me))), (0o700, 0o700));

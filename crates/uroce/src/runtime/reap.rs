@@ -96,9 +96,9 @@ fn sweepable(rt: &SafeDir) -> bool {
 
 /// Removes the directories of dead processes and the link sockets nobody
 /// listens on (see the module docs); `before_removing(rt, name)` is called
-/// on each directory first (under its tombstone name), to fold what must
-/// outlive it.
-pub fn reap(rt: &SafeDir, before_removing: &dyn Fn(&SafeDir, &str)) -> Reaped {
+/// on each directory first (under its tombstone name), to keep what must
+/// outlive it; false leaves the directory (under its own name).
+pub fn reap(rt: &SafeDir, before_removing: &dyn Fn(&SafeDir, &str) -> bool) -> Reaped {
     let mut out = Reaped::default();
     if !sweepable(rt) {
         return out;
@@ -123,7 +123,11 @@ pub fn reap(rt: &SafeDir, before_removing: &dyn Fn(&SafeDir, &str)) -> Reaped {
             let _ = rt.rename_noreplace(&tomb, &name);
             continue;
         }
-        before_removing(rt, &tomb);
+        if !before_removing(rt, &tomb) {
+            // What it holds could not be kept: left under its own name.
+            let _ = rt.rename_noreplace(&tomb, &name);
+            continue;
+        }
         if rt.remove_tree(&tomb, 4).is_ok() {
             out.processes.push(pid);
         } else {
@@ -252,13 +256,20 @@ mod tests {
         for n in [std::process::id().to_string(), "1".into(), "007".into(), "x".into()] {
             rt.subdir(&n, Some(Access::Private)).unwrap();
         }
-        let r = reap(&rt, &|d, n| folded.borrow_mut().push(d.subdir_for_reading(n).unwrap().contains("stats.json")));
+        let r = reap(&rt, &|d, n| {
+            folded.borrow_mut().push(d.subdir_for_reading(n).unwrap().contains("stats.json"));
+            true
+        });
         assert_eq!(r.processes, vec![gone], "{r:?}");
         assert_eq!(*folded.borrow(), vec![true], "folded before the removal");
         assert!(!rt.contains(&gone.to_string()));
         assert!(rt.contains(&live.to_string()) && rt.contains("1") && rt.contains("007") && rt.contains("x"));
         ld.write_file("start_time", format!("{}\n", truth + 1).as_bytes(), mode).unwrap();
-        assert_eq!(reap(&rt, &|_, _| {}).processes, vec![live], "a reused pid");
+        assert_eq!(reap(&rt, &|_, _| true).processes, vec![live], "a reused pid");
+        // What could not be kept stays, under its own name.
+        rt.subdir(&gone.to_string(), Some(Access::Private)).unwrap();
+        assert_eq!(reap(&rt, &|_, _| false), Reaped::default());
+        assert!(rt.contains(&gone.to_string()));
         let _ = child.kill();
         let _ = child.wait();
         assert!(rt.entries().iter().all(|e| !e.starts_with(".reap")), "{:?}", rt.entries());
@@ -273,7 +284,7 @@ mod tests {
         let gone = dead_pid().to_string();
         rt.subdir(&gone, Some(Access::Private)).unwrap();
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).unwrap();
-        assert_eq!(reap(&rt, &|_, _| {}), Reaped::default());
+        assert_eq!(reap(&rt, &|_, _| true), Reaped::default());
         assert!(rt.contains(&gone));
         std::fs::remove_dir_all(&root).unwrap();
     }
@@ -295,7 +306,7 @@ mod tests {
         let mut r = Reaped::default();
         while r.sockets.is_empty() && t0.elapsed() < std::time::Duration::from_secs(30) {
             std::thread::sleep(std::time::Duration::from_millis(100));
-            r = reap(&rt, &|_, _| {});
+            r = reap(&rt, &|_, _| true);
         }
         assert_eq!(r.sockets, vec![dead.clone()]);
         assert!(links.contains(&live) && links.contains(&other_ns) && !links.contains(&dead));

@@ -58,12 +58,26 @@ pub(crate) fn device_started(dev: &std::sync::Arc<DeviceShared>) {
     }
 }
 
+/// The runtime's process directory (see `crate::runtime`), opened with
+/// the peer-memory counters' keeper registered: they outlive the
+/// process directories this process removes.
+fn process_dir() -> Option<&'static crate::runtime::ProcessDir> {
+    crate::runtime::set_keeper(crate::mem::peer::totals::fold_process);
+    crate::runtime::process_dir()
+}
+
+/// Writes a file of this process's directory (see [`process_dir`]).
+fn write_process_file(subdirs: &[&str], name: &str, contents: &str) -> std::io::Result<()> {
+    crate::runtime::set_keeper(crate::mem::peer::totals::fold_process);
+    crate::runtime::write_process_file(subdirs, name, contents)
+}
+
 fn start(period: Duration) {
     static STARTED: OnceLock<()> = OnceLock::new();
     if STARTED.set(()).is_err() {
         return;
     }
-    if crate::runtime::process_dir().is_none() {
+    if process_dir().is_none() {
         // Refused (and said so): nothing is published, no request is read.
         return;
     }
@@ -186,7 +200,7 @@ pub fn snapshot() -> Value {
 }
 
 fn write(name: &str, v: &Value) {
-    if let Err(e) = crate::runtime::write_process_file(&[], name, &v.to_string()) {
+    if let Err(e) = write_process_file(&[], name, &v.to_string()) {
         tracing::debug!("cannot publish {name}: {e}");
     }
 }
@@ -208,7 +222,7 @@ pub fn publish_now() {
 
 /// Takes request file `name` if it is a regular file of this user.
 fn take_request(name: &str) -> Option<String> {
-    let d = crate::runtime::process_dir()?.dir();
+    let d = process_dir()?.dir();
     let r = d.read_file(name, 4096, true);
     if !matches!(r, Ok(None)) {
         let _ = d.remove(name);
@@ -263,7 +277,7 @@ fn serve_capture_request() {
     } else {
         format!("error: unknown request {text:?}")
     };
-    if let Err(e) = crate::runtime::write_process_file(&[], "capture.status", &format!("{answer}\n")) {
+    if let Err(e) = write_process_file(&[], "capture.status", &format!("{answer}\n")) {
         tracing::debug!("cannot answer a capture request: {e}");
     }
     publish_now();
