@@ -4,7 +4,6 @@ use super::indirect::IndirectKey;
 use super::odp::OdpRegion;
 use super::own::Owned;
 use super::peer::PeerMapping;
-use super::span::{Piece, Place, Span};
 use crate::ib::Access;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -90,22 +89,6 @@ impl MemoryRegion {
                 std::thread::yield_now();
             }
         }
-    }
-
-    /// The span `iova..iova+len`, if it lies inside the region. Indirect
-    /// keys are resolved by `Memory::resolve`, not here.
-    pub fn span(self: &Arc<Self>, iova: u64, len: u64) -> Option<Span> {
-        let off = iova.checked_sub(self.iova)?;
-        if off.checked_add(len)? > self.length {
-            return None;
-        }
-        let place = match &self.backing {
-            Backing::Host { addr, .. } => Place::Host(addr + off as usize),
-            Backing::Odp { addr, .. } => Place::Odp(addr.checked_add(usize::try_from(off).ok()?)?),
-            Backing::Peer(_) => Place::Peer(off),
-            Backing::Indirect(_) => return None,
-        };
-        Some(Span::one(Piece::new(self.clone(), place, usize::try_from(len).ok()?)))
     }
 
     /// The ODP state, for ODP regions.

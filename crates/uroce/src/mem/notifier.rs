@@ -36,7 +36,6 @@
 //! `<linux/userfaultfd.h>`): the `userfaultfd` crate would need libclang at
 //! build time for its bindings.
 
-use super::odp::OdpRegion;
 use super::rangeset::RangeSet;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
@@ -119,7 +118,7 @@ struct Notifier {
 
 struct State {
     watched: RangeSet,
-    subscribers: Vec<Weak<OdpRegion>>,
+    subscribers: Vec<Weak<dyn Subscriber>>,
     /// Where a drain copies the ring's events to, allocated once, so that
     /// the copy under the ring lock allocates nothing.
     batch: Box<[Event; RING]>,
@@ -219,12 +218,22 @@ pub fn available() -> bool {
     notifier().is_some()
 }
 
-/// Adds a region to those that receive invalidations.
-pub(crate) fn subscribe(r: &Arc<OdpRegion>) {
+/// What receives invalidations (an ODP region, `mem::odp`), called with
+/// the notifier's state lock held.
+pub(crate) trait Subscriber: Send + Sync {
+    /// Addresses `start..end` changed (`unmapped`: they are gone).
+    fn invalidate(&self, start: u64, end: u64, unmapped: bool);
+    /// Events were lost: everything may have changed.
+    fn invalidate_all(&self);
+}
+
+/// Adds a subscriber to those that receive invalidations, for as long as
+/// it lives.
+pub(crate) fn subscribe(r: Weak<dyn Subscriber>) {
     if let Some(n) = notifier() {
         let mut st = n.state.lock().unwrap();
         st.subscribers.retain(|w| w.strong_count() > 0);
-        st.subscribers.push(Arc::downgrade(r));
+        st.subscribers.push(r);
     }
 }
 
@@ -254,7 +263,7 @@ fn apply_pending(st: &mut State) {
         ring.overflow = false;
         (count, overflow)
     };
-    let subs: Vec<Arc<OdpRegion>> = st.subscribers.iter().filter_map(Weak::upgrade).collect();
+    let subs: Vec<Arc<dyn Subscriber>> = st.subscribers.iter().filter_map(Weak::upgrade).collect();
     if overflow {
         st.watched.clear();
         for s in &subs {

@@ -148,7 +148,7 @@ impl OdpRegion {
             counters: OdpCounters::default(),
             device,
         });
-        notifier::subscribe(&r);
+        notifier::subscribe(Arc::downgrade(&r) as std::sync::Weak<dyn notifier::Subscriber>);
         r
     }
 
@@ -381,4 +381,13 @@ fn resident_runs(addr: u64, len: u64) -> Vec<(u64, u64)> {
         page += n;
     }
     runs
+}
+
+impl notifier::Subscriber for OdpRegion {
+    fn invalidate(&self, start: u64, end: u64, unmapped: bool) {
+        OdpRegion::invalidate(self, start, end, unmapped)
+    }
+    fn invalidate_all(&self) {
+        OdpRegion::invalidate_all(self)
+    }
 }

@@ -22,6 +22,26 @@ use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+// Here rather than in `mr`: a region's spans are this module's (so `mr`
+// does not name `span` back).
+impl MemoryRegion {
+    /// The span `iova..iova+len`, if it lies inside the region. Indirect
+    /// keys are resolved by `Memory::resolve`, not here.
+    pub fn span(self: &Arc<Self>, iova: u64, len: u64) -> Option<Span> {
+        let off = iova.checked_sub(self.iova)?;
+        if off.checked_add(len)? > self.length {
+            return None;
+        }
+        let place = match &self.backing {
+            Backing::Host { addr, .. } => Place::Host(addr + off as usize),
+            Backing::Odp { addr, .. } => Place::Odp(addr.checked_add(usize::try_from(off).ok()?)?),
+            Backing::Peer(_) => Place::Peer(off),
+            Backing::Indirect(_) => return None,
+        };
+        Some(Span::one(Piece::new(self.clone(), place, usize::try_from(len).ok()?)))
+    }
+}
+
 /// Where a piece's bytes are.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Place {
