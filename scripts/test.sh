@@ -75,6 +75,9 @@ check() {
 }
 check "cargo fmt --all -- --check" cargo fmt --all -- --check
 check "cargo clippy --workspace --all-targets -- -D warnings" cargo clippy --workspace --all-targets -q -- -D warnings
+# The library as a Rust application gets it (no `unstable` feature: the
+# internal modules private): nothing dead, every public item documented.
+check "cargo clippy -p uroce --lib (no unstable) -- -D warnings" cargo clippy -p uroce --lib -q -- -D warnings
 # The drop-in library is built in release mode once; its tests find it there.
 if [ -x scripts/build-dropin.sh ]; then
     scripts/build-dropin.sh || status=1

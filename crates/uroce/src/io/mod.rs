@@ -25,4 +25,6 @@ mod udp;
 
 pub use capture::Capture;
 pub use runtime::{EventSink, Runtime, RuntimeConfig};
-pub use socket::{set_udp_segment, RoceSocket, SegmentControl};
+pub use socket::RoceSocket;
+#[cfg(feature = "unstable")]
+pub use socket::{set_udp_segment, SegmentControl};

@@ -12,6 +12,7 @@ pub fn interface_mtu(addr: IpAddr) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
+#[cfg(feature = "unstable")]
 /// The index of the interface that has `addr` (a loopback address: `lo`),
 /// if one does.
 pub fn interface_index(addr: IpAddr) -> Option<u32> {

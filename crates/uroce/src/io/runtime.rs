@@ -722,6 +722,7 @@ impl Runtime {
         }
     }
 
+    #[cfg(feature = "unstable")]
     /// Counters of the fault layer, when one is configured.
     pub fn fault_stats(&self) -> Option<super::faults::FaultStats> {
         self.faults.as_ref().map(|f| f.stats())

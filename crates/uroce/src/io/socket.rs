@@ -113,6 +113,7 @@ impl<'a> Datagram<'a> {
         Datagram { parts }
     }
 
+    #[cfg(feature = "unstable")]
     pub fn one(bytes: &'a [u8]) -> Datagram<'a> {
         Datagram { parts: [bytes, &[], &[]] }
     }
@@ -121,6 +122,7 @@ impl<'a> Datagram<'a> {
         self.parts.iter().map(|p| p.len()).sum()
     }
 
+    #[cfg(any(test, feature = "unstable"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -191,6 +193,7 @@ impl RoceSocket {
         self.local
     }
 
+    #[cfg(feature = "unstable")]
     pub fn send_to(&self, data: &[u8], dst: SocketAddr) -> io::Result<usize> {
         self.sock.send_to(data, &SockAddr::from(dst))
     }

@@ -93,6 +93,7 @@ pub struct KeyTable {
 const MAX_INDEX: u32 = 0x00FF_FFFF;
 
 impl KeyTable {
+    #[cfg(feature = "unstable")]
     /// A table whose variants come from `seed` (deterministic tests).
     pub fn with_seed(seed: u64) -> KeyTable {
         KeyTable { slots: Vec::new(), free: Vec::new(), rng: KeyRng::new(seed) }
@@ -173,10 +174,12 @@ impl KeyTable {
         self.slots.iter().filter_map(|s| s.region.as_ref())
     }
 
+    #[cfg(any(test, feature = "unstable"))]
     pub fn len(&self) -> usize {
         self.slots.iter().filter(|s| s.region.is_some()).count()
     }
 
+    #[cfg(any(test, feature = "unstable"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

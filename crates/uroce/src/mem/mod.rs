@@ -109,6 +109,7 @@ impl Memory {
         Arc::new(Memory::default())
     }
 
+    #[cfg(feature = "unstable")]
     /// A device's memory whose key variants come from `seed`, for
     /// deterministic simulations.
     pub fn with_key_seed(seed: u64) -> Arc<Memory> {
@@ -888,6 +889,7 @@ impl Memory {
             .collect()
     }
 
+    #[cfg(any(test, feature = "unstable"))]
     pub fn odp_regions(&self) -> Vec<(u32, OdpStats)> {
         let regions: Vec<Arc<MemoryRegion>> = self.keys.read().unwrap().regions().cloned().collect();
         regions.iter().filter_map(|r| Some((r.key, r.odp()?.stats()))).collect()

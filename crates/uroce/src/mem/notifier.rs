@@ -213,6 +213,7 @@ fn read_events(fd: OwnedFd) {
     }
 }
 
+#[cfg(feature = "unstable")]
 /// Whether invalidations are being observed.
 pub fn available() -> bool {
     notifier().is_some()

@@ -46,6 +46,7 @@ use super::AccessError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+#[cfg(feature = "unstable")]
 pub use notifier::available as notifier_available;
 
 /// The system page size.
@@ -157,6 +158,7 @@ impl OdpRegion {
         self.counters.snapshot()
     }
 
+    #[cfg(feature = "unstable")]
     /// Pages currently in the device's translation.
     pub fn mapped_pages(&self) -> u64 {
         notifier::drain();

@@ -62,6 +62,7 @@ impl Owned {
         self.mine + (addr - self.app)
     }
 
+    #[cfg(feature = "unstable")]
     /// The application's address of uroce's `host` (inside the range).
     pub fn app_address(&self, host: usize) -> usize {
         self.app + (host - self.mine)

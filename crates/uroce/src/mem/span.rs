@@ -229,6 +229,7 @@ impl HostBytes {
         self.piece.len
     }
 
+    #[cfg(any(test, feature = "unstable"))]
     pub fn is_empty(&self) -> bool {
         self.piece.len == 0
     }
@@ -363,6 +364,7 @@ impl Span {
         }
     }
 
+    #[cfg(feature = "unstable")]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -371,6 +373,7 @@ impl Span {
     /// of this process (pinned or on-demand paged; none for peer memory or
     /// past the end). For diagnostics and simulations that map an access
     /// back to the buffer it touches.
+    #[cfg(feature = "unstable")]
     pub fn host_address(&self, offset: usize) -> Option<usize> {
         let mut at = 0;
         for p in &self.pieces {
@@ -394,11 +397,6 @@ impl Span {
             at += p.len;
         }
         None
-    }
-
-    /// Number of contiguous pieces (regions, or runs within them).
-    pub fn pieces(&self) -> usize {
-        self.pieces.len()
     }
 
     /// Visits the pieces overlapping `offset..offset+len` as

@@ -114,11 +114,13 @@ impl CopyJob {
         self.qpn
     }
 
+    #[cfg(any(test, feature = "unstable"))]
     /// The bytes it moves.
     pub fn len(&self) -> usize {
         self.data.len()
     }
 
+    #[cfg(any(test, feature = "unstable"))]
     pub fn is_empty(&self) -> bool {
         self.data.is_empty()
     }
@@ -177,6 +179,7 @@ impl CopyJob {
         })
     }
 
+    #[cfg(any(test, feature = "unstable"))]
     /// Whether the job has run.
     pub fn has_run(&self) -> bool {
         self.result.is_some()
@@ -294,7 +297,16 @@ impl Copies {
             return CopyError::Deferred;
         }
         self.next_id = self.next_id.wrapping_add(1);
-        self.job = Some(Box::new(CopyJob { qpn: self.qpn, id: self.next_id, fp, work, spans, data, result: None, ahead: None }));
+        self.job = Some(Box::new(CopyJob {
+            qpn: self.qpn,
+            id: self.next_id,
+            fp,
+            work,
+            spans,
+            data,
+            result: None,
+            ahead: None,
+        }));
         CopyError::Deferred
     }
 

@@ -73,6 +73,7 @@ pub struct CompletionQueue {
 }
 
 impl CompletionQueue {
+    #[cfg(any(test, feature = "unstable"))]
     pub fn new(handle: u32, capacity: usize) -> CompletionQueue {
         Self::with_inline(handle, capacity, None, 0)
     }
@@ -228,10 +229,12 @@ impl CompletionQueue {
         let _ = self.presence.set(p);
     }
 
+    #[cfg(any(test, feature = "unstable"))]
     pub fn len(&self) -> usize {
         self.inner.lock().unwrap().ring.len()
     }
 
+    #[cfg(any(test, feature = "unstable"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -286,7 +289,14 @@ mod tests {
     }
 
     impl MemoryAccess for SlowMemory {
-        fn resolve(&self, key: u32, pd: u32, iova: u64, len: u64, want: Want) -> std::result::Result<Span, AccessError> {
+        fn resolve(
+            &self,
+            key: u32,
+            pd: u32,
+            iova: u64,
+            len: u64,
+            want: Want,
+        ) -> std::result::Result<Span, AccessError> {
             MemoryAccess::resolve(&*self.inner, key, pd, iova, len, want)
         }
         fn resolve_remote(

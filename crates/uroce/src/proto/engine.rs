@@ -18,12 +18,12 @@
 //! outnumber the live ones (a rebuild). A pass costs O(log n) per timer
 //! change, whatever the number of running timers.
 
+use super::copy::{Copies, CopyJob, Parked, MAX_PARKED};
 use super::qp::{Qp, QpInit};
+use super::rx_ids::{IcrcCheck, RxIds};
 use super::srq::SharedRecvQueue;
 use super::wr::{QpAttr, RecvWr, SendWr};
-use super::copy::{CopyJob, Copies, Parked, MAX_PARKED};
 use super::MemoryAccess;
-use super::rx_ids::{IcrcCheck, RxIds};
 use super::{AfterSend, Ctx, Event, Stats, Transmit};
 use crate::ib::{Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result};
 use crate::wire::{self, IpInfo, OpFlags, Packet, Transport};
@@ -90,8 +90,8 @@ impl EngineConfig {
     }
 }
 
-use super::qpn::{QpnOrder, FIRST_QPN, LAST_QPN};
 pub use super::qpn::{first_qpn, qpn_after};
+use super::qpn::{QpnOrder, FIRST_QPN, LAST_QPN};
 
 /// What `uroce stat` shows of a QP.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,6 +104,9 @@ pub struct QpSummary {
     pub stats: Stats,
 }
 
+// Items marked `allow(dead_code)` without `unstable` are the engine's
+// single-packet driving API: the simulation and the engine-level tests use
+// them (through `unstable`); the runtime uses the batch forms.
 pub struct Engine {
     cfg: EngineConfig,
     /// The only way the engine reaches memory (see [`super::memory`]).
@@ -112,6 +115,7 @@ pub struct Engine {
     /// assigned, so no peer can steer them into colliding. Each QP with
     /// its counters: one lookup finds both.
     qps: FxHashMap<u32, QpSlot>,
+    #[cfg_attr(not(feature = "unstable"), allow(dead_code))]
     /// The QPN order keyed by `cfg.id_seed` and the next QPN in it, made on
     /// the first [`Engine::create_qp`] (a runtime picks QPNs itself).
     next_qpn: Option<(QpnOrder, u32)>,
@@ -144,6 +148,7 @@ pub struct Engine {
     /// An application thread may answer what arrives: ACKs may be held for
     /// it ([`Engine::set_app_active`]).
     app_active: bool,
+    #[cfg_attr(not(feature = "unstable"), allow(dead_code))]
     /// The IPv4 ID the next packet likely carries (one more than the last
     /// one's: a GSO send's segments arrive in order), tried first.
     /// IPv4 IDs of received packets, per peer ([`check_datagram`]).
@@ -273,10 +278,12 @@ impl Engine {
         }
     }
 
+    #[cfg_attr(not(feature = "unstable"), allow(dead_code))]
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
     }
 
+    #[cfg_attr(not(feature = "unstable"), allow(dead_code))]
     pub fn memory(&self) -> &Arc<dyn MemoryAccess> {
         &self.mem
     }
@@ -427,6 +434,7 @@ impl Engine {
         }
     }
 
+    #[cfg_attr(not(feature = "unstable"), allow(dead_code))]
     pub fn create_qp(&mut self, init: QpInit) -> Result<u32> {
         self.insert_qp(|qpn| Qp::new(qpn, init))
     }
@@ -445,6 +453,7 @@ impl Engine {
         Ok(qpn)
     }
 
+    #[cfg_attr(not(feature = "unstable"), allow(dead_code))]
     /// An XRC_RECV QP of XRC domain `xrcd`: its receives come from the
     /// domain's SRQs, named by each request (see [`Engine::register_xrc_srq`]).
     pub fn create_xrc_recv_qp(&mut self, xrcd: u32, scatter_to_cqe: bool) -> Result<u32> {
@@ -526,7 +535,8 @@ impl Engine {
 
     /// Sends every held ACK now (the device is closing).
     pub fn flush_acks(&mut self, now: Instant) {
-        let held: SmallVec<[u32; 8]> = self.qps.values().filter(|s| s.qp.resp.ack.is_held()).map(|s| s.qp.qpn).collect();
+        let held: SmallVec<[u32; 8]> =
+            self.qps.values().filter(|s| s.qp.resp.ack.is_held()).map(|s| s.qp.qpn).collect();
         for qpn in held {
             self.with_qp(now, qpn, |qp, ctx| {
                 if qp.resp.release_held_ack() {
@@ -577,6 +587,7 @@ impl Engine {
         r
     }
 
+    #[cfg_attr(not(feature = "unstable"), allow(dead_code))]
     pub fn post_send(&mut self, now: Instant, qpn: u32, wr: SendWr) -> Result<()> {
         self.with_qp(now, qpn, |qp, ctx| qp.post_send(ctx, wr))
             .unwrap_or_else(|| Err(Error::inval("post_send: no such QP")))
@@ -617,11 +628,13 @@ impl Engine {
         .unwrap_or_else(|| Err((0, Error::inval("post_recv: no such QP"))))
     }
 
+    #[cfg_attr(not(feature = "unstable"), allow(dead_code))]
     pub fn post_recv(&mut self, now: Instant, qpn: u32, wr: RecvWr) -> Result<()> {
         self.with_qp(now, qpn, |qp, ctx| qp.post_recv(ctx, wr))
             .unwrap_or_else(|| Err(Error::inval("post_recv: no such QP")))
     }
 
+    #[cfg_attr(not(feature = "unstable"), allow(dead_code))]
     /// Handles one received UDP datagram: `src` is the sender, `dst` the
     /// local address it was sent to. [`check_datagram`] then
     /// [`Engine::handle_received`].
@@ -773,6 +786,7 @@ impl Engine {
         self.copies.pop_front()
     }
 
+    #[cfg_attr(not(feature = "unstable"), allow(dead_code))]
     /// Whether copy jobs wait to be taken.
     pub fn has_copies(&self) -> bool {
         !self.copies.is_empty()
@@ -927,6 +941,7 @@ impl Engine {
         }
     }
 
+    #[cfg_attr(not(feature = "unstable"), allow(dead_code))]
     /// Whether some QP may have a packet to send.
     pub fn has_transmit(&self) -> bool {
         !self.active.is_empty() || !self.gsi_out.is_empty()
@@ -969,6 +984,7 @@ impl Engine {
         self.events.pop_front()
     }
 
+    #[cfg_attr(not(feature = "unstable"), allow(dead_code))]
     /// The wire packet length of a message of `len` bytes on this engine (for
     /// sizing buffers).
     pub fn max_packet_len(&self) -> usize {

@@ -148,6 +148,7 @@ impl PayloadHold {
         self.len
     }
 
+    #[cfg(any(test, feature = "unstable"))]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -357,7 +358,8 @@ mod tests {
         for (key, pd, iova, len, err) in cases {
             buf.iter_mut().for_each(|b| *b = 0);
             let spans = m.resolve_remote(key, pd, 7, iova, len, Want::RemoteWrite).and_then(|s| m.write(&s, 0, &data));
-            let one = m.write_remote(key, pd, 7, iova, &data).map(|copied| assert!(copied, "host memory does not block"));
+            let one =
+                m.write_remote(key, pd, 7, iova, &data).map(|copied| assert!(copied, "host memory does not block"));
             assert_eq!(one, spans, "WRITE key {key:#x} pd {pd} iova {iova:#x}");
             assert_eq!(one.err(), err);
             let written = buf.iter().filter(|&&b| b == 0xA5).count();

@@ -40,13 +40,16 @@ pub mod srq;
 mod stats;
 pub mod wr;
 
+#[cfg(feature = "unstable")]
 pub use ack::{ack_hold_limit, ACK_HOLD_CAP, ACK_HOLD_FRACTION};
-pub use engine::{
-    check_datagram, dest_qpn, first_qpn, qpn_after, Engine, EngineConfig, QpSummary, Received, XrcSrqs,
-};
+pub use engine::{check_datagram, dest_qpn, first_qpn, qpn_after, Engine, EngineConfig, QpSummary, Received};
+#[cfg(feature = "unstable")]
+pub use engine::XrcSrqs;
 pub use copy::CopyJob;
 pub use memory::{MemoryAccess, PayloadHold};
-pub use rx_ids::{IcrcCheck, RxIds};
+pub use rx_ids::RxIds;
+#[cfg(feature = "unstable")]
+pub use rx_ids::IcrcCheck;
 pub use stats::Stats;
 
 use crate::ib::AsyncEventType;
@@ -119,6 +122,7 @@ impl Transmit {
         self.data.len() + self.in_place.as_ref().map_or(0, |p| p.bytes.len())
     }
 
+    #[cfg(any(test, feature = "unstable"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

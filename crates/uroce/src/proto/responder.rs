@@ -177,6 +177,7 @@ enum Refuse {
 }
 
 impl Qp {
+    #[cfg(feature = "unstable")]
     /// The responder's expected PSN. On a reliable QP every request before
     /// it has been executed and none from it on, so a test can tell on which
     /// side of an event (a window invalidated by its owner, say) each

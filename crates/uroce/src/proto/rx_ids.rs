@@ -173,6 +173,7 @@ impl RxIds {
         }
     }
 
+    #[cfg(feature = "unstable")]
     /// Peers learned to send hashed IDs.
     pub fn hashed_peers(&self) -> usize {
         self.peers.values().filter(|p| matches!(p, Peer::Hashed(_))).count()

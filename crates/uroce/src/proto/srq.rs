@@ -78,11 +78,6 @@ impl SharedRecvQueue {
         (w, fire)
     }
 
-    /// Peeks at the next receive's wr without taking it.
-    pub fn has_wqe(&self) -> bool {
-        !self.inner.lock().unwrap().queue.is_empty()
-    }
-
     pub fn set_limit(&self, limit: u32) {
         self.inner.lock().unwrap().limit = limit;
     }
@@ -99,10 +94,6 @@ impl SharedRecvQueue {
         self.len() == 0
     }
 
-    /// Removes every posted receive (used when the SRQ is destroyed).
-    pub fn drain(&self) -> Vec<RecvWqe> {
-        self.inner.lock().unwrap().queue.drain(..).collect()
-    }
 }
 
 #[cfg(test)]

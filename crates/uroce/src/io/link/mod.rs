@@ -392,14 +392,17 @@ impl RxBuf {
         self.pkts.clear();
     }
 
+    #[cfg(any(test, feature = "unstable"))]
     pub fn is_empty(&self) -> bool {
         self.pkts.is_empty()
     }
 
+    #[cfg(any(test, feature = "unstable"))]
     pub fn len(&self) -> usize {
         self.pkts.len()
     }
 
+    #[cfg(any(test, feature = "unstable"))]
     /// The packets with their senders' UDP addresses.
     pub fn iter(&self) -> impl Iterator<Item = (SocketAddr, &[u8])> + '_ {
         self.pkts.iter().map(|&(from, off, len)| (from, &self.data[off..off + len]))
@@ -797,7 +800,8 @@ impl Inner {
     /// (its hub takes that as a probe, not a refusal).
     fn sweep(&self) {
         let prefix = format!("{}-", self.ns);
-        for name in self.dir.entries().into_iter().filter(|n| n.starts_with(&prefix) && *n != self.name).take(MAX_PEERS) {
+        for name in self.dir.entries().into_iter().filter(|n| n.starts_with(&prefix) && *n != self.name).take(MAX_PEERS)
+        {
             if discovery::is_stale(&self.dir, &name) {
                 tracing::debug!("removing the stale link socket {name}");
                 let _ = self.dir.remove(&name);
@@ -857,9 +861,7 @@ impl Inner {
             if fds[1].revents != 0 {
                 for _ in 0..64 {
                     match discovery::accept(&self.listener) {
-                        Ok(Some(s)) if pending.len() < MAX_PENDING && !self.full() => {
-                            pending.push((s, Instant::now()))
-                        }
+                        Ok(Some(s)) if pending.len() < MAX_PENDING && !self.full() => pending.push((s, Instant::now())),
                         Ok(Some(_)) => add(&self.totals.refused_cap, 1),
                         Ok(None) => break,
                         Err(e) => {
@@ -1079,7 +1081,10 @@ impl Inner {
                 return Ok(());
             }
             if fds[1].revents != 0 {
-                return Err(io::Error::new(io::ErrorKind::Interrupted, "both ends linking at once: taking the other's"));
+                return Err(io::Error::new(
+                    io::ErrorKind::Interrupted,
+                    "both ends linking at once: taking the other's",
+                ));
             }
         }
     }

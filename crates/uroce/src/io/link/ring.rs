@@ -266,6 +266,7 @@ impl Consumer {
 }
 
 /// A cache line of private memory (for rings built in a `Vec`).
+#[cfg(feature = "unstable")]
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Line([u8; 64]);
@@ -274,6 +275,7 @@ struct Line([u8; 64]);
 /// the first 16 bytes give the consumer's private head and how many
 /// packets to take; the rest is the shared memory of a small ring,
 /// header and slots. Never panics, never reads outside it.
+#[cfg(feature = "unstable")]
 pub fn fuzz_drain(data: &[u8]) -> Result<usize, Corrupt> {
     const GEO: Geometry = Geometry { nslots: 8, slot: 128 };
     if data.len() < 16 {
