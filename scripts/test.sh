@@ -78,6 +78,7 @@ check "cargo clippy --workspace --all-targets -- -D warnings" cargo clippy --wor
 # The library as a Rust application gets it (no `unstable` feature: the
 # internal modules private): nothing dead, every public item documented.
 check "cargo clippy -p uroce --lib (no unstable) -- -D warnings" cargo clippy -p uroce --lib -q -- -D warnings
+check "cargo doc -p uroce (no broken links)" env RUSTDOCFLAGS="-D warnings" cargo doc -p uroce --no-deps -q
 # The drop-in library is built in release mode once; its tests find it there.
 if [ -x scripts/build-dropin.sh ]; then
     scripts/build-dropin.sh || status=1

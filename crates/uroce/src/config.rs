@@ -56,12 +56,16 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
+    /// The `[[device]]` entries; the first is the default device.
     #[serde(default, rename = "device")]
     pub devices: Vec<DeviceEntry>,
+    /// `[capture]`.
     #[serde(default)]
     pub capture: CaptureSection,
+    /// `[stats]`.
     #[serde(default)]
     pub stats: StatsSection,
+    /// `[peers]`.
     #[serde(default)]
     pub peers: PeersSection,
 }
@@ -70,15 +74,33 @@ pub struct ConfigFile {
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceEntry {
+    /// The device's name: 1 to 63 characters, unique in the file.
     pub name: String,
+    /// The IPv4 or IPv6 address to bind (unicast); `None`: the first free
+    /// 127.0.0.x.
     pub address: Option<IpAddr>,
+    /// The UDP port; `None`: 4791.
     pub port: Option<u16>,
+    /// The active MTU in bytes: 256, 512, 1024, 2048 or 4096; `None`: from
+    /// the interface.
     pub mtu: Option<u32>,
+    /// The GID type; RoCEv2 is the only one.
     pub gid_type: Option<GidType>,
+    /// Spin on the socket instead of sleeping (lower latency, one busy
+    /// core); `None`: off.
     pub busy_poll: Option<bool>,
+    /// Inline receive (scatter-to-CQE) for QPs that do not choose; `None`:
+    /// on.
     pub scatter_to_cqe: Option<bool>,
+    /// CQE size in bytes: 64 (messages of up to 32 bytes inline) or 128 (up
+    /// to 64); `None`: 64.
     pub cqe_size: Option<u32>,
+    /// IPv4: accept from any peer a packet whose ICRC only verifies with an
+    /// IP Identification solved from it (see the engine's `ipv4_any_id`);
+    /// `None`: off.
     pub ipv4_any_id: Option<bool>,
+    /// Send payloads of pinned host memory straight from the registered
+    /// buffer, without copying them into the packet; `None`: on.
     pub send_in_place: Option<bool>,
     /// Fault injection for testing (see `uroce::io::faults`).
     pub faults: Option<String>,
@@ -87,21 +109,30 @@ pub struct DeviceEntry {
 /// GID types a device may declare.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 pub enum GidType {
+    /// RoCE v2: GIDs are IP addresses and packets travel in UDP/IP
+    /// (`RoCEv2`, `RoCE v2` or `roce-v2` in the file).
     #[serde(rename = "RoCEv2", alias = "RoCE v2", alias = "roce-v2")]
     RoceV2,
 }
 
+/// `[capture]`.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct CaptureSection {
+    /// A pcap file every packet sent and received is written to; `%p`
+    /// becomes the process id.
     pub file: Option<String>,
 }
 
+/// `[stats]`.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct StatsSection {
+    /// Publish the counters for `uroce stat` (default: true).
     #[serde(default = "yes")]
     pub publish: bool,
+    /// How often the published counters are refreshed, in milliseconds
+    /// (positive; default: 500).
     #[serde(default = "default_interval")]
     pub interval_ms: u64,
     /// Publish for other users too: directories 0755 and files 0644 instead
@@ -124,6 +155,7 @@ fn default_interval() -> u64 {
     500
 }
 
+/// `[peers]`: the peer-memory clients.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct PeersSection {
@@ -133,6 +165,7 @@ pub struct PeersSection {
     /// (`uroce peers stop`; see `mem::peer::service`).
     #[serde(default)]
     pub disabled: Vec<String>,
+    /// The `[[peers.storage]]` devices.
     #[serde(default)]
     pub storage: Vec<StorageEntry>,
 }
@@ -141,8 +174,11 @@ pub struct PeersSection {
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct StorageEntry {
+    /// The device's name.
     pub name: String,
+    /// The backing file (created if missing) or block device.
     pub path: PathBuf,
+    /// Its size in bytes (positive; rounded up to whole 4096-byte pages).
     pub capacity: u64,
 }
 
@@ -150,7 +186,9 @@ pub struct StorageEntry {
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{path}: {message}")]
 pub struct ConfigError {
+    /// The file.
     pub path: PathBuf,
+    /// What is wrong, naming the line and field where it can.
     pub message: String,
 }
 

@@ -11,23 +11,41 @@ use bitflags::bitflags;
 pub struct Errno(pub i32);
 
 impl Errno {
+    /// Operation not permitted.
     pub const EPERM: Errno = Errno(libc::EPERM);
+    /// No such file or directory.
     pub const ENOENT: Errno = Errno(libc::ENOENT);
+    /// Input/output error.
     pub const EIO: Errno = Errno(libc::EIO);
+    /// Resource temporarily unavailable.
     pub const EAGAIN: Errno = Errno(libc::EAGAIN);
+    /// Cannot allocate memory.
     pub const ENOMEM: Errno = Errno(libc::ENOMEM);
+    /// Permission denied.
     pub const EACCES: Errno = Errno(libc::EACCES);
+    /// Bad address.
     pub const EFAULT: Errno = Errno(libc::EFAULT);
+    /// Device or resource busy.
     pub const EBUSY: Errno = Errno(libc::EBUSY);
+    /// File exists.
     pub const EEXIST: Errno = Errno(libc::EEXIST);
+    /// No such device.
     pub const ENODEV: Errno = Errno(libc::ENODEV);
+    /// Invalid argument.
     pub const EINVAL: Errno = Errno(libc::EINVAL);
+    /// No space left on device.
     pub const ENOSPC: Errno = Errno(libc::ENOSPC);
+    /// Function not implemented.
     pub const ENOSYS: Errno = Errno(libc::ENOSYS);
+    /// No data available.
     pub const ENODATA: Errno = Errno(libc::ENODATA);
+    /// Operation not supported.
     pub const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);
+    /// Address already in use.
     pub const EADDRINUSE: Errno = Errno(libc::EADDRINUSE);
+    /// Cannot assign requested address.
     pub const EADDRNOTAVAIL: Errno = Errno(libc::EADDRNOTAVAIL);
+    /// Operation not supported (the same value as `EOPNOTSUPP` on Linux).
     pub const ENOTSUP: Errno = Errno(libc::ENOTSUP);
 }
 
@@ -41,14 +59,18 @@ impl std::fmt::Display for Errno {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{what}: {errno}")]
 pub struct Error {
+    /// The errno the call fails with.
     pub errno: Errno,
+    /// What failed, and why (for messages).
     pub what: std::borrow::Cow<'static, str>,
 }
 
 impl Error {
+    /// An error with `errno`, described by `what`.
     pub fn new(errno: Errno, what: impl Into<std::borrow::Cow<'static, str>>) -> Self {
         Error { errno, what: what.into() }
     }
+    /// An EINVAL error described by `what`.
     pub fn inval(what: impl Into<std::borrow::Cow<'static, str>>) -> Self {
         Self::new(Errno::EINVAL, what)
     }
@@ -60,6 +82,7 @@ impl From<Error> for std::io::Error {
     }
 }
 
+/// The result of a verbs call.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 macro_rules! c_enum {
@@ -83,7 +106,18 @@ c_enum! {
     /// `enum ibv_qp_type`. An XRC connection has two halves: XRC_SEND, the
     /// initiator (a send queue only), and XRC_RECV, the target in an XRC
     /// domain (no queues: each request names one of the domain's SRQs).
-    pub enum QpType { Rc = 2, Uc = 3, Ud = 4, XrcSend = 9, XrcRecv = 10 }
+    pub enum QpType {
+        /// `IBV_QPT_RC`: reliable connected.
+        Rc = 2,
+        /// `IBV_QPT_UC`: unreliable connected.
+        Uc = 3,
+        /// `IBV_QPT_UD`: unreliable datagram.
+        Ud = 4,
+        /// `IBV_QPT_XRC_SEND`: the initiator half of XRC.
+        XrcSend = 9,
+        /// `IBV_QPT_XRC_RECV`: the target half of XRC.
+        XrcRecv = 10,
+    }
 }
 
 impl QpType {
@@ -96,15 +130,42 @@ impl QpType {
 
 c_enum! {
     /// `enum ibv_qp_state`.
-    pub enum QpState { Reset = 0, Init = 1, Rtr = 2, Rts = 3, Sqd = 4, Sqe = 5, Err = 6 }
+    pub enum QpState {
+        /// `IBV_QPS_RESET`: reset state.
+        Reset = 0,
+        /// `IBV_QPS_INIT`: initialized state.
+        Init = 1,
+        /// `IBV_QPS_RTR`: ready to receive state.
+        Rtr = 2,
+        /// `IBV_QPS_RTS`: ready to send state.
+        Rts = 3,
+        /// `IBV_QPS_SQD`: send queue drain state.
+        Sqd = 4,
+        /// `IBV_QPS_SQE`: send queue error state.
+        Sqe = 5,
+        /// `IBV_QPS_ERR`: error state.
+        Err = 6,
+    }
 }
 
 c_enum! {
     /// `enum ibv_mtu`.
-    pub enum Mtu { Mtu256 = 1, Mtu512 = 2, Mtu1024 = 3, Mtu2048 = 4, Mtu4096 = 5 }
+    pub enum Mtu {
+        /// `IBV_MTU_256`: 256 bytes.
+        Mtu256 = 1,
+        /// `IBV_MTU_512`: 512 bytes.
+        Mtu512 = 2,
+        /// `IBV_MTU_1024`: 1024 bytes.
+        Mtu1024 = 3,
+        /// `IBV_MTU_2048`: 2048 bytes.
+        Mtu2048 = 4,
+        /// `IBV_MTU_4096`: 4096 bytes.
+        Mtu4096 = 5,
+    }
 }
 
 impl Mtu {
+    /// The MTU in bytes.
     pub fn bytes(self) -> u32 {
         128 << (self as u32)
     }
@@ -123,12 +184,65 @@ impl Mtu {
 c_enum! {
     /// `enum ibv_wc_status`.
     pub enum WcStatus {
-        Success = 0, LocLenErr = 1, LocQpOpErr = 2, LocEecOpErr = 3, LocProtErr = 4,
-        WrFlushErr = 5, MwBindErr = 6, BadRespErr = 7, LocAccessErr = 8, RemInvReqErr = 9,
-        RemAccessErr = 10, RemOpErr = 11, RetryExcErr = 12, RnrRetryExcErr = 13,
-        LocRddViolErr = 14, RemInvRdReqErr = 15, RemAbortErr = 16, InvEecnErr = 17,
-        InvEecStateErr = 18, FatalErr = 19, RespTimeoutErr = 20, GeneralErr = 21,
-        TmErr = 22, TmRndvIncomplete = 23,
+        /// The work request (and the unsignaled ones posted before it)
+        /// completed; its buffers may be reused.
+        Success = 0,
+        /// Local length error: a message longer than the port's maximum, or
+        /// longer than the receive buffer that took it.
+        LocLenErr = 1,
+        /// Local QP operation error: the work request is inconsistent with
+        /// its QP (an opcode its transport lacks, an AH of another PD).
+        LocQpOpErr = 2,
+        /// Local EE context operation error (RD only).
+        LocEecOpErr = 3,
+        /// Local protection error: the scatter/gather list names no memory
+        /// region valid for the operation.
+        LocProtErr = 4,
+        /// Work request flushed: outstanding when the QP entered the error
+        /// state.
+        WrFlushErr = 5,
+        /// Memory window bind error.
+        MwBindErr = 6,
+        /// Bad response error: the responder returned an unexpected
+        /// transport opcode.
+        BadRespErr = 7,
+        /// Local access error: a protection error on a local buffer while
+        /// executing the peer's RDMA Write with Immediate.
+        LocAccessErr = 8,
+        /// Remote invalid request error: the responder found the request
+        /// invalid (an operation its QP does not allow, a length over 2^31).
+        RemInvReqErr = 9,
+        /// Remote access error: a protection error on the remote buffer of
+        /// an RDMA Read, RDMA Write or atomic.
+        RemAccessErr = 10,
+        /// Remote operation error: the responder could not complete the
+        /// operation.
+        RemOpErr = 11,
+        /// Transport retry counter exceeded: the peer sent no ACK or NAK.
+        RetryExcErr = 12,
+        /// RNR retry counter exceeded: the peer kept answering RNR NAK (no
+        /// receive posted).
+        RnrRetryExcErr = 13,
+        /// Local RDD violation error (RD only).
+        LocRddViolErr = 14,
+        /// Remote invalid RD request (RD only).
+        RemInvRdReqErr = 15,
+        /// Remote aborted error: the responder aborted the operation.
+        RemAbortErr = 16,
+        /// Invalid EE context number (RD only).
+        InvEecnErr = 17,
+        /// Invalid EE context state (RD only).
+        InvEecStateErr = 18,
+        /// Fatal error.
+        FatalErr = 19,
+        /// Response timeout error.
+        RespTimeoutErr = 20,
+        /// General error: none of the above.
+        GeneralErr = 21,
+        /// Tag matching error.
+        TmErr = 22,
+        /// Tag matching: rendezvous left to software.
+        TmRndvIncomplete = 23,
     }
 }
 
@@ -168,8 +282,28 @@ impl WcStatus {
 c_enum! {
     /// `enum ibv_wc_opcode`.
     pub enum WcOpcode {
-        Send = 0, RdmaWrite = 1, RdmaRead = 2, CompSwap = 3, FetchAdd = 4, BindMw = 5,
-        LocalInv = 6, Tso = 7, AtomicWrite = 9, Recv = 128, RecvRdmaWithImm = 129,
+        /// A send (with or without immediate) completed.
+        Send = 0,
+        /// An RDMA Write (with or without immediate) completed.
+        RdmaWrite = 1,
+        /// An RDMA Read completed.
+        RdmaRead = 2,
+        /// An atomic compare and swap completed.
+        CompSwap = 3,
+        /// An atomic fetch and add completed.
+        FetchAdd = 4,
+        /// A memory window bind completed.
+        BindMw = 5,
+        /// A local invalidate completed.
+        LocalInv = 6,
+        /// A TSO (segmentation offload) send completed.
+        Tso = 7,
+        /// An atomic write completed.
+        AtomicWrite = 9,
+        /// A send (with or without immediate) was received.
+        Recv = 128,
+        /// An RDMA Write with immediate consumed a receive request.
+        RecvRdmaWithImm = 129,
         /// `IBV_WC_DRIVER1`, mlx5's `MLX5DV_WC_UMR`.
         Umr = 135,
     }
@@ -179,14 +313,24 @@ bitflags! {
     /// `enum ibv_access_flags`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub struct Access: u32 {
+        /// Local write access (required with remote write or atomic).
         const LOCAL_WRITE = 1;
+        /// Remote write access.
         const REMOTE_WRITE = 1 << 1;
+        /// Remote read access.
         const REMOTE_READ = 1 << 2;
+        /// Remote atomic access.
         const REMOTE_ATOMIC = 1 << 3;
+        /// Memory windows may be bound to the region.
         const MW_BIND = 1 << 4;
+        /// Addressed by byte offset from the region's start, not by virtual
+        /// address.
         const ZERO_BASED = 1 << 5;
+        /// On-demand paging region.
         const ON_DEMAND = 1 << 6;
+        /// Huge pages are guaranteed (explicit on-demand paging only).
         const HUGETLB = 1 << 7;
+        /// The device may relax the order in which data reaches the region.
         const RELAXED_ORDERING = 1 << 20;
     }
 }
@@ -217,10 +361,16 @@ bitflags! {
     /// `enum ibv_send_flags`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub struct SendFlags: u32 {
+        /// Fence indicator: wait for prior RDMA Reads and atomics (RC).
         const FENCE = 1;
+        /// Generate a completion (when the QP does not signal all).
         const SIGNALED = 1 << 1;
+        /// Solicited event indicator (Send and RDMA Write with immediate).
         const SOLICITED = 1 << 2;
+        /// Copy the gather list's data into the request; lkeys are not
+        /// checked (Send and RDMA Write).
         const INLINE = 1 << 3;
+        /// Offload the IPv4 and TCP/UDP checksums.
         const IP_CSUM = 1 << 4;
     }
 }
@@ -229,12 +379,19 @@ bitflags! {
     /// `enum ibv_wc_flags`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub struct WcFlags: u32 {
+        /// A GRH precedes the data in the receive buffer (UD).
         const GRH = 1;
+        /// `imm_data` holds immediate data.
         const WITH_IMM = 1 << 1;
+        /// The IPv4 header and TCP/UDP checksums were verified.
         const IP_CSUM_OK = 1 << 2;
+        /// `imm_data` holds the rkey the message invalidated.
         const WITH_INV = 1 << 3;
+        /// Tag matching: a synchronization is requested.
         const TM_SYNC_REQ = 1 << 4;
+        /// Tag matching: the message matched a posted tag.
         const TM_MATCH = 1 << 5;
+        /// Tag matching: the matched message's data is in place.
         const TM_DATA_VALID = 1 << 6;
     }
 }
@@ -243,27 +400,49 @@ bitflags! {
     /// `enum ibv_qp_attr_mask`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub struct QpAttrMask: u32 {
+        /// `qp_state` is set.
         const STATE = 1;
+        /// `cur_qp_state` is set.
         const CUR_STATE = 1 << 1;
+        /// `en_sqd_async_notify` is set.
         const EN_SQD_ASYNC_NOTIFY = 1 << 2;
+        /// `qp_access_flags` is set.
         const ACCESS_FLAGS = 1 << 3;
+        /// `pkey_index` is set.
         const PKEY_INDEX = 1 << 4;
+        /// `port_num` is set.
         const PORT = 1 << 5;
+        /// `qkey` is set.
         const QKEY = 1 << 6;
+        /// `ah_attr` (the primary path) is set.
         const AV = 1 << 7;
+        /// `path_mtu` is set.
         const PATH_MTU = 1 << 8;
+        /// `timeout` (local ACK timeout) is set.
         const TIMEOUT = 1 << 9;
+        /// `retry_cnt` is set.
         const RETRY_CNT = 1 << 10;
+        /// `rnr_retry` is set.
         const RNR_RETRY = 1 << 11;
+        /// `rq_psn` is set.
         const RQ_PSN = 1 << 12;
+        /// `max_rd_atomic` is set.
         const MAX_QP_RD_ATOMIC = 1 << 13;
+        /// The alternate path (`alt_ah_attr`, `alt_pkey_index`, `alt_port_num`, `alt_timeout`) is set.
         const ALT_PATH = 1 << 14;
+        /// `min_rnr_timer` is set.
         const MIN_RNR_TIMER = 1 << 15;
+        /// `sq_psn` is set.
         const SQ_PSN = 1 << 16;
+        /// `max_dest_rd_atomic` is set.
         const MAX_DEST_RD_ATOMIC = 1 << 17;
+        /// `path_mig_state` is set.
         const PATH_MIG_STATE = 1 << 18;
+        /// `cap` is set.
         const CAP = 1 << 19;
+        /// `dest_qp_num` is set.
         const DEST_QPN = 1 << 20;
+        /// `rate_limit` is set.
         const RATE_LIMIT = 1 << 25;
     }
 }
@@ -271,10 +450,46 @@ bitflags! {
 c_enum! {
     /// `enum ibv_event_type`.
     pub enum AsyncEventType {
-        CqErr = 0, QpFatal = 1, QpReqErr = 2, QpAccessErr = 3, CommEst = 4, SqDrained = 5,
-        PathMig = 6, PathMigErr = 7, DeviceFatal = 8, PortActive = 9, PortErr = 10,
-        LidChange = 11, PkeyChange = 12, SmChange = 13, SrqErr = 14, SrqLimitReached = 15,
-        QpLastWqeReached = 16, ClientReregister = 17, GidChange = 18, WqFatal = 19,
+        /// A CQ is in error (overrun).
+        CqErr = 0,
+        /// An error occurred on a QP and it moved to the error state.
+        QpFatal = 1,
+        /// Invalid request local work queue error on a QP.
+        QpReqErr = 2,
+        /// Local access violation error on a QP.
+        QpAccessErr = 3,
+        /// Communication was established on a QP (data arrived in RTR).
+        CommEst = 4,
+        /// A QP's send queue was drained of outstanding messages (SQD).
+        SqDrained = 5,
+        /// A connection migrated to the alternate path.
+        PathMig = 6,
+        /// A connection failed to migrate to the alternate path.
+        PathMigErr = 7,
+        /// The device is in the fatal state.
+        DeviceFatal = 8,
+        /// The link of a port became active.
+        PortActive = 9,
+        /// The link of a port became unavailable.
+        PortErr = 10,
+        /// A port's LID changed.
+        LidChange = 11,
+        /// A port's P_Key table changed.
+        PkeyChange = 12,
+        /// A port's subnet manager changed.
+        SmChange = 13,
+        /// An error occurred on an SRQ.
+        SrqErr = 14,
+        /// An SRQ's receive count fell below its limit.
+        SrqLimitReached = 15,
+        /// The last WQE of a QP attached to an SRQ was reached.
+        QpLastWqeReached = 16,
+        /// The subnet manager asked a port's clients to register again.
+        ClientReregister = 17,
+        /// A port's GID table changed.
+        GidChange = 18,
+        /// An error occurred on a WQ and it moved to the error state.
+        WqFatal = 19,
     }
 }
 
@@ -284,6 +499,7 @@ c_enum! {
 pub struct Gid(pub [u8; 16]);
 
 impl Gid {
+    /// The GID of `ip` (an IPv4 address v4-mapped).
     pub fn from_ip(ip: std::net::IpAddr) -> Gid {
         match ip {
             std::net::IpAddr::V4(v4) => Gid(v4.to_ipv6_mapped().octets()),
@@ -308,6 +524,7 @@ impl Gid {
             std::net::IpAddr::V6(v6) => self.0 == v6.octets() && v6.to_ipv4_mapped().is_none(),
         }
     }
+    /// Whether all 16 bytes are zero.
     pub fn is_zero(self) -> bool {
         self.0 == [0; 16]
     }
@@ -316,8 +533,11 @@ impl Gid {
 /// Scatter/gather element: `struct ibv_sge`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Sge {
+    /// Start address of the buffer.
     pub addr: u64,
+    /// Length of the buffer in bytes.
     pub length: u32,
+    /// Local key of the memory region the buffer is in.
     pub lkey: u32,
 }
 
@@ -325,22 +545,37 @@ pub struct Sge {
 /// invalidated rkey) as the 32-bit value carried on the wire, in host order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Wc {
+    /// The `wr_id` of the completed work request.
     pub wr_id: u64,
+    /// How the operation ended.
     pub status: WcStatus,
+    /// The operation that completed.
     pub opcode: WcOpcode,
+    /// Vendor error syndrome.
     pub vendor_err: u32,
+    /// Number of bytes transferred.
     pub byte_len: u32,
+    /// Immediate data or invalidated rkey (see above), with `WITH_IMM` or
+    /// `WITH_INV` in `wc_flags`.
     pub imm_data: u32,
+    /// Number of the local QP the work request was posted to.
     pub qp_num: u32,
+    /// Number of the remote QP that sent the message (UD).
     pub src_qp: u32,
+    /// Flags of the completion.
     pub wc_flags: WcFlags,
+    /// P_Key index (GSI QPs).
     pub pkey_index: u16,
+    /// Source LID.
     pub slid: u16,
+    /// Service level.
     pub sl: u8,
+    /// DLID path bits.
     pub dlid_path_bits: u8,
 }
 
 impl Wc {
+    /// A completion of these values, every other field zero or empty.
     pub fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Wc {
         Wc {
             wr_id,
@@ -360,7 +595,8 @@ impl Wc {
     }
 }
 
-/// The IB path MTU enum values 256..4096 as bytes, rounding attr values.
+/// Most outstanding RDMA Reads and atomics a QP may be given, as initiator
+/// (`max_rd_atomic`) or responder (`max_dest_rd_atomic`); more is EINVAL.
 pub const MAX_RD_ATOMIC: u32 = 128;
 
 #[cfg(test)]

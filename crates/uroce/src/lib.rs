@@ -14,6 +14,10 @@
 //! the `unstable` feature, which uroce's own drop-in libraries, command,
 //! tests and fuzz targets use; nothing behind it is a stable API.
 
+// Every item of the public API is documented (the internal modules, public
+// only with `unstable`, are not held to it).
+#![cfg_attr(not(feature = "unstable"), warn(missing_docs))]
+
 /// A scatter/gather list ([`verbs::SgList`]) from its entries, as `vec!`
 /// makes a `Vec`: `sgl![mr.sge(0, 64)]`, `sgl![sge; 3]`.
 #[macro_export]

@@ -45,11 +45,18 @@ pub struct CmConfig {
     pub seed: u64,
     /// IBV MTU code of the path (3 = 1024 for a 1500-byte netdev).
     pub path_mtu: u8,
+    /// Packet life time of the path, as an exponent (4.096 µs × 2^n): sets
+    /// the REQ's retransmission interval and the local ACK timeout.
     pub packet_life_time: u8,
+    /// This CA's local ACK delay, as an exponent: the REP's Target ACK
+    /// Delay, and part of the active side's local ACK timeout.
     pub ca_ack_delay: u8,
 }
 
 impl CmConfig {
+    /// The values rdma_cm uses on RoCE for a device at `local_ip`: TID high
+    /// word 2, a 1024-byte path MTU, `timer::IBOE_PACKET_LIFETIME` and
+    /// rxe's CA ACK delay.
     pub fn new(local_ip: IpAddr, ca_guid: u64, seed: u64) -> CmConfig {
         CmConfig {
             local_ip,
@@ -67,8 +74,11 @@ impl CmConfig {
 /// on all (`addr: None`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenParams {
+    /// The rdma_cm port space.
     pub ps: PortSpace,
+    /// The address listened on; `None`: every address.
     pub addr: Option<IpAddr>,
+    /// The port listened on (not 0).
     pub port: u16,
     /// Pending connection requests allowed; 0 or over 1024 means 1024.
     pub backlog: u32,
@@ -77,18 +87,31 @@ pub struct ListenParams {
 /// `rdma_connect` for RC/UC.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectParams {
+    /// The rdma_cm port space.
     pub ps: PortSpace,
     /// The local port (already bound by the caller).
     pub src_port: u16,
+    /// The listener's address and port.
     pub dst: SocketAddr,
+    /// The number of the QP to connect (1 to 0xFF_FFFF).
     pub qpn: u32,
+    /// RC or UC.
     pub transport: TransportType,
+    /// The REQ's Responder Resources: RDMA Reads and atomics this side
+    /// offers to serve at once.
     pub responder_resources: u8,
+    /// The REQ's Initiator Depth: RDMA Reads and atomics this side wants
+    /// outstanding at once.
     pub initiator_depth: u8,
+    /// The REQ's end-to-end flow control bit.
     pub flow_control: bool,
+    /// Transport retry count (over 7 counts as 7).
     pub retry_count: u8,
+    /// RNR NAK retry count (over 7 counts as 7, which retries forever).
     pub rnr_retry_count: u8,
+    /// Whether the QP receives from an SRQ.
     pub srq: bool,
+    /// Traffic class of the path.
     pub traffic_class: u8,
     /// At most 56 bytes.
     pub private_data: Vec<u8>,
@@ -97,11 +120,17 @@ pub struct ConnectParams {
 /// `rdma_accept` (RC: REP; UD: SIDR_REP with status 0).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AcceptParams {
+    /// The number of the accepting QP (1 to 0xFF_FFFF).
     pub qpn: u32,
+    /// RDMA Reads and atomics this side serves at once (the REP's).
     pub responder_resources: u8,
+    /// RDMA Reads and atomics this side has outstanding at once (the REP's).
     pub initiator_depth: u8,
+    /// The REP's end-to-end flow control bit.
     pub flow_control: bool,
+    /// RNR NAK retry count the peer uses (over 7 counts as 7).
     pub rnr_retry_count: u8,
+    /// Whether the QP receives from an SRQ.
     pub srq: bool,
     /// UD only.
     pub qkey: u32,
@@ -113,8 +142,11 @@ pub struct AcceptParams {
 /// exchange asking the peer's listener for its QPN and Q_Key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SidrParams {
+    /// The rdma_cm port space (a UD one).
     pub ps: PortSpace,
+    /// The local port.
     pub src_port: u16,
+    /// The listener's address and port.
     pub dst: SocketAddr,
     /// At most 180 bytes.
     pub private_data: Vec<u8>,
@@ -123,25 +155,37 @@ pub struct SidrParams {
 /// A MAD to send to QP 1 of `dst`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outgoing {
+    /// The peer's address.
     pub dst: IpAddr,
+    /// The MAD, as sent.
     pub mad: [u8; MAD_LEN],
 }
 
 /// What the agent counted (received MADs it dropped, what it sent).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CmStats {
+    /// MADs received.
     pub received: u64,
+    /// Received MADs that did not parse.
     pub malformed: u64,
+    /// Received MADs of an attribute the CM does not handle (LAP, APR,
+    /// ClassPortInfo, unknown).
     pub unknown_attr: u64,
     /// Valid MADs for no connection in a state to take them.
     pub unmatched: u64,
+    /// Retransmitted messages of a known exchange (REQ, REP, DREQ,
+    /// SIDR_REQ): answered again or dropped.
     pub duplicates: u64,
+    /// REQs and SIDR_REQs dropped because the listener's backlog was full.
     pub backlog_drops: u64,
+    /// MADs queued to send, retransmissions included.
     pub sent: u64,
+    /// Retransmissions of an unanswered MAD.
     pub retransmits: u64,
+    /// REJs sent.
     pub rej_sent: u64,
     /// Answers to peers with no record (REJ, DREP, SIDR_REP) not sent:
-    /// over the rate of [`super::budget`].
+    /// over the rate of the answer budget (`proto::budget`).
     pub answers_suppressed: u64,
     /// MADs the endpoint dropped because QP 1's send queue was full.
     pub send_drops: u64,
@@ -207,9 +251,11 @@ impl Cm {
         }
     }
 
+    /// The configuration the agent runs with.
     pub fn config(&self) -> &CmConfig {
         &self.cfg
     }
+    /// What the agent counted so far.
     pub fn stats(&self) -> CmStats {
         self.stats
     }

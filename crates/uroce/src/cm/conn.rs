@@ -48,7 +48,9 @@ impl State {
 /// Which side of the connection this is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
+    /// The side that sent the REQ (or SIDR_REQ): `rdma_connect`.
     Active,
+    /// The side whose listener received it: `rdma_accept`.
     Passive,
 }
 
@@ -56,10 +58,15 @@ pub enum Role {
 /// RTS as `k/cm.c` `cm_init_qp_*_attr` hands it to librdmacm).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnInfo {
+    /// Which side this is.
     pub role: Role,
+    /// The rdma_cm port space of the Service ID.
     pub ps: PortSpace,
+    /// This side's address and port.
     pub local: SocketAddr,
+    /// The peer's address and port.
     pub remote: SocketAddr,
+    /// This side's QP number; 0 until the user gave it.
     pub local_qpn: u32,
     /// 0 until the peer's REQ/REP told it.
     pub remote_qpn: u32,
@@ -67,19 +74,27 @@ pub struct ConnInfo {
     pub local_psn: u32,
     /// The PSN the peer expects first (this QP's `sq_psn`).
     pub remote_psn: u32,
+    /// The peer's CA GUID (the Local CA GUID of its REQ/REP).
     pub remote_ca_guid: u64,
     /// RTR `max_dest_rd_atomic`.
     pub responder_resources: u8,
     /// RTS `max_rd_atomic`.
     pub initiator_depth: u8,
+    /// The end-to-end flow control bit of the REQ/REP exchange.
     pub flow_control: bool,
+    /// The SRQ bit of the REQ/REP exchange.
     pub srq: bool,
+    /// RTS `retry_cnt`: transport retries (0..7).
     pub retry_count: u8,
+    /// RTS `rnr_retry`: RNR NAK retries (0..7; 7 retries forever).
     pub rnr_retry_count: u8,
     /// IBV MTU code.
     pub path_mtu: u8,
+    /// The path's flow label (RTR address vector).
     pub flow_label: u32,
+    /// The path's hop limit (RTR address vector).
     pub hop_limit: u8,
+    /// The path's traffic class (RTR address vector).
     pub traffic_class: u8,
     /// The path's local ACK timeout (RTS `timeout`; also the timewait).
     pub ack_timeout: u8,

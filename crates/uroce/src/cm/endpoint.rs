@@ -63,10 +63,17 @@ const MAX_SLEEP: Duration = QP1_CHECK;
 /// default is rping's (1, 1, 7, 7, no private data).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnOptions {
+    /// RDMA Reads and atomics this side serves at once (at most the peer's
+    /// initiator depth when accepting).
     pub responder_resources: u8,
+    /// RDMA Reads and atomics this side has outstanding at once (at most
+    /// the peer's responder resources when accepting).
     pub initiator_depth: u8,
+    /// Transport retry count (`connect` only).
     pub retry_count: u8,
+    /// RNR NAK retry count (7 retries forever).
     pub rnr_retry_count: u8,
+    /// User private data of the REQ (at most 56 bytes) or REP (196).
     pub private_data: Vec<u8>,
 }
 
@@ -85,7 +92,9 @@ impl Default for ConnOptions {
 /// A connection request a listener received.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
+    /// The CM id of the request.
     pub id: ConnId,
+    /// The listener that received it.
     pub listen_id: ListenId,
     /// The active side's values, turned around (`responder_resources` is
     /// what the active side's initiator depth allows here).
@@ -99,9 +108,13 @@ pub struct Request {
 /// A UD peer resolved by SIDR: where to send and with which Q_Key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UdPeer {
+    /// The CM id of the SIDR exchange (destroyed once it ended).
     pub id: ConnId,
+    /// The listener's address and port.
     pub addr: SocketAddr,
+    /// The peer's UD QP number.
     pub qpn: u32,
+    /// The Q_Key to send to it with.
     pub qkey: u32,
     /// The SIDR_REP's private data (136 bytes).
     pub private_data: Vec<u8>,
@@ -110,7 +123,9 @@ pub struct UdPeer {
 /// An established connection: its CM id and what was negotiated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Connection {
+    /// The CM id of the connection.
     pub id: ConnId,
+    /// What the CM negotiated for the connection.
     pub info: ConnInfo,
     /// The peer's private data (the REP's 196 bytes on the active side).
     pub private_data: Vec<u8>,

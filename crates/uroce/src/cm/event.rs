@@ -15,21 +15,41 @@ pub struct ListenId(pub u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum EventKind {
+    /// `rdma_resolve_addr` completed.
     AddrResolved = 0,
+    /// `rdma_resolve_addr` failed.
     AddrError = 1,
+    /// `rdma_resolve_route` completed.
     RouteResolved = 2,
+    /// `rdma_resolve_route` failed.
     RouteError = 3,
+    /// Passive side: a new connection request (a REQ, or a SIDR_REQ for a UD
+    /// listener).
     ConnectRequest = 4,
+    /// Active side: a REP accepted the request; the user moves its QP and
+    /// establishes the connection (the RTU).
     ConnectResponse = 5,
+    /// An error occurred while establishing the connection, on either side.
     ConnectError = 6,
+    /// The peer did not answer a request (status a negative errno), or a
+    /// SIDR_REP refused the UD request (status the SIDR_REP status).
     Unreachable = 7,
+    /// The peer rejected a connection request or response (status the
+    /// REJ's reason).
     Rejected = 8,
+    /// The connection is established (for a UD id: a SIDR_REP accepted).
     Established = 9,
+    /// The connection was disconnected.
     Disconnected = 10,
+    /// The device the id is on was removed; the id must be destroyed.
     DeviceRemoval = 11,
+    /// `rdma_join_multicast` completed.
     MulticastJoin = 12,
+    /// Joining a multicast group failed, or a joined group was lost.
     MulticastError = 13,
+    /// The network device the id resolved to changed its hardware address.
     AddrChange = 14,
+    /// The connection left timewait: its QP may be reused.
     TimewaitExit = 15,
 }
 
@@ -61,12 +81,21 @@ impl EventKind {
 /// of view turned around: responder resources = the peer's initiator depth).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ConnParam {
+    /// RDMA Reads and atomics this side may have to serve at once: the
+    /// peer's initiator depth.
     pub responder_resources: u8,
+    /// RDMA Reads and atomics this side may have outstanding: the peer's
+    /// responder resources.
     pub initiator_depth: u8,
+    /// The peer's end-to-end flow control bit (REQ or REP).
     pub flow_control: bool,
+    /// Transport retry count (0..7), as the REQ carries it.
     pub retry_count: u8,
+    /// RNR NAK retry count (0..7; 7 retries forever).
     pub rnr_retry_count: u8,
+    /// Whether the peer's QP receives from an SRQ.
     pub srq: bool,
+    /// The peer's QP number.
     pub qp_num: u32,
 }
 
@@ -74,27 +103,36 @@ pub struct ConnParam {
 /// the connection's addresses).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UdParam {
+    /// The peer's UD QP number.
     pub qp_num: u32,
+    /// The Q_Key to send to it with.
     pub qkey: u32,
 }
 
 /// The parameter union of `struct rdma_cm_event`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Param {
+    /// No parameters.
     None,
+    /// `param.conn`: CONNECT_REQUEST and CONNECT_RESPONSE of a connected id.
     Conn(ConnParam),
+    /// `param.ud`: ESTABLISHED of a UD id (CONNECT_REQUEST of a UD listener
+    /// carries it zeroed).
     Ud(UdParam),
 }
 
 /// One event for the user of the CM.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CmEvent {
+    /// The connection or SIDR exchange the event is about.
     pub id: ConnId,
     /// The listener a CONNECT_REQUEST matched.
     pub listen_id: Option<ListenId>,
+    /// What happened.
     pub kind: EventKind,
     /// 0, a REJ reason or SIDR status (positive), or a negative errno.
     pub status: i32,
+    /// The event's parameters.
     pub param: Param,
     /// The private data as the kernel reports it: the whole field of the
     /// message (56, 196, 148, 180 or 136 bytes), or empty.

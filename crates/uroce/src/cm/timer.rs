@@ -16,6 +16,7 @@ pub const CA_ACK_DELAY: u8 = 15;
 pub const MRA_SERVICE_TIMEOUT: u8 = 24;
 /// SIDR_REQ timeout exponent (4096 ms) and retries (`k/cma.c` `cma_resolve_ib_udp`).
 pub const SIDR_TIMEOUT: u8 = 20;
+/// SIDR_REQ retransmissions before the exchange is unreachable.
 pub const SIDR_RETRIES: u8 = 15;
 
 /// `cm_convert_to_ms`: 4.096 µs × 2^n rounded to a power of two milliseconds.

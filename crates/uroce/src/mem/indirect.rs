@@ -37,31 +37,48 @@ pub const MAX_STRIDE_FIELD: u32 = 0xFFFF;
 /// One entry of an interleaved layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InterleavedEntry {
+    /// Start of the entry's first repetition, an address in `lkey`'s
+    /// address space.
     pub addr: u64,
+    /// Bytes taken from each repetition.
     pub bytes_count: u32,
+    /// Bytes skipped after each repetition's `bytes_count` before the next.
     pub bytes_skip: u32,
+    /// The key (region or indirect key) the bytes come from.
     pub lkey: u32,
 }
 
 /// The shape of an indirect key's address space.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LayoutKind {
+    /// The SGEs' ranges, concatenated in order (`mlx5dv_wr_mr_list`).
     List(Vec<Sge>),
-    Interleaved { repeat: u32, entries: Vec<InterleavedEntry> },
+    /// A block of entries repeated (`mlx5dv_wr_mr_interleaved`).
+    Interleaved {
+        /// How many times the block is repeated.
+        repeat: u32,
+        /// The block: one piece of each entry per repetition, in order.
+        entries: Vec<InterleavedEntry>,
+    },
 }
 
 /// A layout and the rights it grants.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
+    /// Rights the key grants: LOCAL_WRITE, REMOTE_WRITE, REMOTE_READ and
+    /// REMOTE_ATOMIC at most.
     pub access: Access,
+    /// The pieces that make up the address space.
     pub kind: LayoutKind,
 }
 
 impl Layout {
+    /// A list layout: `sges` concatenated.
     pub fn list(access: Access, sges: &[Sge]) -> Layout {
         Layout { access, kind: LayoutKind::List(sges.to_vec()) }
     }
 
+    /// An interleaved layout: the block `entries` repeated `repeat` times.
     pub fn interleaved(access: Access, repeat: u32, entries: &[InterleavedEntry]) -> Layout {
         Layout { access, kind: LayoutKind::Interleaved { repeat, entries: entries.to_vec() } }
     }
@@ -76,6 +93,7 @@ impl Layout {
         }
     }
 
+    /// Whether the address space has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

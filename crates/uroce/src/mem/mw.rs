@@ -6,7 +6,7 @@
 //! index space, so they never collide with region keys.
 //!
 //! Every rule of shared/spec/memory.md §4 is checked here: at bind
-//! ([`Memory::bind_mw`]) and at each remote access (`Memory::resolve_remote`).
+//! ([`Memory::bind_mw`](super::Memory::bind_mw)) and at each remote access (`Memory::resolve_remote`).
 
 use super::{AccessError, MemoryRegion, Span};
 use crate::ib::Access;
@@ -19,7 +19,10 @@ pub const MW_INDEX_BASE: u32 = 0x80_0000;
 /// `enum ibv_mw_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MwType {
+    /// `IBV_MW_TYPE_1`: belongs to a PD, bound and unbound by `ibv_bind_mw`.
     Type1 = 1,
+    /// `IBV_MW_TYPE_2` (2B): bound to one QP by a BIND_MW work request,
+    /// invalidated by LOCAL_INV or SEND_WITH_INV.
     Type2 = 2,
 }
 
@@ -45,16 +48,20 @@ pub(crate) struct MwState {
 /// A memory window.
 #[derive(Debug)]
 pub struct MemoryWindow {
+    /// Handle of the protection domain the window belongs to.
     pub pd: u32,
+    /// Type 1 or type 2.
     pub mw_type: MwType,
     pub(crate) state: Mutex<MwState>,
 }
 
 impl MemoryWindow {
+    /// The current rkey (index and tag).
     pub fn key(&self) -> u32 {
         self.state.lock().unwrap().key
     }
 
+    /// Whether the window is bound to a region.
     pub fn is_bound(&self) -> bool {
         self.state.lock().unwrap().binding.is_some()
     }
@@ -105,11 +112,16 @@ pub struct BindRequest {
     /// The window's key as the WR names it (type 2: the new tag is the low
     /// 8 bits of `new_key`).
     pub mw_key: u32,
+    /// The key the window takes once bound: type 1 takes it whole (same
+    /// index), type 2 only its low 8 bits.
     pub new_key: u32,
     /// The MR's lkey; ignored for a zero-length (unbind) type-1 bind.
     pub mr_key: u32,
+    /// Start of the window, an address in the MR's address space.
     pub addr: u64,
+    /// Length of the window in bytes; 0 unbinds a type-1 window.
     pub len: u64,
+    /// The remote rights the window grants, plus `ZERO_BASED` (type 2 only).
     pub access: Access,
 }
 

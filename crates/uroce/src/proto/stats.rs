@@ -39,9 +39,13 @@ macro_rules! counters {
 counters! {
     /// Counters of one engine or one QP. Monotonic.
     Stats {
+        /// Packets sent.
         tx_packets,
+        /// Their bytes, BTH to ICRC (the UDP payload).
         tx_bytes,
+        /// Packets received, counted before any check.
         rx_packets,
+        /// Their bytes, BTH to ICRC (the UDP payload).
         rx_bytes,
         /// Not a valid RoCE packet.
         rx_drop_malformed,
@@ -64,22 +68,36 @@ counters! {
         rx_drop_no_qp,
         /// Wrong transport for the QP, or the QP's state does not accept it.
         rx_drop_state,
+        /// P_Key does not match.
         rx_drop_pkey,
+        /// UD: Q_Key does not match the QP's.
         rx_drop_qkey,
         /// Source address does not match the QP's address vector.
         rx_drop_addr,
         /// No receive WQE (UC/UD drop; RC answers RNR NAK).
         rx_drop_no_recv,
+        /// Packets with a PSN already handled (requests seen before,
+        /// responses and ACKs already processed).
         rx_duplicates,
+        /// Packets with a PSN ahead of the one expected.
         rx_out_of_sequence,
+        /// Go-back-N rewinds: times the requester went back to its oldest
+        /// unacknowledged PSN to send again.
         retransmits,
+        /// Retransmission (local ACK) timeouts.
         timeouts,
+        /// RNR NAKs sent (no receive WQE, or a page fault).
         rnr_naks_sent,
+        /// RNR NAKs received.
         rnr_naks_received,
+        /// NAKs sent other than RNR NAKs (sequence error, invalid request,
+        /// remote access or operational error).
         naks_sent,
+        /// NAKs received other than RNR NAKs.
         naks_received,
         /// Of those, PSN sequence error NAKs (mlx5's `packet_seq_err`).
         seq_naks_received,
+        /// QPs moved to the error state by a transport error.
         qp_errors,
         /// Receives completed inline (scatter-to-CQE: the message travelled
         /// in the completion and was copied at poll time).

@@ -8,15 +8,31 @@ use crate::ib::{Access, Errno, Error, Gid, Mtu, QpState, QpType, Result, SendFla
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum WrOpcode {
+    /// `IBV_WR_RDMA_WRITE`: writes the SGEs' bytes to remote memory.
     RdmaWrite = 0,
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM`: an RDMA WRITE that also consumes a
+    /// receive WQE at the responder and delivers `imm_data`.
     RdmaWriteImm = 1,
+    /// `IBV_WR_SEND`: a message into the responder's next receive WQE.
     Send = 2,
+    /// `IBV_WR_SEND_WITH_IMM`: a SEND carrying `imm_data`.
     SendImm = 3,
+    /// `IBV_WR_RDMA_READ`: reads remote memory into the SGEs.
     RdmaRead = 4,
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP`: at the 8-byte remote address, stores
+    /// `swap` if the value there equals `compare_add`; the original value
+    /// lands in the SGE.
     AtomicCmpSwp = 5,
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD`: adds `compare_add` to the 8-byte
+    /// remote value; the original value lands in the SGE.
     AtomicFetchAdd = 6,
+    /// `IBV_WR_LOCAL_INV`: invalidates the local key in `imm_data`.
     LocalInv = 7,
+    /// `IBV_WR_BIND_MW`: binds a memory window (`bind`); type 1 windows
+    /// are bound this way by `ibv_bind_mw`.
     BindMw = 8,
+    /// `IBV_WR_SEND_WITH_INV`: a SEND that invalidates the rkey in
+    /// `imm_data` at the responder.
     SendInv = 9,
     /// `IBV_WR_DRIVER1`: a UMR that sets an indirect key's layout
     /// (`mlx5dv_wr_mr_list` / `mlx5dv_wr_mr_interleaved`).
@@ -27,6 +43,8 @@ pub enum WrOpcode {
 }
 
 impl WrOpcode {
+    /// The opcode of an `ibv_wr_opcode` value; `None` for one uroce does not
+    /// execute.
     pub fn from_raw(v: u32) -> Option<WrOpcode> {
         use WrOpcode::*;
         Some(match v {
@@ -45,12 +63,15 @@ impl WrOpcode {
             _ => return None,
         })
     }
+    /// Compare-and-swap and fetch-and-add (not ATOMIC WRITE).
     pub fn is_atomic(self) -> bool {
         matches!(self, WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd)
     }
+    /// SEND, SEND_WITH_IMM and SEND_WITH_INV.
     pub fn is_send(self) -> bool {
         matches!(self, WrOpcode::Send | WrOpcode::SendImm | WrOpcode::SendInv)
     }
+    /// RDMA WRITE and RDMA WRITE_WITH_IMM (not ATOMIC WRITE).
     pub fn is_write(self) -> bool {
         matches!(self, WrOpcode::RdmaWrite | WrOpcode::RdmaWriteImm)
     }
@@ -94,9 +115,11 @@ impl WrOpcode {
 pub struct QueueLimits {
     /// Free slots when the post began.
     pub free: usize,
+    /// Most SGEs one work request may carry.
     pub max_sge: u32,
-    /// 0 for a receive queue.
+    /// Most inline bytes one work request may carry; 0 for a receive queue.
     pub max_inline: u32,
+    /// Type of the QP the queue belongs to (the send opcodes it executes).
     pub qp_type: QpType,
 }
 
@@ -143,21 +166,32 @@ impl QueueLimits {
 /// The address vector of `ibv_ah_attr` for RoCEv2: the GRH part matters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AddressVector {
+    /// Destination GID (`grh.dgid`): the peer's IP address.
     pub dgid: Gid,
+    /// Index of the source GID in the port's GID table (`grh.sgid_index`).
     pub sgid_index: u8,
+    /// IP TTL / hop limit (`grh.hop_limit`).
     pub hop_limit: u8,
+    /// IP traffic class, DSCP and ECN (`grh.traffic_class`).
     pub traffic_class: u8,
+    /// IPv6 flow label, 20 bits (`grh.flow_label`).
     pub flow_label: u32,
+    /// Service level (`sl`).
     pub sl: u8,
+    /// Physical port number, from 1 (`port_num`).
     pub port_num: u8,
+    /// Whether the GRH fields are valid (`is_global`).
     pub is_global: bool,
 }
 
 /// Destination of a UD send (`wr.ud`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UdDest {
+    /// The address handle's attributes (`wr.ud.ah`).
     pub av: AddressVector,
+    /// Destination QP number (`wr.ud.remote_qpn`).
     pub remote_qpn: u32,
+    /// Q_Key put in the DETH (`wr.ud.remote_qkey`).
     pub remote_qkey: u32,
 }
 
@@ -170,15 +204,27 @@ pub type SgList = smallvec::SmallVec<[Sge; 2]>;
 /// and LOCAL_INV, the rkey to invalidate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendWr {
+    /// The application's identifier, returned in the work completion.
     pub wr_id: u64,
+    /// The operation.
     pub opcode: WrOpcode,
+    /// `IBV_SEND_*` flags (SIGNALED, FENCE, SOLICITED, INLINE, …).
     pub flags: SendFlags,
+    /// Local memory: the data to send or write, or where READ and atomic
+    /// results land.
     pub sg_list: SgList,
+    /// Immediate data in host byte order, or the rkey to invalidate.
     pub imm_data: u32,
+    /// Remote virtual address of RDMA and atomic operations
+    /// (`wr.rdma.remote_addr`, `wr.atomic.remote_addr`).
     pub remote_addr: u64,
+    /// Remote key for `remote_addr` (`wr.rdma.rkey`, `wr.atomic.rkey`).
     pub rkey: u32,
+    /// Compare operand of CMP_AND_SWP, addend of FETCH_AND_ADD.
     pub compare_add: u64,
+    /// Swap operand of CMP_AND_SWP.
     pub swap: u64,
+    /// UD: the destination; `None` on connected QPs.
     pub ud: Option<UdDest>,
     /// XRC_SEND: the SRQ number at the target (`wr.qp_type.xrc.remote_srqn`).
     pub remote_srqn: u32,
@@ -194,11 +240,14 @@ pub struct SendWr {
 /// A UMR work request's payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Umr {
+    /// The indirect key to set.
     pub key: u32,
+    /// Its new layout.
     pub layout: crate::mem::Layout,
 }
 
 impl SendWr {
+    /// A signaled request with no SGEs and every operand 0 or `None`.
     pub fn new(wr_id: u64, opcode: WrOpcode) -> SendWr {
         SendWr {
             wr_id,
@@ -222,17 +271,24 @@ impl SendWr {
 /// A receive work request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecvWr {
+    /// The application's identifier, returned in the work completion.
     pub wr_id: u64,
+    /// Where the incoming message is scattered.
     pub sg_list: SgList,
 }
 
 /// `struct ibv_qp_cap`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QpCap {
+    /// Most outstanding work requests in the send queue.
     pub max_send_wr: u32,
+    /// Most outstanding work requests in the receive queue.
     pub max_recv_wr: u32,
+    /// Most SGEs per send work request.
     pub max_send_sge: u32,
+    /// Most SGEs per receive work request.
     pub max_recv_sge: u32,
+    /// Most bytes a send work request may carry inline.
     pub max_inline_data: u32,
 }
 
@@ -240,25 +296,50 @@ pub struct QpCap {
 /// [`crate::ib::QpAttrMask`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpAttr {
+    /// The state to move to (modify) or the current state (query).
     pub qp_state: QpState,
+    /// The state the caller assumes the QP is in (`IBV_QP_CUR_STATE`).
     pub cur_qp_state: QpState,
+    /// Path MTU: the largest payload of one packet.
     pub path_mtu: Mtu,
+    /// Q_Key of a UD QP.
     pub qkey: u32,
+    /// Receive queue PSN: the first PSN expected (24 bits).
     pub rq_psn: u32,
+    /// Send queue PSN: the PSN of the first packet sent (24 bits).
     pub sq_psn: u32,
+    /// The remote QP number of a connected QP.
     pub dest_qp_num: u32,
+    /// Remote operations the QP accepts as responder (REMOTE_WRITE,
+    /// REMOTE_READ, REMOTE_ATOMIC).
     pub qp_access_flags: Access,
+    /// The queues' sizes.
     pub cap: QpCap,
+    /// The primary path to the remote QP of a connected QP.
     pub ah_attr: AddressVector,
+    /// Index of the P_Key in the port's table.
     pub pkey_index: u16,
+    /// Whether to raise `IBV_EVENT_SQ_DRAINED` when the QP in SQD has
+    /// drained its send queue.
     pub en_sqd_async_notify: bool,
+    /// Query: whether the QP in SQD is still draining its send queue.
     pub sq_draining: bool,
+    /// Most outstanding RDMA READs and atomics this QP sends as initiator.
     pub max_rd_atomic: u8,
+    /// Most outstanding RDMA READs and atomics this QP serves as responder.
     pub max_dest_rd_atomic: u8,
+    /// RNR NAK timer code (IBA table 45) this QP's RNR NAKs ask the
+    /// requester to wait.
     pub min_rnr_timer: u8,
+    /// Physical port number, from 1.
     pub port_num: u8,
+    /// Local ACK timeout, 4.096 µs × 2^`timeout`; 0 waits forever.
     pub timeout: u8,
+    /// Retransmissions after a timeout or sequence NAK before the QP fails
+    /// (3 bits).
     pub retry_cnt: u8,
+    /// Retries after an RNR NAK before the QP fails (3 bits; 7 retries
+    /// forever).
     pub rnr_retry: u8,
 }
 

@@ -6,52 +6,94 @@ use crate::proto::qp::{MAX_INLINE, MAX_QP_WR, MAX_SGE};
 /// `struct ibv_device_attr` (the fields uroce fills).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceAttr {
+    /// Firmware version string: `uroce` and the crate version.
     pub fw_ver: String,
+    /// Node GUID.
     pub node_guid: u64,
+    /// System image GUID (the node GUID).
     pub sys_image_guid: u64,
+    /// Largest region that can be registered, in bytes.
     pub max_mr_size: u64,
+    /// Supported page sizes, a bit per power of two.
     pub page_size_cap: u64,
+    /// IEEE vendor ID.
     pub vendor_id: u32,
+    /// Vendor part ID.
     pub vendor_part_id: u32,
+    /// Hardware version.
     pub hw_ver: u32,
+    /// Most QPs.
     pub max_qp: u32,
+    /// Most outstanding work requests on one work queue.
     pub max_qp_wr: u32,
+    /// `IBV_DEVICE_*` capability bits (see [`cap`]).
     pub device_cap_flags: u32,
     /// `ibv_device_attr_ex.device_cap_flags_ex`: the 32 bits above and the
     /// extended ones (`IB_UVERBS_DEVICE_*`).
     pub device_cap_flags_ex: u64,
+    /// Most SGEs per work request.
     pub max_sge: u32,
+    /// Most SGEs per work request of an RD QP (`max_sge_rd`).
     pub max_sge_rd: u32,
+    /// Most CQs.
     pub max_cq: u32,
+    /// Most entries of one CQ.
     pub max_cqe: u32,
+    /// Most memory regions.
     pub max_mr: u32,
+    /// Most protection domains.
     pub max_pd: u32,
+    /// Most outstanding RDMA READs and atomics one QP serves as responder.
     pub max_qp_rd_atom: u32,
+    /// Most outstanding RDMA READs and atomics the device serves as
+    /// responder, all QPs together.
     pub max_res_rd_atom: u32,
+    /// Most outstanding RDMA READs and atomics one QP initiates.
     pub max_qp_init_rd_atom: u32,
     /// `enum ibv_atomic_cap`: 1 = IBV_ATOMIC_HCA.
     pub atomic_cap: u32,
+    /// Most memory windows.
     pub max_mw: u32,
+    /// Most address handles.
     pub max_ah: u32,
+    /// Most SRQs.
     pub max_srq: u32,
+    /// Most outstanding work requests in one SRQ.
     pub max_srq_wr: u32,
+    /// Most SGEs per SRQ work request.
     pub max_srq_sge: u32,
+    /// Entries of the P_Key table.
     pub max_pkeys: u16,
+    /// Local CA ACK delay, 4.096 µs × 2^`local_ca_ack_delay`.
     pub local_ca_ack_delay: u8,
+    /// Number of physical ports.
     pub phys_port_cnt: u8,
+    /// Most bytes a send work request may carry inline (not a field of
+    /// `ibv_device_attr`).
     pub max_inline_data: u32,
 }
 
 /// `IBV_DEVICE_*` capability bits uroce has.
 pub mod cap {
+    /// `IBV_DEVICE_BAD_PKEY_CNTR`: packets with a bad P_Key are counted.
     pub const BAD_PKEY_CNTR: u32 = 1 << 1;
+    /// `IBV_DEVICE_SYS_IMAGE_GUID`: `sys_image_guid` is set.
     pub const SYS_IMAGE_GUID: u32 = 1 << 11;
+    /// `IBV_DEVICE_RC_RNR_NAK_GEN`: RC QPs send RNR NAKs.
     pub const RC_RNR_NAK_GEN: u32 = 1 << 12;
+    /// `IBV_DEVICE_N_NOTIFY_CQ`.
     pub const N_NOTIFY_CQ: u32 = 1 << 14;
+    /// `IBV_DEVICE_PORT_ACTIVE_EVENT`: the device raises
+    /// `IBV_EVENT_PORT_ACTIVE`.
     pub const PORT_ACTIVE_EVENT: u32 = 1 << 10;
+    /// `IBV_DEVICE_MEM_WINDOW`: memory windows.
     pub const MEM_WINDOW: u32 = 1 << 17;
+    /// `IBV_DEVICE_XRC`: the XRC transport.
     pub const XRC: u32 = 1 << 20;
+    /// `IBV_DEVICE_MEM_MGT_EXTENSIONS`: the memory management extensions
+    /// (local invalidate, SEND with invalidate, type 2 windows).
     pub const MEM_MGT_EXTENSIONS: u32 = 1 << 21;
+    /// `IBV_DEVICE_MEM_WINDOW_TYPE_2B`: type 2B memory windows.
     pub const MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
     /// `IB_UVERBS_DEVICE_ATOMIC_WRITE` (extended flags only).
     pub const ATOMIC_WRITE: u64 = 1 << 40;
@@ -111,13 +153,21 @@ impl DeviceAttr {
 pub struct PortAttr {
     /// `enum ibv_port_state`: 4 = ACTIVE.
     pub state: u32,
+    /// Largest MTU the port supports.
     pub max_mtu: Mtu,
+    /// The MTU in use (the device's configured MTU).
     pub active_mtu: Mtu,
+    /// Entries of the GID table.
     pub gid_tbl_len: u32,
+    /// `IBV_PORT_*` capability bits.
     pub port_cap_flags: u32,
+    /// Largest message, in bytes.
     pub max_msg_sz: u32,
+    /// Entries of the P_Key table.
     pub pkey_tbl_len: u16,
+    /// Link width code (`IBV_WIDTH_*`; 2 = 4X). Nominal: uroce has no link.
     pub active_width: u8,
+    /// Link speed code (`IBV_SPEED_*`). Nominal: uroce has no link.
     pub active_speed: u8,
     /// `IBV_LINK_LAYER_ETHERNET` = 2.
     pub link_layer: u8,

@@ -74,16 +74,23 @@ pub fn interface_address(name: &str) -> Option<IpAddr> {
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+/// The configuration of one device (see the module docs for the variables).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceConfig {
+    /// Device name (`UROCE_DEVICE`).
     pub name: String,
     /// None: pick the first free 127.0.0.x.
     pub addr: Option<IpAddr>,
+    /// UDP port of this device and its peers.
     pub port: u16,
     /// None: derived from the interface MTU as rxe does (lo: 4096, 1500: 1024).
     pub mtu: Option<Mtu>,
+    /// A pcap file that gets every packet sent and received; None: no capture.
     pub capture: Option<PathBuf>,
+    /// Spin instead of sleeping while waiting for packets.
     pub busy_poll: bool,
+    /// Accept IPv4 ICRCs with any IP Identification from every peer,
+    /// instead of learning the peers that send hashed IDs.
     pub ipv4_any_id: bool,
     /// Send payloads of pinned host memory in place, without copying them
     /// into the packet (`UROCE_SEND_IN_PLACE=0` copies, for comparison).

@@ -216,6 +216,7 @@ impl Context {
         Ok(Context { dev })
     }
 
+    /// The device's name.
     pub fn name(&self) -> &str {
         &self.dev.name
     }
@@ -237,10 +238,13 @@ impl Context {
         }
     }
 
+    /// The device's attributes (`ibv_query_device`).
     pub fn query_device(&self) -> DeviceAttr {
         DeviceAttr::for_device(self.dev.guid())
     }
 
+    /// The attributes of port `port` (`ibv_query_port`); the only port is 1
+    /// (EINVAL for another).
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
         if port != 1 {
             return Err(Error::inval("query_port: no such port"));
@@ -260,14 +264,18 @@ impl Context {
         })
     }
 
+    /// A new protection domain (`ibv_alloc_pd`).
     pub fn alloc_pd(&self) -> Result<super::ProtectionDomain> {
         super::pd::ProtectionDomain::new(self.clone())
     }
 
+    /// A completion queue of `cqe` entries, 1 to 2^22 − 1
+    /// (`ibv_create_cq`); its events go to `channel`, if given.
     pub fn create_cq(&self, cqe: u32, channel: Option<&CompletionChannel>) -> Result<super::CompletionQueue> {
         super::cq::CompletionQueue::new(self.clone(), cqe, channel)
     }
 
+    /// A new completion channel (`ibv_create_comp_channel`).
     pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
         self.comp_channel(Arc::downgrade(&self.dev.rt))
     }
@@ -342,12 +350,12 @@ impl Context {
         self.dev.rt.medium_counters()
     }
 
-    /// Bytes pinned by memory registrations.
     /// The device's ODP counters (all its ODP regions, past ones included).
     pub fn odp_stats(&self) -> crate::mem::OdpStats {
         self.dev.mem.odp_stats()
     }
 
+    /// Bytes pinned by memory registrations.
     pub fn pinned_bytes(&self) -> u64 {
         self.dev.mem.pinned_bytes()
     }
@@ -487,6 +495,7 @@ pub struct CompletionChannel {
 }
 
 impl CompletionChannel {
+    /// The channel's file descriptor, readable while a CQ event waits.
     pub fn fd(&self) -> RawFd {
         self.inner.fd.as_raw_fd()
     }

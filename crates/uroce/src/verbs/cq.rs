@@ -11,6 +11,7 @@ use std::sync::Arc;
 /// ofi_rxm sizes its CQ (384 + 384) × 256 = 196608 by default.
 pub const MAX_CQE: u32 = 4_194_303;
 
+/// A completion queue (`ibv_cq`).
 pub struct CompletionQueue {
     pub(crate) ctx: Context,
     pub(crate) ring: Arc<Ring>,

@@ -193,10 +193,12 @@ impl MemoryRegion {
         Ok(())
     }
 
+    /// The local key, for SGEs (the same value as [`MemoryRegion::rkey`]).
     pub fn lkey(&self) -> u32 {
         self.key
     }
 
+    /// The remote key, for peers' RDMA and atomic operations.
     pub fn rkey(&self) -> u32 {
         self.key
     }
@@ -211,14 +213,17 @@ impl MemoryRegion {
         self.iova
     }
 
+    /// Length of the region in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the region has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// The access rights it was registered with.
     pub fn access(&self) -> Access {
         self.access
     }

@@ -10,6 +10,7 @@ use crate::mem::{inc_rkey, BindRequest, MwType};
 use crate::proto::wr::{SendWr, WrOpcode};
 use std::sync::Arc;
 
+/// A memory window (`ibv_mw`), deallocated on drop.
 pub struct MemoryWindow {
     pd: Arc<PdInner>,
     mw: Arc<crate::mem::MemoryWindow>,
@@ -28,10 +29,12 @@ impl MemoryWindow {
         self.mw.key()
     }
 
+    /// Type 1 or type 2.
     pub fn mw_type(&self) -> MwType {
         self.mw.mw_type
     }
 
+    /// Whether the window is bound to a region.
     pub fn is_bound(&self) -> bool {
         self.mw.is_bound()
     }

@@ -24,10 +24,12 @@ impl ProtectionDomain {
         Ok(ProtectionDomain { inner: Arc::new(PdInner { ctx, handle }) })
     }
 
+    /// The device-wide handle of the PD.
     pub fn handle(&self) -> u32 {
         self.inner.handle
     }
 
+    /// The context the PD was allocated on.
     pub fn context(&self) -> &Context {
         &self.inner.ctx
     }
@@ -84,6 +86,10 @@ impl ProtectionDomain {
         Ok(IndirectKey { pd: self.inner.clone(), key: mr.key, max_entries: max })
     }
 
+    /// An address handle (`ibv_create_ah`). `av` must be global with a
+    /// destination GID and `port_num` at most 1 (EINVAL), and `sgid_index`
+    /// must name a populated GID entry (ENODATA for an empty one, EINVAL
+    /// past the table).
     pub fn create_ah(&self, av: AddressVector) -> Result<AddressHandle> {
         if !av.is_global || av.dgid.is_zero() {
             return Err(Error::inval("create_ah: RoCE needs a GRH with a destination GID"));
@@ -124,6 +130,7 @@ impl std::fmt::Debug for ProtectionDomain {
 /// An address handle for UD sends.
 #[derive(Clone)]
 pub struct AddressHandle {
+    /// The attributes it was created with.
     pub av: AddressVector,
     _pd: Arc<PdInner>,
 }
@@ -143,10 +150,12 @@ pub struct IndirectKey {
 }
 
 impl IndirectKey {
+    /// The key as an lkey, for SGEs (the same value as the rkey).
     pub fn lkey(&self) -> u32 {
         self.key
     }
 
+    /// The key as an rkey, for peers' RDMA and atomic operations.
     pub fn rkey(&self) -> u32 {
         self.key
     }
@@ -171,6 +180,7 @@ impl IndirectKey {
         self.layout().map_or(0, |l| l.len())
     }
 
+    /// Whether the address space has no bytes (also while free).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -16,11 +16,20 @@ use std::sync::Arc;
 
 /// Creation attributes (`ibv_qp_init_attr`).
 pub struct QpInitAttr<'a> {
+    /// The transport type.
     pub qp_type: QpType,
+    /// The CQ that gets the send queue's completions.
     pub send_cq: &'a CompletionQueue,
+    /// The CQ that gets the receive queue's completions (ignored for
+    /// XRC_SEND).
     pub recv_cq: &'a CompletionQueue,
+    /// An SRQ to take receive WQEs from instead of the QP's own receive
+    /// queue.
     pub srq: Option<&'a SharedReceiveQueue>,
+    /// The queues' sizes requested.
     pub cap: QpCap,
+    /// Whether every send WR completes with a work completion, whatever its
+    /// `SIGNALED` flag.
     pub sq_sig_all: bool,
     /// Inline receive for this QP (None: the device's default, on unless
     /// `UROCE_SCATTER_TO_CQE=0`), like mlx5dv's DISABLE/ALLOW_SCATTER_TO_CQE.
@@ -69,6 +78,7 @@ impl Owner {
     }
 }
 
+/// A queue pair (`ibv_qp`), destroyed on drop.
 pub struct QueuePair {
     owner: Owner,
     qpn: u32,
@@ -159,14 +169,18 @@ impl QueuePair {
         format!("{q} | next timer in {timer:?}")
     }
 
+    /// The QP number.
     pub fn qp_num(&self) -> u32 {
         self.qpn
     }
 
+    /// The transport type.
     pub fn qp_type(&self) -> QpType {
         self.qp_type
     }
 
+    /// The queues' sizes as created: the requested ones, with
+    /// `max_inline_data` rounded up (and no receive side for XRC_SEND).
     pub fn cap(&self) -> QpCap {
         self.cap
     }
@@ -184,6 +198,7 @@ impl QueuePair {
         })
     }
 
+    /// The current state (`qp_state` of [`QueuePair::query`]).
     pub fn state(&self) -> QpState {
         self.query().qp_state
     }

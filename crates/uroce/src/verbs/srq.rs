@@ -10,6 +10,7 @@ use crate::proto::srq::{RecvWqe, SharedRecvQueue as Queue, XrcSrq};
 use crate::proto::wr::{QueueLimits, RecvWr};
 use std::sync::Arc;
 
+/// A shared receive queue (`ibv_srq`).
 pub struct SharedReceiveQueue {
     pub(crate) queue: Arc<Queue>,
     pd: Arc<PdInner>,
@@ -55,6 +56,7 @@ impl SharedReceiveQueue {
         Ok(Queue::new(pd.inner.ctx.dev.next_handle(), pd.handle(), max_wr, max_sge, limit))
     }
 
+    /// The device-wide handle of the SRQ (its asynchronous events name it).
     pub fn handle(&self) -> u32 {
         self.queue.handle
     }
@@ -108,14 +110,18 @@ impl SharedReceiveQueue {
         Ok(())
     }
 
+    /// The armed limit (`srq_limit`): the limit event fires when fewer
+    /// receives than this remain; 0 when disarmed (it disarms as it fires).
     pub fn limit(&self) -> u32 {
         self.queue.limit()
     }
 
+    /// Most outstanding receive WRs (`max_wr`).
     pub fn max_wr(&self) -> u32 {
         self.queue.max_wr
     }
 
+    /// Most SGEs per receive WR (`max_sge`).
     pub fn max_sge(&self) -> u32 {
         self.queue.max_sge
     }
@@ -125,6 +131,7 @@ impl SharedReceiveQueue {
         self.queue.len()
     }
 
+    /// Whether no posted receive is waiting.
     pub fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }

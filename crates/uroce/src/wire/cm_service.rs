@@ -10,9 +10,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 /// `enum rdma_port_space` (the port spaces an rdma_cm id lives in).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PortSpace {
+    /// `RDMA_PS_IPOIB`.
     Ipoib,
+    /// `RDMA_PS_TCP`.
     Tcp,
+    /// `RDMA_PS_UDP`.
     Udp,
+    /// `RDMA_PS_IB`.
     Ib,
 }
 
@@ -26,6 +30,7 @@ impl PortSpace {
             PortSpace::Ib => 0x013F,
         }
     }
+    /// The port space of an `RDMA_PS_*` value; `None` if unknown.
     pub fn from_value(v: u32) -> Option<PortSpace> {
         Some(match v {
             0x0002 => PortSpace::Ipoib,
@@ -96,10 +101,13 @@ pub fn eui64_guid(mac: [u8; 6]) -> u64 {
 /// Why a private-data header is refused (the passive side rejects the REQ).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CmaHdrError {
+    /// Fewer than 36 bytes of private data.
     #[error("private data shorter than the 36-byte rdma_cm header")]
     Truncated,
+    /// The header's version byte is not 0.
     #[error("rdma_cm header version {0} (must be 0)")]
     BadVersion(u8),
+    /// The IP version (high nibble of byte 1) is neither 4 nor 6.
     #[error("rdma_cm header IP version {0} (must be 4 or 6)")]
     BadIpVersion(u8),
 }
@@ -112,12 +120,15 @@ pub struct CmaHdr {
     pub src_port: u16,
     /// Source and destination addresses; both of the same family.
     pub src: IpAddr,
+    /// Destination address (the passive side's).
     pub dst: IpAddr,
 }
 
 impl CmaHdr {
+    /// Length of the header, in bytes.
     pub const LEN: usize = 36;
 
+    /// Reads the header at the start of `b` (REQ or SIDR_REQ private data).
     pub fn parse(b: &[u8]) -> Result<CmaHdr, CmaHdrError> {
         let h: &[u8; Self::LEN] = b.get(..Self::LEN).and_then(|s| s.try_into().ok()).ok_or(CmaHdrError::Truncated)?;
         if h[0] != 0 {

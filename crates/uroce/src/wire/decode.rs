@@ -8,10 +8,15 @@ use std::io::{self, Read, Write};
 /// Counts of a decode run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DecodeSummary {
+    /// Frames read.
     pub frames: usize,
+    /// Frames carrying UDP to the RoCE port.
     pub roce: usize,
+    /// RoCE packets that parsed, with a correct ICRC.
     pub icrc_ok: usize,
+    /// RoCE packets that parsed, with a wrong ICRC.
     pub icrc_bad: usize,
+    /// RoCE packets that did not parse.
     pub malformed: usize,
     /// The file ended inside a record after the complete ones.
     pub cut: Option<super::pcap::Cut>,

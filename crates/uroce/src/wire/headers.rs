@@ -26,24 +26,37 @@ fn need(b: &[u8], n: usize) -> Result<(), WireError> {
 /// Base Transport Header (12 bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bth {
+    /// Operation code: transport in bits 7:5, operation in bits 4:0.
     pub opcode: Opcode,
+    /// Solicited Event (SE): the requester asks for a completion event.
     pub solicited: bool,
+    /// Migration request (MigReq) state.
     pub mig_req: bool,
+    /// Pad count (2 bits): pad bytes after the payload.
     pub pad_count: u8,
+    /// Transport header version (4 bits; 0).
     pub tver: u8,
+    /// Partition key (P_Key).
     pub pkey: u16,
+    /// Forward Explicit Congestion Notification (FECN).
     pub fecn: bool,
+    /// Backward Explicit Congestion Notification (BECN), set in a CNP.
     pub becn: bool,
-    /// 24 bits.
+    /// Destination QP number (24 bits).
     pub dest_qp: u32,
+    /// Acknowledge request (AckReq): the responder is to acknowledge this
+    /// packet.
     pub ack_req: bool,
-    /// 24 bits.
+    /// Packet sequence number (24 bits).
     pub psn: u32,
 }
 
 impl Bth {
+    /// Length on the wire, in bytes.
     pub const LEN: usize = 12;
 
+    /// Reads the header from the start of `b`; `Truncated` if `b` is shorter
+    /// than [`Self::LEN`]. TVer is not checked here.
     pub fn parse(b: &[u8]) -> Result<Bth, WireError> {
         need(b, Self::LEN)?;
         Ok(Bth {
@@ -61,6 +74,8 @@ impl Bth {
         })
     }
 
+    /// Writes the header to the first [`Self::LEN`] bytes of `b` (panics if
+    /// `b` is shorter).
     pub fn emit(&self, b: &mut [u8]) {
         b[0] = self.opcode.0;
         b[1] = (self.solicited as u8) << 7 | (self.mig_req as u8) << 6 | (self.pad_count & 3) << 4 | (self.tver & 0x0F);
@@ -75,17 +90,25 @@ impl Bth {
 /// RDMA Extended Transport Header (16 bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reth {
+    /// Virtual address of the remote buffer.
     pub va: u64,
+    /// Remote key (R_Key) of the memory region.
     pub rkey: u32,
+    /// DMA length: bytes the operation covers.
     pub dma_len: u32,
 }
 
 impl Reth {
+    /// Length on the wire, in bytes.
     pub const LEN: usize = 16;
+    /// Reads the header from the start of `b`; `Truncated` if `b` is shorter
+    /// than [`Self::LEN`].
     pub fn parse(b: &[u8]) -> Result<Reth, WireError> {
         need(b, Self::LEN)?;
         Ok(Reth { va: be64(b, 0), rkey: be32(b, 8), dma_len: be32(b, 12) })
     }
+    /// Writes the header to the first [`Self::LEN`] bytes of `b` (panics if
+    /// `b` is shorter).
     pub fn emit(&self, b: &mut [u8]) {
         b[0..8].copy_from_slice(&self.va.to_be_bytes());
         b[8..12].copy_from_slice(&self.rkey.to_be_bytes());
@@ -97,14 +120,20 @@ impl Reth {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum NakCode {
+    /// PSN sequence error.
     PsnSequence = 0,
+    /// Invalid request.
     InvalidRequest = 1,
+    /// Remote access error.
     RemoteAccess = 2,
+    /// Remote operational error.
     RemoteOperational = 3,
+    /// Invalid RD request.
     InvalidRdRequest = 4,
 }
 
 impl NakCode {
+    /// The code of value `v`; `None` for reserved values.
     pub fn from_u8(v: u8) -> Option<NakCode> {
         Some(match v {
             0 => NakCode::PsnSequence,
@@ -115,6 +144,7 @@ impl NakCode {
             _ => return None,
         })
     }
+    /// The code's name as the IBA spells it ("PSN Sequence Error", …).
     pub fn name(self) -> &'static str {
         match self {
             NakCode::PsnSequence => "PSN Sequence Error",
@@ -129,32 +159,49 @@ impl NakCode {
 /// What an AETH syndrome says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AethKind {
-    Ack { credits: u8 },
-    RnrNak { timer: u8 },
+    /// ACK (syndrome bits 6:5 = 0).
+    Ack {
+        /// Credit count (5 bits; 0x1F: invalid).
+        credits: u8,
+    },
+    /// RNR NAK (bits 6:5 = 1).
+    RnrNak {
+        /// RNR timer code (5 bits, see [`rnr_timer_usec`]).
+        timer: u8,
+    },
+    /// NAK (bits 6:5 = 3) with a defined NAK code.
     Nak(NakCode),
+    /// Any other syndrome (bits 6:5 = 2, or a reserved NAK code): the whole
+    /// syndrome.
     Reserved(u8),
 }
 
 /// ACK Extended Transport Header (4 bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Aeth {
+    /// Syndrome: the kind in bits 6:5 (0 ACK, 1 RNR NAK, 3 NAK), the credit
+    /// count, RNR timer code or NAK code in bits 4:0.
     pub syndrome: u8,
-    /// 24 bits.
+    /// Message sequence number (24 bits).
     pub msn: u32,
 }
 
 impl Aeth {
+    /// Length on the wire, in bytes.
     pub const LEN: usize = 4;
     /// An ACK with "invalid credit" (0x1F), as rxe sends.
     pub fn ack(msn: u32) -> Aeth {
         Aeth { syndrome: 0x1F, msn: msn & 0x00FF_FFFF }
     }
+    /// An RNR NAK with RNR timer code `timer` (5 bits, see [`rnr_timer_usec`]).
     pub fn rnr_nak(timer: u8, msn: u32) -> Aeth {
         Aeth { syndrome: 0x20 | (timer & 0x1F), msn: msn & 0x00FF_FFFF }
     }
+    /// A NAK with `code`.
     pub fn nak(code: NakCode, msn: u32) -> Aeth {
         Aeth { syndrome: 0x60 | code as u8, msn: msn & 0x00FF_FFFF }
     }
+    /// What the syndrome says.
     pub fn kind(&self) -> AethKind {
         let v = self.syndrome & 0x1F;
         match (self.syndrome >> 5) & 3 {
@@ -164,10 +211,14 @@ impl Aeth {
             _ => AethKind::Reserved(self.syndrome),
         }
     }
+    /// Reads the header from the start of `b`; `Truncated` if `b` is shorter
+    /// than [`Self::LEN`].
     pub fn parse(b: &[u8]) -> Result<Aeth, WireError> {
         need(b, Self::LEN)?;
         Ok(Aeth { syndrome: b[0], msn: be32(b, 0) & 0x00FF_FFFF })
     }
+    /// Writes the header to the first [`Self::LEN`] bytes of `b` (panics if
+    /// `b` is shorter).
     pub fn emit(&self, b: &mut [u8]) {
         b[0..4].copy_from_slice(&((self.syndrome as u32) << 24 | (self.msn & 0x00FF_FFFF)).to_be_bytes());
     }
@@ -176,18 +227,27 @@ impl Aeth {
 /// Atomic Extended Transport Header (28 bytes, packed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AtomicEth {
+    /// Virtual address of the 8-byte remote operand.
     pub va: u64,
+    /// Remote key (R_Key) of the memory region.
     pub rkey: u32,
+    /// Swap (CmpSwap) or add (FetchAdd) data.
     pub swap_add: u64,
+    /// Compare data (CmpSwap).
     pub compare: u64,
 }
 
 impl AtomicEth {
+    /// Length on the wire, in bytes.
     pub const LEN: usize = 28;
+    /// Reads the header from the start of `b`; `Truncated` if `b` is shorter
+    /// than [`Self::LEN`].
     pub fn parse(b: &[u8]) -> Result<AtomicEth, WireError> {
         need(b, Self::LEN)?;
         Ok(AtomicEth { va: be64(b, 0), rkey: be32(b, 8), swap_add: be64(b, 12), compare: be64(b, 20) })
     }
+    /// Writes the header to the first [`Self::LEN`] bytes of `b` (panics if
+    /// `b` is shorter).
     pub fn emit(&self, b: &mut [u8]) {
         b[0..8].copy_from_slice(&self.va.to_be_bytes());
         b[8..12].copy_from_slice(&self.rkey.to_be_bytes());
@@ -199,17 +259,23 @@ impl AtomicEth {
 /// Datagram Extended Transport Header (8 bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deth {
+    /// Queue key (Q_Key).
     pub qkey: u32,
-    /// 24 bits.
+    /// Source QP number (24 bits).
     pub src_qp: u32,
 }
 
 impl Deth {
+    /// Length on the wire, in bytes.
     pub const LEN: usize = 8;
+    /// Reads the header from the start of `b`; `Truncated` if `b` is shorter
+    /// than [`Self::LEN`].
     pub fn parse(b: &[u8]) -> Result<Deth, WireError> {
         need(b, Self::LEN)?;
         Ok(Deth { qkey: be32(b, 0), src_qp: be32(b, 4) & 0x00FF_FFFF })
     }
+    /// Writes the header to the first [`Self::LEN`] bytes of `b` (panics if
+    /// `b` is shorter).
     pub fn emit(&self, b: &mut [u8]) {
         b[0..4].copy_from_slice(&self.qkey.to_be_bytes());
         b[4..8].copy_from_slice(&(self.src_qp & 0x00FF_FFFF).to_be_bytes());

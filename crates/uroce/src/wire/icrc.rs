@@ -10,9 +10,13 @@ use std::net::IpAddr;
 /// The IP/UDP facts the ICRC covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct IpInfo {
+    /// Source IP address.
     pub src: IpAddr,
+    /// Destination IP address.
     pub dst: IpAddr,
+    /// UDP source port.
     pub sport: u16,
+    /// UDP destination port.
     pub dport: u16,
     /// IPv4 Identification (ignored for IPv6).
     pub ipv4_id: u16,
@@ -150,10 +154,12 @@ impl Incremental {
         Incremental(h)
     }
 
+    /// Feeds the next piece of the payload, in order.
     pub fn update(&mut self, bytes: &[u8]) {
         self.0.update(bytes);
     }
 
+    /// The ICRC wire bytes.
     pub fn finish(self) -> [u8; 4] {
         self.0.finalize().to_le_bytes()
     }

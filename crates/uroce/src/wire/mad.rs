@@ -34,30 +34,51 @@ pub const METHOD_SEND: u8 = 0x03;
 
 /// CM attribute IDs (`k/ib_cm.h` `CM_*_ATTR_ID`).
 pub mod attr {
+    /// ClassPortInfo.
     pub const CLASS_PORT_INFO: u16 = 0x0001;
+    /// Connection Request.
     pub const REQ: u16 = 0x0010;
+    /// Message Receipt Acknowledgement.
     pub const MRA: u16 = 0x0011;
+    /// Connection Reject.
     pub const REJ: u16 = 0x0012;
+    /// Connection Reply.
     pub const REP: u16 = 0x0013;
+    /// Ready To Use.
     pub const RTU: u16 = 0x0014;
+    /// Disconnect Request.
     pub const DREQ: u16 = 0x0015;
+    /// Disconnect Reply.
     pub const DREP: u16 = 0x0016;
+    /// Service ID Resolution Request.
     pub const SIDR_REQ: u16 = 0x0017;
+    /// Service ID Resolution Response.
     pub const SIDR_REP: u16 = 0x0018;
+    /// Load Alternate Path.
     pub const LAP: u16 = 0x0019;
+    /// Alternate Path Response.
     pub const APR: u16 = 0x001A;
 }
 
 /// Private-data capacity of each message (`k/ib_cm.h` `IB_CM_*_PRIVATE_DATA_SIZE`).
 pub mod private_len {
+    /// REQ private data, in bytes.
     pub const REQ: usize = 92;
+    /// MRA private data, in bytes.
     pub const MRA: usize = 222;
+    /// REJ private data, in bytes.
     pub const REJ: usize = 148;
+    /// REP private data, in bytes.
     pub const REP: usize = 196;
+    /// RTU private data, in bytes.
     pub const RTU: usize = 224;
+    /// DREQ private data, in bytes.
     pub const DREQ: usize = 220;
+    /// DREP private data, in bytes.
     pub const DREP: usize = 224;
+    /// SIDR_REQ private data, in bytes.
     pub const SIDR_REQ: usize = 216;
+    /// SIDR_REP private data, in bytes.
     pub const SIDR_REP: usize = 136;
     /// REJ Additional Reject Information and SIDR_REP Additional Information.
     pub const ARI: usize = 72;
@@ -66,18 +87,27 @@ pub mod private_len {
 /// Why bytes are not a CM MAD this CM handles.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MadError {
+    /// Not exactly 256 bytes; the length.
     #[error("MAD of {0} bytes (must be 256)")]
     BadLength(usize),
+    /// BaseVersion is not 1.
     #[error("MAD base version {0} (must be 1)")]
     BadBaseVersion(u8),
+    /// Management class and class version (in that order) are not the
+    /// CM's.
     #[error("management class {0:#04x} version {1} is not the CM (0x07 version 2)")]
     NotCm(u8, u8),
+    /// Method other than Send.
     #[error("CM method {0:#04x} (only Send 0x03)")]
     BadMethod(u8),
+    /// An attribute ID this CM does not parse (LAP, APR, ClassPortInfo or
+    /// unknown).
     #[error("unknown or unsupported CM attribute {0:#06x}")]
     UnknownAttribute(u16),
+    /// A field out of range (what, in words).
     #[error("malformed CM message: {0}")]
     Malformed(&'static str),
+    /// The output buffer is shorter than one MAD.
     #[error("buffer too small for a MAD")]
     BufferTooSmall,
 }
@@ -100,6 +130,7 @@ impl<const N: usize> Bytes<N> {
         b.get_mut(..data.len())?.copy_from_slice(data);
         Some(Bytes(b))
     }
+    /// The field's bytes.
     pub fn as_slice(&self) -> &[u8] {
         &self.0
     }
@@ -135,28 +166,36 @@ impl<T: AsRef<[u8]>> MadView<T> {
         // Length checked in new_checked; the buffer cannot change under a shared borrow.
         self.buffer.as_ref().try_into().unwrap_or(&[0; MAD_LEN])
     }
+    /// BaseVersion (byte 0).
     pub fn base_version(&self) -> u8 {
         self.mad()[0]
     }
+    /// MgmtClass (byte 1).
     pub fn mgmt_class(&self) -> u8 {
         self.mad()[1]
     }
+    /// ClassVersion (byte 2).
     pub fn class_version(&self) -> u8 {
         self.mad()[2]
     }
+    /// Method (byte 3).
     pub fn method(&self) -> u8 {
         self.mad()[3]
     }
+    /// Status (bytes 4–5).
     pub fn status(&self) -> u16 {
         u16::from_be_bytes([self.mad()[4], self.mad()[5]])
     }
+    /// TransactionID (bytes 8–15).
     pub fn tid(&self) -> u64 {
         let m = self.mad();
         u64::from_be_bytes([m[8], m[9], m[10], m[11], m[12], m[13], m[14], m[15]])
     }
+    /// AttributeID (bytes 16–17).
     pub fn attr_id(&self) -> u16 {
         u16::from_be_bytes([self.mad()[16], self.mad()[17]])
     }
+    /// AttributeModifier (bytes 20–23).
     pub fn attr_mod(&self) -> u32 {
         let m = self.mad();
         u32::from_be_bytes([m[20], m[21], m[22], m[23]])
@@ -225,20 +264,27 @@ fn sarr(m: &mut [u8; MSG_LEN], at: usize, v: &[u8]) {
 /// One path of a REQ (primary at msg+52, alternate at msg+96; IBA Table 106).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Path {
+    /// Local port LID.
     pub local_lid: u16,
+    /// Remote port LID.
     pub remote_lid: u16,
+    /// Local port GID.
     pub local_gid: [u8; 16],
+    /// Remote port GID.
     pub remote_gid: [u8; 16],
-    /// 20 bits.
+    /// Flow label (20 bits).
     pub flow_label: u32,
-    /// 6 bits.
+    /// Packet rate (6 bits).
     pub packet_rate: u8,
+    /// Traffic class.
     pub traffic_class: u8,
+    /// Hop limit.
     pub hop_limit: u8,
-    /// 4 bits.
+    /// Service level (4 bits).
     pub sl: u8,
+    /// SubnetLocal: the remote port is in the local subnet.
     pub subnet_local: bool,
-    /// 5 bits.
+    /// Local ACK timeout (5 bits): 4.096 µs × 2^value.
     pub local_ack_timeout: u8,
     /// Alternate path only (bit 2 of its last byte); reserved in the primary.
     pub sap_supported: bool,
@@ -279,9 +325,13 @@ impl Path {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TransportType {
     #[default]
+    /// Reliable Connected (0).
     Rc,
+    /// Unreliable Connected (1).
     Uc,
+    /// Reliable Datagram (2).
     Rd,
+    /// Value 3, used for XRC.
     Xrc,
 }
 
@@ -307,41 +357,59 @@ impl TransportType {
 /// Connection Request (IBA Table 106). `Default`: every field zero, RC.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Req {
+    /// Local Communication ID.
     pub local_comm_id: u32,
     /// 24 bits (ECE vendor ID).
     pub vendor_id: u32,
+    /// Service ID of the service to connect to.
     pub service_id: u64,
+    /// GUID of the sender's channel adapter.
     pub local_ca_guid: u64,
+    /// Q_Key of the sender's QP.
     pub local_qkey: u32,
-    /// 24 bits.
+    /// Local QP number (24 bits).
     pub local_qpn: u32,
+    /// Responder resources: RDMA READ and atomic requests the sender
+    /// accepts outstanding.
     pub responder_resources: u8,
+    /// Local EE context number (24 bits; RD only).
     pub local_eecn: u32,
+    /// Initiator depth: RDMA READ and atomic requests the sender keeps
+    /// outstanding.
     pub initiator_depth: u8,
+    /// Remote EE context number (24 bits; RD only).
     pub remote_eecn: u32,
-    /// 5 bits.
+    /// Remote CM response timeout (5 bits): 4.096 µs × 2^value.
     pub remote_cm_response_timeout: u8,
+    /// Transport service type.
     pub transport: TransportType,
+    /// End-to-end flow control.
     pub flow_control: bool,
     /// 24 bits: the PSN the sender expects to receive first.
     pub starting_psn: u32,
-    /// 5 bits.
+    /// Local CM response timeout (5 bits): 4.096 µs × 2^value.
     pub local_cm_response_timeout: u8,
-    /// 3 bits.
+    /// Retry count (3 bits).
     pub retry_count: u8,
+    /// Partition key.
     pub pkey: u16,
     /// 4 bits (IBV MTU code: 3 = 1024).
     pub path_mtu: u8,
+    /// RDC exists (RD only).
     pub rdc_exists: bool,
-    /// 3 bits.
+    /// RNR retry count (3 bits).
     pub rnr_retry_count: u8,
-    /// 4 bits.
+    /// Maximum CM retries (4 bits).
     pub max_cm_retries: u8,
+    /// The sender's QP uses an SRQ.
     pub srq: bool,
-    /// 3 bits.
+    /// Extended transport type (3 bits).
     pub ext_transport: u8,
+    /// Primary path.
     pub primary: Path,
+    /// Alternate path.
     pub alternate: Path,
+    /// Private data.
     pub private_data: Bytes<{ private_len::REQ }>,
 }
 
@@ -402,27 +470,39 @@ impl Req {
 /// Connection Reply (IBA Table 110).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rep {
+    /// Local Communication ID.
     pub local_comm_id: u32,
+    /// Remote Communication ID.
     pub remote_comm_id: u32,
+    /// Q_Key of the sender's QP.
     pub local_qkey: u32,
-    /// 24 bits.
+    /// Local QP number (24 bits).
     pub local_qpn: u32,
-    /// 24 bits, split over msg+15, +19, +23.
+    /// Vendor ID (24 bits), split over msg+15, +19, +23.
     pub vendor_id: u32,
+    /// Local EE context number (24 bits; RD only).
     pub local_eecn: u32,
     /// 24 bits: the PSN the sender expects to receive first.
     pub starting_psn: u32,
+    /// Responder resources: RDMA READ and atomic requests the sender
+    /// accepts outstanding.
     pub responder_resources: u8,
+    /// Initiator depth: RDMA READ and atomic requests the sender keeps
+    /// outstanding.
     pub initiator_depth: u8,
-    /// 5 bits.
+    /// Target ACK delay (5 bits).
     pub target_ack_delay: u8,
-    /// 2 bits.
+    /// Failover accepted (2 bits).
     pub failover_accepted: u8,
+    /// End-to-end flow control.
     pub flow_control: bool,
-    /// 3 bits.
+    /// RNR retry count (3 bits).
     pub rnr_retry_count: u8,
+    /// The sender's QP uses an SRQ.
     pub srq: bool,
+    /// GUID of the sender's channel adapter.
     pub local_ca_guid: u64,
+    /// Private data.
     pub private_data: Bytes<{ private_len::REP }>,
 }
 
@@ -469,8 +549,11 @@ impl Rep {
 /// Ready To Use (Table 111), and the same layout for DREP (Table 113).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Rtu {
+    /// Local Communication ID.
     pub local_comm_id: u32,
+    /// Remote Communication ID.
     pub remote_comm_id: u32,
+    /// Private data.
     pub private_data: Bytes<{ private_len::RTU }>,
 }
 
@@ -491,10 +574,13 @@ impl Rtu {
 /// Disconnect Request (Table 112).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Dreq {
+    /// Local Communication ID.
     pub local_comm_id: u32,
+    /// Remote Communication ID.
     pub remote_comm_id: u32,
     /// 24 bits: the receiver's QPN.
     pub remote_qpn: u32,
+    /// Private data.
     pub private_data: Bytes<{ private_len::DREQ }>,
 }
 
@@ -518,8 +604,11 @@ impl Dreq {
 /// Which message a REJ or MRA refers to (2 bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MsgRef {
+    /// The REQ (0).
     Req,
+    /// The REP (1).
     Rep,
+    /// Another message (2).
     Other,
     /// Reserved value 3.
     Reserved,
@@ -546,25 +635,39 @@ impl MsgRef {
 
 /// REJ reasons rdma_cm users meet (`k/ib_cm.h` `ib_cm_rej_reason`).
 pub mod rej_reason {
+    /// No QP available.
     pub const NO_QP: u16 = 1;
+    /// Timeout.
     pub const TIMEOUT: u16 = 4;
+    /// Invalid Service ID.
     pub const INVALID_SERVICE_ID: u16 = 8;
+    /// Stale connection.
     pub const STALE_CONN: u16 = 10;
+    /// Invalid GID.
     pub const INVALID_GID: u16 = 12;
+    /// Consumer-defined reason.
     pub const CONSUMER_DEFINED: u16 = 28;
+    /// Vendor option not supported.
     pub const VENDOR_OPTION_NOT_SUPPORTED: u16 = 35;
 }
 
 /// Connection Reject (Table 108).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rej {
+    /// Local Communication ID.
     pub local_comm_id: u32,
+    /// Remote Communication ID.
     pub remote_comm_id: u32,
+    /// Which message is rejected.
     pub msg_rejected: MsgRef,
-    /// 7 bits, at most 72.
+    /// Length of the additional reject information (7 bits, at most 72).
     pub reject_info_len: u8,
+    /// Reject reason (see [`rej_reason`]).
     pub reason: u16,
+    /// Additional reject information; only the first `reject_info_len` bytes
+    /// count.
     pub ari: Bytes<{ private_len::ARI }>,
+    /// Private data.
     pub private_data: Bytes<{ private_len::REJ }>,
 }
 
@@ -602,11 +705,15 @@ impl Rej {
 /// Message Receipt Acknowledgement (Table 107).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mra {
+    /// Local Communication ID.
     pub local_comm_id: u32,
+    /// Remote Communication ID.
     pub remote_comm_id: u32,
+    /// Which message is acknowledged.
     pub msg_mraed: MsgRef,
-    /// 5 bits.
+    /// Service timeout (5 bits): 4.096 µs × 2^value.
     pub service_timeout: u8,
+    /// Private data.
     pub private_data: Bytes<{ private_len::MRA }>,
 }
 
@@ -632,9 +739,13 @@ impl Mra {
 /// Service ID Resolution Request (Table 119).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SidrReq {
+    /// Request ID, echoed in the SIDR_REP.
     pub request_id: u32,
+    /// Partition key.
     pub pkey: u16,
+    /// Service ID to resolve.
     pub service_id: u64,
+    /// Private data.
     pub private_data: Bytes<{ private_len::SIDR_REQ }>,
 }
 
@@ -652,26 +763,38 @@ impl SidrReq {
 
 /// SIDR_REP status values (`k/ib_cm.h` `ib_cm_sidr_status`).
 pub mod sidr_status {
+    /// The service was found.
     pub const SUCCESS: u8 = 0;
+    /// Service ID not supported.
     pub const UNSUPPORTED: u8 = 1;
+    /// Rejected by the service.
     pub const REJECT: u8 = 2;
+    /// No QP available.
     pub const NO_QP: u8 = 3;
+    /// Redirect.
     pub const REDIRECT: u8 = 4;
+    /// Unsupported version.
     pub const UNSUPPORTED_VERSION: u8 = 5;
 }
 
 /// Service ID Resolution Response (Table 120).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SidrRep {
+    /// Request ID of the SIDR_REQ answered.
     pub request_id: u32,
+    /// Status (see [`sidr_status`]).
     pub status: u8,
-    /// At most 72.
+    /// Length of the additional information, at most 72.
     pub add_info_len: u8,
-    /// 24 bits.
+    /// QP number of the service (24 bits).
     pub qpn: u32,
+    /// Service ID resolved.
     pub service_id: u64,
+    /// Q_Key of the service's QP.
     pub qkey: u32,
+    /// Additional information; only the first `add_info_len` bytes count.
     pub add_info: Bytes<{ private_len::ARI }>,
+    /// Private data.
     pub private_data: Bytes<{ private_len::SIDR_REP }>,
 }
 
@@ -707,18 +830,28 @@ impl SidrRep {
 /// A CM message of one of the attributes this CM handles.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CmMsg {
+    /// Connection Request.
     Req(Box<Req>),
+    /// Message Receipt Acknowledgement.
     Mra(Box<Mra>),
+    /// Connection Reject.
     Rej(Box<Rej>),
+    /// Connection Reply.
     Rep(Box<Rep>),
+    /// Ready To Use.
     Rtu(Box<Rtu>),
+    /// Disconnect Request.
     Dreq(Box<Dreq>),
+    /// Disconnect Reply.
     Drep(Box<Drep>),
+    /// Service ID Resolution Request.
     SidrReq(Box<SidrReq>),
+    /// Service ID Resolution Response.
     SidrRep(Box<SidrRep>),
 }
 
 impl CmMsg {
+    /// The message's attribute ID (see [`attr`]).
     pub fn attr_id(&self) -> u16 {
         match self {
             CmMsg::Req(_) => attr::REQ,
@@ -760,13 +893,16 @@ pub fn attr_name(id: u16) -> &'static str {
 /// A whole CM MAD: header fields that vary plus the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CmMad {
+    /// TransactionID.
     pub tid: u64,
     /// 0 on rxe; newer kernels carry ECE options here in REQ/REP.
     pub attr_mod: u32,
+    /// The CM message.
     pub msg: CmMsg,
 }
 
 impl CmMad {
+    /// A MAD of `msg` with TransactionID `tid` and AttributeModifier 0.
     pub fn new(tid: u64, msg: CmMsg) -> CmMad {
         CmMad { tid, attr_mod: 0, msg }
     }

@@ -32,16 +32,24 @@ pub const ICRC_LEN: usize = 4;
 /// Why bytes are not a valid RoCEv2 packet (or cannot be written).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
+    /// The bytes end before the headers (or the pad and ICRC) they must hold.
     #[error("packet truncated")]
     Truncated,
+    /// The BTH transport header version (TVer) is not 0.
     #[error("transport header version {0} (must be 0)")]
     BadTver(u8),
+    /// The opcode is reserved or not in the opcode table.
     #[error("unknown or reserved opcode {0:#04x}")]
     UnknownOpcode(u8),
+    /// The length does not fit the opcode: a payload or pad on an opcode
+    /// that carries none.
     #[error("length inconsistent with the opcode")]
     BadLength,
+    /// The opcode carries the named extension header but [`Headers`] has
+    /// none to emit.
     #[error("opcode needs a {0} header")]
     MissingHeader(&'static str),
+    /// The output buffer cannot hold the headers or the packet.
     #[error("buffer too small")]
     BufferTooSmall,
 }

@@ -16,12 +16,19 @@ pub struct Opcode(pub u8);
 /// The transport an opcode belongs to.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Transport {
+    /// Reliable Connected (opcodes 0x00–0x1F).
     Rc,
+    /// Unreliable Connected (0x20–0x3F).
     Uc,
+    /// Reliable Datagram (0x40–0x5F).
     Rd,
+    /// Unreliable Datagram (0x60–0x7F).
     Ud,
+    /// Congestion notification (0x80–0x9F; the RoCEv2 CNP is 0x81).
     Cnp,
+    /// Extended Reliable Connected (0xA0–0xBF).
     Xrc,
+    /// Any other value of bits 7:5 (6 or 7), held as that value.
     Other(u8),
 }
 
@@ -29,18 +36,29 @@ bitflags! {
     /// What an opcode carries and means.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
     pub struct OpFlags: u32 {
+        /// Carries a RETH.
         const RETH = 1;
+        /// Carries an AETH.
         const AETH = 1 << 1;
+        /// Carries an AtomicETH.
         const ATOMIC_ETH = 1 << 2;
+        /// Carries an AtomicAckETH (8 bytes: the original remote value).
         const ATOMIC_ACK_ETH = 1 << 3;
+        /// Carries immediate data (ImmDt, 4 bytes).
         const IMMDT = 1 << 4;
+        /// Carries an IETH (4 bytes: the R_Key to invalidate).
         const IETH = 1 << 5;
+        /// Carries a DETH.
         const DETH = 1 << 6;
+        /// Carries a FETH (4 bytes, FLUSH; emitted as zeros, skipped on parse).
         const FETH = 1 << 7;
         /// May carry a payload.
         const PAYLOAD = 1 << 8;
+        /// First packet of a message.
         const FIRST = 1 << 9;
+        /// Middle packet of a message.
         const MIDDLE = 1 << 10;
+        /// Last packet of a message.
         const LAST = 1 << 11;
         /// A whole message in one packet (FIRST and LAST are set too).
         const ONLY = 1 << 12;
@@ -52,10 +70,15 @@ bitflags! {
         const RWR = 1 << 15;
         /// The responder completes a receive WQE on it.
         const COMP = 1 << 16;
+        /// A SEND.
         const SEND = 1 << 17;
+        /// An RDMA WRITE.
         const WRITE = 1 << 18;
+        /// An RDMA READ request or response.
         const READ = 1 << 19;
+        /// An atomic request: CmpSwap or FetchAdd.
         const ATOMIC = 1 << 20;
+        /// An acknowledgement: ACK or atomic ACK.
         const ACK = 1 << 21;
         /// XRC requests: the XRC SRQ number (IBA A14.3.2).
         const XRCETH = 1 << 22;
@@ -67,52 +90,94 @@ bitflags! {
 /// One row of the table.
 #[derive(Debug, PartialEq, Eq)]
 pub struct OpInfo {
+    /// Name as `rxe_opcode.c` spells it ("RC_SEND_ONLY", …).
     pub name: &'static str,
+    /// Headers it carries and what it means.
     pub flags: OpFlags,
     /// BTH plus extension headers, in bytes.
     pub hdr_len: usize,
 }
 
 impl Opcode {
+    /// RC SEND First.
     pub const RC_SEND_FIRST: Opcode = Opcode(0x00);
+    /// RC SEND Middle.
     pub const RC_SEND_MIDDLE: Opcode = Opcode(0x01);
+    /// RC SEND Last.
     pub const RC_SEND_LAST: Opcode = Opcode(0x02);
+    /// RC SEND Last with Immediate.
     pub const RC_SEND_LAST_IMM: Opcode = Opcode(0x03);
+    /// RC SEND Only.
     pub const RC_SEND_ONLY: Opcode = Opcode(0x04);
+    /// RC SEND Only with Immediate.
     pub const RC_SEND_ONLY_IMM: Opcode = Opcode(0x05);
+    /// RC RDMA WRITE First.
     pub const RC_WRITE_FIRST: Opcode = Opcode(0x06);
+    /// RC RDMA WRITE Middle.
     pub const RC_WRITE_MIDDLE: Opcode = Opcode(0x07);
+    /// RC RDMA WRITE Last.
     pub const RC_WRITE_LAST: Opcode = Opcode(0x08);
+    /// RC RDMA WRITE Last with Immediate.
     pub const RC_WRITE_LAST_IMM: Opcode = Opcode(0x09);
+    /// RC RDMA WRITE Only.
     pub const RC_WRITE_ONLY: Opcode = Opcode(0x0A);
+    /// RC RDMA WRITE Only with Immediate.
     pub const RC_WRITE_ONLY_IMM: Opcode = Opcode(0x0B);
+    /// RC RDMA READ Request.
     pub const RC_READ_REQUEST: Opcode = Opcode(0x0C);
+    /// RC RDMA READ Response First.
     pub const RC_READ_RESPONSE_FIRST: Opcode = Opcode(0x0D);
+    /// RC RDMA READ Response Middle.
     pub const RC_READ_RESPONSE_MIDDLE: Opcode = Opcode(0x0E);
+    /// RC RDMA READ Response Last.
     pub const RC_READ_RESPONSE_LAST: Opcode = Opcode(0x0F);
+    /// RC RDMA READ Response Only.
     pub const RC_READ_RESPONSE_ONLY: Opcode = Opcode(0x10);
+    /// RC Acknowledge.
     pub const RC_ACK: Opcode = Opcode(0x11);
+    /// RC Atomic Acknowledge.
     pub const RC_ATOMIC_ACK: Opcode = Opcode(0x12);
+    /// RC CmpSwap.
     pub const RC_COMPARE_SWAP: Opcode = Opcode(0x13);
+    /// RC FetchAdd.
     pub const RC_FETCH_ADD: Opcode = Opcode(0x14);
+    /// RC SEND Last with Invalidate.
     pub const RC_SEND_LAST_INV: Opcode = Opcode(0x16);
+    /// RC SEND Only with Invalidate.
     pub const RC_SEND_ONLY_INV: Opcode = Opcode(0x17);
+    /// RC FLUSH.
     pub const RC_FLUSH: Opcode = Opcode(0x1C);
+    /// RC ATOMIC WRITE.
     pub const RC_ATOMIC_WRITE: Opcode = Opcode(0x1D);
+    /// UC SEND First.
     pub const UC_SEND_FIRST: Opcode = Opcode(0x20);
+    /// UC SEND Middle.
     pub const UC_SEND_MIDDLE: Opcode = Opcode(0x21);
+    /// UC SEND Last.
     pub const UC_SEND_LAST: Opcode = Opcode(0x22);
+    /// UC SEND Last with Immediate.
     pub const UC_SEND_LAST_IMM: Opcode = Opcode(0x23);
+    /// UC SEND Only.
     pub const UC_SEND_ONLY: Opcode = Opcode(0x24);
+    /// UC SEND Only with Immediate.
     pub const UC_SEND_ONLY_IMM: Opcode = Opcode(0x25);
+    /// UC RDMA WRITE First.
     pub const UC_WRITE_FIRST: Opcode = Opcode(0x26);
+    /// UC RDMA WRITE Middle.
     pub const UC_WRITE_MIDDLE: Opcode = Opcode(0x27);
+    /// UC RDMA WRITE Last.
     pub const UC_WRITE_LAST: Opcode = Opcode(0x28);
+    /// UC RDMA WRITE Last with Immediate.
     pub const UC_WRITE_LAST_IMM: Opcode = Opcode(0x29);
+    /// UC RDMA WRITE Only.
     pub const UC_WRITE_ONLY: Opcode = Opcode(0x2A);
+    /// UC RDMA WRITE Only with Immediate.
     pub const UC_WRITE_ONLY_IMM: Opcode = Opcode(0x2B);
+    /// UD SEND Only.
     pub const UD_SEND_ONLY: Opcode = Opcode(0x64);
+    /// UD SEND Only with Immediate.
     pub const UD_SEND_ONLY_IMM: Opcode = Opcode(0x65);
+    /// RoCEv2 Congestion Notification Packet.
     pub const CNP: Opcode = Opcode(0x81);
 
     /// The table row, or None for reserved and unknown opcodes.
@@ -120,6 +185,7 @@ impl Opcode {
         TABLE[self.0 as usize].as_ref()
     }
 
+    /// The transport, from bits 7:5.
     pub fn transport(self) -> Transport {
         match self.0 >> 5 {
             0 => Transport::Rc,

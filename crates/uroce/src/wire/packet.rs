@@ -9,19 +9,28 @@ use super::{icrc, Aeth, AtomicEth, Bth, Deth, IpInfo, OpFlags as F, Reth, WireEr
 /// dictated by the opcode table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Headers {
+    /// Base Transport Header.
     pub bth: Bth,
+    /// RETH, if the opcode carries one.
     pub reth: Option<Reth>,
+    /// AETH, if the opcode carries one.
     pub aeth: Option<Aeth>,
+    /// AtomicETH, if the opcode carries one.
     pub atomic_eth: Option<AtomicEth>,
+    /// AtomicAckETH: the original remote value an atomic ACK returns.
     pub atomic_ack: Option<u64>,
+    /// ImmDt: the immediate data, as the big-endian value of its four bytes.
     pub imm: Option<u32>,
+    /// IETH: the R_Key to invalidate.
     pub ieth: Option<u32>,
+    /// DETH, if the opcode carries one.
     pub deth: Option<Deth>,
     /// XRCETH: the XRC SRQ number (24 bits) an XRC request is for.
     pub xrceth: Option<u32>,
 }
 
 impl Headers {
+    /// Headers of `bth` alone, with no extension headers.
     pub fn new(bth: Bth) -> Headers {
         Headers {
             bth,
@@ -101,8 +110,11 @@ impl Headers {
 /// A parsed packet: headers, payload (pad excluded) and the ICRC bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Packet<'a> {
+    /// The BTH and the extension headers.
     pub headers: Headers,
+    /// The payload, pad excluded.
     pub payload: &'a [u8],
+    /// The ICRC bytes as on the wire (not checked by `parse`).
     pub icrc: [u8; 4],
 }
 

@@ -9,9 +9,13 @@ use std::net::IpAddr;
 use std::rc::Rc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// Link type of Ethernet frames.
 pub const LINKTYPE_ETHERNET: u32 = 1;
+/// Link type of raw IP packets (no link-layer header).
 pub const LINKTYPE_RAW: u32 = 101;
+/// Link type of Linux cooked captures, version 1 (16-byte header).
 pub const LINKTYPE_LINUX_SLL: u32 = 113;
+/// Link type of Linux cooked captures, version 2 (20-byte header).
 pub const LINKTYPE_LINUX_SLL2: u32 = 276;
 
 /// Writes a pcap stream of Ethernet frames (the file format by
@@ -138,6 +142,7 @@ impl<W: Write> PcapWriter<W> {
         Ok(())
     }
 
+    /// Flushes the underlying stream.
     pub fn flush(&mut self) -> io::Result<()> {
         self.sink.flush()
     }
@@ -146,8 +151,12 @@ impl<W: Write> PcapWriter<W> {
 /// One captured frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
+    /// Timestamp: seconds.
     pub ts_sec: u32,
+    /// Timestamp: the fraction of a second, in µs or ns as the file's
+    /// magic number says.
     pub ts_frac: u32,
+    /// The captured bytes.
     pub data: Vec<u8>,
 }
 
@@ -175,12 +184,14 @@ impl std::fmt::Display for Cut {
 pub struct PcapReader<R: Read> {
     r: R,
     swap: bool,
+    /// The file's link type (`LINKTYPE_*`, byte order fixed).
     pub linktype: u32,
     records: u64,
     cut: Option<Cut>,
 }
 
 impl<R: Read> PcapReader<R> {
+    /// Reads the file header; `InvalidData` if it is not classic pcap.
     pub fn new(mut r: R) -> io::Result<Self> {
         let mut h = [0u8; 24];
         r.read_exact(&mut h)?;

@@ -22,7 +22,10 @@ pub struct ClientStatus {
     pub name: String,
     /// Built-in kind.
     pub kind: String,
+    /// Whether the client is registered (for [`evaluate`] without
+    /// `register`: whether it would be).
     pub loaded: bool,
+    /// The client's version, when it loaded.
     pub version: Option<String>,
     /// Why it is not loaded.
     pub reason: Option<String>,

@@ -107,7 +107,9 @@ pub trait PeerMemory: Send + Sync {
     fn get_pages(&mut self, addr: u64, size: u64, write: bool, invalidator: Invalidator) -> PeerResult<()>;
     /// Maps the pinned pages for the device; returns the number of pages.
     fn dma_map(&mut self) -> PeerResult<u64>;
+    /// Undoes [`PeerMemory::dma_map`].
     fn dma_unmap(&mut self);
+    /// Unpins what [`PeerMemory::get_pages`] pinned.
     fn put_pages(&mut self);
     /// The peer's page size.
     fn page_size(&self) -> u64;
@@ -120,14 +122,23 @@ pub trait PeerMemory: Send + Sync {
 /// A snapshot of one client's counters.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PeerStats {
+    /// The client's name (its counters' directory).
     pub name: String,
+    /// The client's version string.
     pub version: String,
+    /// Regions mapped on the peer.
     pub num_alloc_mrs: u64,
+    /// Regions whose mapping ended (deregistration or invalidation).
     pub num_dealloc_mrs: u64,
+    /// Pages mapped, in the client's page size.
     pub num_reg_pages: u64,
+    /// Pages of the mappings that ended.
     pub num_dereg_pages: u64,
+    /// Bytes mapped (region lengths).
     pub num_reg_bytes: u64,
+    /// Bytes of the mappings that ended.
     pub num_dereg_bytes: u64,
+    /// Calls of the invalidate callback ([`Invalidator::invalidate`]).
     pub num_free_callbacks: u64,
 }
 
@@ -143,6 +154,7 @@ pub const COUNTERS: [&str; 7] = [
 ];
 
 impl PeerStats {
+    /// The counters with their file names, in [`COUNTERS`] order.
     pub fn counters(&self) -> [(&'static str, u64); 7] {
         [
             (COUNTERS[0], self.num_alloc_mrs),
@@ -252,6 +264,7 @@ impl std::fmt::Debug for ClientEntry {
 }
 
 impl ClientEntry {
+    /// A snapshot of the client's counters.
     pub fn stats(&self) -> PeerStats {
         self.counters.lock().unwrap().clone()
     }
@@ -315,6 +328,7 @@ impl Invalidator {
         entry.publish();
     }
 
+    /// The core's identifier of the registration (OFED's `core_context`).
     pub fn core_context(&self) -> u64 {
         self.core_context
     }
@@ -359,6 +373,7 @@ impl Drop for PeerMapping {
 }
 
 impl PeerMapping {
+    /// Name of the client that backs the range.
     pub fn client_name(&self) -> &str {
         self.entry.client.name()
     }
@@ -368,10 +383,13 @@ impl PeerMapping {
         self.pages
     }
 
+    /// The client's page size, in bytes.
     pub fn page_size(&self) -> u64 {
         self.mem.read().unwrap().page_size()
     }
 
+    /// Whether accesses fail: the client invalidated the range, or it was
+    /// deregistered.
     pub fn is_invalidated(&self) -> bool {
         self.state.load(Ordering::Acquire) != MAPPED
     }

@@ -145,9 +145,14 @@ pub fn fold_exited(rt: &SafeDir, file_mode: u32) -> std::io::Result<()> {
 /// process's; and per live process its own.
 #[derive(Debug, Default)]
 pub struct Host {
+    /// Per client: the exited processes' folded total plus every live
+    /// process's counters.
     pub totals: Vec<PeerStats>,
+    /// Per client: the folded total of the exited processes.
     pub exited: Vec<PeerStats>,
+    /// Each live process's counters, by pid.
     pub processes: Vec<(u32, PeerStats)>,
+    /// What could not be read or folded, one message each.
     pub skipped: Vec<String>,
 }
 
