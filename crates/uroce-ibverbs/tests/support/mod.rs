@@ -80,7 +80,8 @@ pub fn wait_output(mut child: Child, what: &str, limit: Duration) -> (bool, Stri
     let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
     let text = String::from_utf8_lossy(&out).to_string() + &String::from_utf8_lossy(&err);
     match st {
-        Some(st) => (st.success(), text),
+        Some(st) if st.success() => (true, text),
+        Some(st) => (false, format!("{text}\n[{what}: {st}]")),
         None => (false, format!("{what} did not finish in {limit:?}: {text}")),
     }
 }
