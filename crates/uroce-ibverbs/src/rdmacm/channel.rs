@@ -15,7 +15,7 @@ use crate::errno::{null, set_errno};
 use crate::ffi::cma::*;
 use std::collections::VecDeque;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,11 @@ pub struct UChannel {
     users: Mutex<Users>,
     /// Destroyed by the application (the struct stays: see destroy).
     closed: AtomicBool,
+    /// Bytes owed to the pipe: events queued while it was full (64 KiB of
+    /// unread events). The write end does not block (the event thread
+    /// writes under the process-wide lock, and an application that never
+    /// reads must not freeze it); a reader that takes a byte pays one back.
+    owed: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -69,12 +74,17 @@ pub fn create() -> *mut UChannel {
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return std::ptr::null_mut();
     }
+    // The write end only (the read end is the application's, its flags
+    // its own): see `UChannel::owed`.
+    // SAFETY: fcntl on the pipe we just made.
+    unsafe { libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK) };
     Box::into_raw(Box::new(UChannel {
         ch: rdma_event_channel { fd: fds[0] },
         wfd: fds[1],
         queue: Mutex::new(VecDeque::new()),
         users: Mutex::new(Users::default()),
         closed: AtomicBool::new(false),
+        owed: AtomicUsize::new(0),
     }))
 }
 
@@ -87,10 +97,26 @@ pub unsafe fn push(ch: *mut rdma_event_channel, ev: Box<UEvent>) {
         return; // destroyed: its fds may be closed, their numbers reused
     }
     c.queue.lock().unwrap_or_else(|p| p.into_inner()).push_back(Box::into_raw(ev) as usize);
-    let b = 1u8;
-    // SAFETY: one byte from a local; the pipe holds 64 KiB of pending events.
-    unsafe { libc::write(c.wfd, &b as *const u8 as *const libc::c_void, 1) };
+    if !poke(c.wfd) {
+        // Full: the fd is readable anyway; the byte comes when one is read.
+        c.owed.fetch_add(1, Ordering::SeqCst);
+    }
     drop(u);
+}
+
+/// Writes one byte into the pipe without waiting; false if it is full.
+fn poke(wfd: c_int) -> bool {
+    let b = 1u8;
+    // SAFETY: one byte from a local; a non-blocking write end.
+    unsafe { libc::write(wfd, &b as *const u8 as *const libc::c_void, 1) == 1 }
+}
+
+/// After a byte was read: pays back one owed byte (there is room now).
+fn repay(c: &UChannel) {
+    let took = c.owed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+    if took && !poke(c.wfd) {
+        c.owed.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 #[no_mangle]
@@ -224,6 +250,7 @@ fn next(c: &UChannel) -> Result<*mut UEvent, c_int> {
         if n != 1 {
             return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
         }
+        repay(c);
         let Some(p) = c.queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else { continue };
         let ev = p as *mut UEvent;
         let mut g = super::lock();
@@ -337,5 +364,36 @@ mod tests {
         let took = t0.elapsed();
         assert!(took >= CLOSED_GRACE && took < CLOSED_GRACE + Duration::from_secs(20), "{took:?}");
         assert!(uc.users.lock().unwrap().fds_closed, "the last reader closed the fds");
+    }
+
+    /// An application that reads none of its events does not freeze the
+    /// thread that queues them (under the process-wide lock): past the
+    /// pipe's 64 KiB the bytes are owed, and paid back as bytes are read,
+    /// so that every event still has its byte.
+    #[test]
+    fn an_unread_channel_never_blocks_the_sender_and_every_event_keeps_its_byte() {
+        let c = create();
+        assert!(!c.is_null());
+        let n = 70_000;
+        for _ in 0..n {
+            // SAFETY: ours, alive.
+            unsafe { push(c as *mut rdma_event_channel, UEvent::new()) };
+        }
+        // SAFETY: ours, alive.
+        let uc = unsafe { &*c };
+        assert!(uc.owed.load(Ordering::SeqCst) > 0, "the pipe filled");
+        // SAFETY: fcntl on our read end.
+        unsafe { libc::fcntl(uc.ch.fd, libc::F_SETFL, libc::O_NONBLOCK) };
+        let mut read = 0;
+        let mut b = 0u8;
+        // SAFETY: one byte into a local from our pipe.
+        while unsafe { libc::read(uc.ch.fd, &mut b as *mut u8 as *mut libc::c_void, 1) } == 1 {
+            read += 1;
+            repay(uc);
+        }
+        assert_eq!((read, uc.owed.load(Ordering::SeqCst)), (n, 0));
+        assert_eq!(uc.queue.lock().unwrap().len(), n);
+        // SAFETY: ours, no reader; frees the queued events and the struct.
+        unsafe { destroy(c as *mut rdma_event_channel, true) };
     }
 }
