@@ -15,9 +15,10 @@
 //! write/read/send lat, write/read/atomic bw over rdma_cm (-R), ucmatose,
 //! udaddy, rstream (-T v), rping -V, and path MTU 4096 (the tap and eth0 at
 //! 4200). Known failure, said as a SKIP-PART line: ib_atomic_bw -R with a
-//! kernel rxe server and a uroce client. Not covered yet: IPv6 GIDs
-//! (rxe answered none of uroce's IPv6 packets), memory windows, ATOMIC
-//! WRITE, non-blocking rstream. `UROCE_RXE_CASES=a,b` runs only those cases.
+//! kernel rxe server and a uroce client. Path MTU 1024 is covered
+//! (pingpong, WRITE and READ). Not covered yet: IPv6 GIDs (rxe answered
+//! none of uroce's IPv6 packets), memory windows, ATOMIC WRITE,
+//! non-blocking rstream. `UROCE_RXE_CASES=a,b` runs only those cases.
 //!
 //! Skipped (with the reason) only where qemu or /dev/net/tun is missing,
 //! or network namespaces cannot be made.
@@ -511,6 +512,18 @@ fn matrix() -> Vec<Case> {
         "-g {gid} -s 65536 -n 20 {peer}",
     ));
     m.push(Case::new("ud_pingpong", "ibv_ud_pingpong", "-g {gid} -s 1024 -n 100", "-g {gid} -s 1024 -n 100 {peer}"));
+    // Path MTU 1024 (the links stay at 1500): messages, WRITEs and READ
+    // responses cut at 1024 bytes, both ways.
+    m.push(Case::new(
+        "rc_pingpong_mtu1024",
+        "ibv_rc_pingpong",
+        "-g {gid} -m 1024 -s 65536 -n 20",
+        "-g {gid} -m 1024 -s 65536 -n 20 {peer}",
+    ));
+    for (prog, tag) in [("ib_write_bw", "write_bw_mtu1024"), ("ib_read_bw", "read_bw_mtu1024")] {
+        let a = "-F -x {gid} -u 18 -m 1024 -s 65536 -n 50";
+        m.push(Case::new(tag, prog, a, &format!("{a} {{peer}}")));
+    }
     // perftest at the sizes; -u 18: rxe under TCG answers a 1 MiB
     // READ later than the default 67 ms transport timeout.
     for (prog, tag) in [("ib_write_bw", "write_bw"), ("ib_read_bw", "read_bw"), ("ib_send_bw", "send_bw")] {
