@@ -909,6 +909,7 @@ mod tests {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0);
         if pid == 0 {
+            no_core_dump();
             // SAFETY: silence the child's report, then overflow.
             unsafe { libc::close(2) };
             std::hint::black_box(deep(0));
@@ -1036,6 +1037,14 @@ mod tests {
         assert!(readable(ro.0 + 10, PAGE));
     }
 
+    /// In a child about to die of a deliberate fault: no core file (where
+    /// core dumps are on, one would land in the crate's directory).
+    fn no_core_dump() {
+        let zero = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: setrlimit with a valid struct.
+        unsafe { libc::setrlimit(libc::RLIMIT_CORE, &zero) };
+    }
+
     #[test]
     fn other_faults_still_reach_the_previous_handler() {
         // A SIGSEGV that is not ours goes to the handler installed before
@@ -1045,6 +1054,7 @@ mod tests {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0);
         if pid == 0 {
+            no_core_dump();
             // SAFETY: a deliberate fault in the child.
             unsafe {
                 std::ptr::write_volatile(8 as *mut u8, 1);
