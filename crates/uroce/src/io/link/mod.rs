@@ -1116,9 +1116,16 @@ impl Inner {
         if fds.len() != 3 || from == self.local {
             return Err(bad("bad hello"));
         }
+        // The device-wide cap first (cheap), then the claim's proof, then
+        // the cap per peer: a false claim of an address that already has
+        // its links is refused (and counted) as a false claim.
+        if self.links.read().unwrap().len() >= self.max_links {
+            let room = self.check_room(&self.links.read().unwrap(), from);
+            room?;
+        }
+        discovery::owns_udp(pid, from)?;
         let room = self.check_room(&self.links.read().unwrap(), from);
         room?;
-        discovery::owns_udp(pid, from)?;
         let geo = Geometry::LINK;
         let size = 2 * geo.bytes();
         discovery::check_memfd(&fds[0], size).map_err(bad)?;
