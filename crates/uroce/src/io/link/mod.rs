@@ -1256,11 +1256,12 @@ mod tests {
     }
 
     /// Two hubs of this process, `a` linked to `b`, and the UDP sockets
-    /// that prove their addresses.
-    fn linked_pair(ports: (u16, u16)) -> (Links, Links, [std::net::UdpSocket; 2], [OwnedFd; 2]) {
-        let at = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
-        let (pa, pb) = (at(ports.0), at(ports.1));
-        let udp = [std::net::UdpSocket::bind(pa).unwrap(), std::net::UdpSocket::bind(pb).unwrap()];
+    /// that prove their addresses (ports the kernel picks: no other test
+    /// or process can hold them).
+    fn linked_pair() -> (Links, Links, [std::net::UdpSocket; 2], [OwnedFd; 2]) {
+        let bind = || std::net::UdpSocket::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let udp = [bind(), bind()];
+        let (pa, pb) = (udp[0].local_addr().unwrap(), udp[1].local_addr().unwrap());
         let wake = [eventfd().unwrap(), eventfd().unwrap()];
         let a = Links::advertise(pa, wake[0].as_raw_fd(), Mode::Shm, 4).unwrap();
         let b = Links::advertise(pb, wake[1].as_raw_fd(), Mode::Shm, 4).unwrap();
@@ -1296,7 +1297,7 @@ mod tests {
 
     #[test]
     fn a_new_ring_waits_for_the_marker_then_for_a_socket_read_without_the_peers_packets() {
-        let (a, b, _udp, _wake) = linked_pair((47911, 47912));
+        let (a, b, _udp, _wake) = linked_pair();
         let (pa, pb) = (a.inner.local, b.inner.local);
         assert!(a.send(&[one_packet(pb)]), "linked: the ring carries it");
         // The marker went before the ring packet; take it out of b's end
@@ -1327,7 +1328,7 @@ mod tests {
 
     #[test]
     fn a_marker_that_never_comes_is_waited_for_a_bounded_time() {
-        let (a, b, _udp, _wake) = linked_pair((47913, 47914));
+        let (a, b, _udp, _wake) = linked_pair();
         assert!(a.send(&[one_packet(b.inner.local)]));
         let bl = b.inner.links.read().unwrap()[0].clone();
         let t = Instant::now();
