@@ -1119,9 +1119,8 @@ impl Inner {
         // The device-wide cap first (cheap), then the claim's proof, then
         // the cap per peer: a false claim of an address that already has
         // its links is refused (and counted) as a false claim.
-        if self.links.read().unwrap().len() >= self.max_links {
-            let room = self.check_room(&self.links.read().unwrap(), from);
-            room?;
+        if self.full() {
+            return Err(io::Error::new(io::ErrorKind::QuotaExceeded, format!("{} links at most", self.max_links)));
         }
         discovery::owns_udp(pid, from)?;
         let room = self.check_room(&self.links.read().unwrap(), from);
