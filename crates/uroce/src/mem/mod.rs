@@ -371,10 +371,17 @@ impl Memory {
         Ok(())
     }
 
-    /// Undoes what registration did to the memory behind a region.
+    /// Undoes what registration did to the memory behind a region, before
+    /// deregistration returns (other threads may hold the region a little
+    /// longer: a piece that was just dropped, a lookup).
     fn release(&self, mr: &MemoryRegion) {
         match &mr.backing {
-            Backing::Host { addr, .. } if mr.length > 0 => self.pins.lock().unwrap().unpin(*addr as u64, mr.length),
+            Backing::Host { addr, pages, .. } if mr.length > 0 => {
+                self.pins.lock().unwrap().unpin(*addr as u64, mr.length);
+                if let Some(p) = pages {
+                    p.give_back();
+                }
+            }
             Backing::Peer(p) => p.release(),
             _ => {}
         }
@@ -457,7 +464,7 @@ impl Memory {
         };
         old.wait_unused();
         if new_translation && pinned && old.length > 0 {
-            self.pins.lock().unwrap().unpin(old_addr as u64, old.length);
+            self.release(&old);
         }
         Ok(new)
     }
@@ -989,6 +996,56 @@ mod tests {
         mem.deregister(k).unwrap();
         assert_eq!(mem.resolve(k, 1, base, 1, Want::RemoteRead).err(), Some(AccessError::BadKey));
         assert!(mem.deregister(k).is_err());
+    }
+
+    /// A region another thread still holds after deregistration (a piece
+    /// dropped a moment late, a lookup) must not give the application's
+    /// range back later: by then the application may have unmapped it and
+    /// mapped something else there, which the late give-back would replace
+    /// with the old bytes (issue 31's libfabric crash was of this kind).
+    #[test]
+    fn deregistration_gives_the_range_back_before_it_returns() {
+        let n = 2 * 4096;
+        // SAFETY: a fresh private mapping, checked.
+        let a = unsafe {
+            libc::mmap(std::ptr::null_mut(), n, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        assert_ne!(a, libc::MAP_FAILED);
+        // SAFETY: our mapping, the slice dropped before it is unmapped.
+        let buf = unsafe { std::slice::from_raw_parts_mut(a.cast::<u8>(), n) };
+        buf.fill(0x11);
+        let mem = Memory::default();
+        let mr = reg(&mem, buf, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+        let moved = |v: &maps::Vma| v.shared && v.name.contains("uroce-mr");
+        let v = maps::vmas(a as u64, (a as usize + n) as u64).unwrap();
+        assert!(v.iter().all(moved), "private memory is moved into a memfd: {v:?}");
+        let late = mem.lookup(mr.key).unwrap();
+        mem.deregister(mr.key).unwrap();
+        drop(mr);
+        let v = maps::vmas(a as u64, (a as usize + n) as u64).unwrap();
+        assert!(!v.iter().any(moved), "the range is private again when deregistration returns: {v:?}");
+        // SAFETY: our range, mapped again by us at the same address.
+        unsafe {
+            libc::munmap(a, n);
+            let b = libc::mmap(
+                a,
+                n,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            );
+            assert_eq!(b, a);
+            std::ptr::write_bytes(a.cast::<u8>(), 0x22, n);
+        }
+        drop(late);
+        // SAFETY: our new mapping.
+        let now = unsafe { std::slice::from_raw_parts(a.cast::<u8>(), n) };
+        assert!(now.iter().all(|&b| b == 0x22), "the new mapping is untouched by the last drop");
+        let v = maps::vmas(a as u64, (a as usize + n) as u64).unwrap();
+        assert!(!v.iter().any(moved), "{v:?}");
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(a, n) };
     }
 
     #[test]

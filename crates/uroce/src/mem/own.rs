@@ -40,8 +40,9 @@ pub struct Owned {
     len: usize,
     /// The memfds behind the range that uroce made (moved private memory),
     /// held so that the application's memory is given back after the last
-    /// registration that uses them.
-    pieces: Vec<Arc<Moved>>,
+    /// registration that uses them. Emptied by [`Owned::give_back`] when the
+    /// registration goes, on the deregistering thread: never later.
+    pieces: Mutex<Vec<Arc<Moved>>>,
     pid: u32,
 }
 
@@ -51,7 +52,7 @@ impl std::fmt::Debug for Owned {
             .field("mine", &format_args!("{:#x}", self.mine))
             .field("app", &format_args!("{:#x}", self.app))
             .field("len", &self.len)
-            .field("moved", &self.pieces.len())
+            .field("moved", &self.pieces.lock().map_or(0, |p| p.len()))
             .finish()
     }
 }
@@ -60,6 +61,18 @@ impl Owned {
     /// uroce's address of the application's `addr` (inside the range).
     pub fn host(&self, addr: usize) -> usize {
         self.mine + (addr - self.app)
+    }
+
+    /// Gives the application's range back to it where this was the last
+    /// registration using the memory uroce moved (private memory again,
+    /// with its bytes). Deregistration calls it before it returns: the
+    /// application may then unmap the range and map something else there,
+    /// which must never be replaced by a give-back that runs later (when
+    /// another thread drops the last reference to the region). uroce's own
+    /// mapping stays until `self` is dropped.
+    pub fn give_back(&self) {
+        let pieces = std::mem::take(&mut *self.pieces.lock().unwrap());
+        drop(pieces);
     }
 
     #[cfg(feature = "unstable")]
@@ -230,7 +243,7 @@ pub(crate) fn take(addr: usize, len: u64) -> Result<Option<Owned>> {
     if mine == libc::MAP_FAILED {
         return Err(os_err("reserving address space"));
     }
-    let mut owned = Owned { mine: mine as usize, app, len: n, pieces: Vec::new(), pid: std::process::id() };
+    let mut owned = Owned { mine: mine as usize, app, len: n, pieces: Mutex::new(Vec::new()), pid: std::process::id() };
     let filled = fill(&mut owned, &vmas, end);
     drop(_fork);
     // On failure `owned` is dropped here, outside the lock: what it moved
@@ -274,11 +287,11 @@ fn fill(owned: &mut Owned, vmas: &[Vma], end: usize) -> Result<bool> {
                 // Device memory, hugetlb...: not ours to own.
                 return Ok(false);
             }
-            owned.pieces.extend(live);
+            owned.pieces.get_mut().unwrap().extend(live);
         } else {
             let m = move_private(lo, hi - lo, v.prot, dst)?;
             reg.push((m.ino, Arc::downgrade(&m)));
-            owned.pieces.push(m);
+            owned.pieces.get_mut().unwrap().push(m);
         }
     }
     Ok(true)
