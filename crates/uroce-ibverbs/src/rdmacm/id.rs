@@ -548,6 +548,28 @@ unsafe fn private<'a>(p: Option<&rdma_conn_param>) -> &'a [u8] {
     }
 }
 
+/// `RDMA_MAX_RESP_RES` and `RDMA_MAX_INIT_DEPTH`: "as many as the device
+/// allows".
+const RD_ATOM_MAX_ASKED: u8 = 0xFF;
+
+/// The device's limit on responder resources and initiator depth.
+const RD_ATOM_DEVICE: u8 = uroce::verbs::MAX_RD_ATOM as u8;
+
+/// librdmacm's `ucma_valid_param`: on an RDMA_PS_TCP id, a responder
+/// resources or initiator depth above the device's limit (other than
+/// "the most") is EINVAL, and so is no parameter without a QP.
+fn valid_param(ps: PortSpace, p: Option<&rdma_conn_param>, has_qp: bool) -> Result<(), c_int> {
+    if ps != PortSpace::Tcp {
+        return Ok(());
+    }
+    let Some(p) = p else { return if has_qp { Ok(()) } else { Err(libc::EINVAL) } };
+    let over = |v: u8| v != RD_ATOM_MAX_ASKED && v > RD_ATOM_DEVICE;
+    match over(p.responder_resources) || over(p.initiator_depth) {
+        true => Err(libc::EINVAL),
+        false => Ok(()),
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
     // SAFETY: the caller's param.
@@ -586,15 +608,20 @@ pub unsafe extern "C" fn uroce_cm_rdma_connect(id: *mut rdma_cm_id, conn_param: 
             // SAFETY: the id's QP.
             let qpn = if qp.is_null() { p.map_or(0, |p| p.qp_num) } else { unsafe { (*qp).qp_num } };
             let transport = if qp_uc { uroce::cm::mad::TransportType::Uc } else { uroce::cm::mad::TransportType::Rc };
-            let lim = |v: u8| if v == 0xFF { 16 } else { v };
+            valid_param(ps, p, !qp.is_null())?;
+            // As librdmacm: "the most", or no parameter, asks for the device's limit.
+            let lim = |v: Option<u8>| match v {
+                Some(v) if v != RD_ATOM_MAX_ASKED => v,
+                _ => RD_ATOM_DEVICE,
+            };
             let cp = ConnectParams {
                 ps,
                 src_port: src.port(),
                 dst,
                 qpn,
                 transport,
-                responder_resources: p.map_or(0, |p| lim(p.responder_resources)),
-                initiator_depth: p.map_or(0, |p| lim(p.initiator_depth)),
+                responder_resources: lim(p.map(|p| p.responder_resources)),
+                initiator_depth: lim(p.map(|p| p.initiator_depth)),
                 flow_control: p.is_some_and(|p| p.flow_control != 0),
                 retry_count: p.map_or(7, |p| p.retry_count),
                 rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count),
@@ -638,10 +665,13 @@ pub unsafe extern "C" fn uroce_cm_rdma_accept(id: *mut rdma_cm_id, conn_param: *
         if qp.is_null() && p.is_none() {
             return Err(libc::EINVAL);
         }
+        valid_param(ps, p, !qp.is_null())?;
         let mut info = ep.with_cm(|cm, _| cm.conn_info(c).cloned()).ok_or(libc::EINVAL)?;
+        // As librdmacm: "the most", or no parameter, takes what the peer
+        // offered, up to the device's limit.
         let pick = |given: Option<u8>, offered: u8| match given {
-            None | Some(0xFF) => offered.min(16),
-            Some(v) => v,
+            Some(v) if v != RD_ATOM_MAX_ASKED => v,
+            _ => offered.min(RD_ATOM_DEVICE),
         };
         info.responder_resources = pick(p.map(|p| p.responder_resources), info.responder_resources);
         info.initiator_depth = pick(p.map(|p| p.initiator_depth), info.initiator_depth);

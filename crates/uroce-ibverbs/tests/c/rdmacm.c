@@ -93,8 +93,20 @@ int main(int argc, char **argv)
 	memset(&cp, 0, sizeof cp);
 	cp.private_data = "hello";
 	cp.private_data_len = 6;
-	cp.responder_resources = cp.initiator_depth = 1;
 	cp.retry_count = cp.rnr_retry_count = 7;
+	/* Depths above the device's limit are EINVAL (librdmacm's ucma_valid_param);
+	 * RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH ask for the device's limit. */
+	struct ibv_device_attr da;
+	CHECK(ibv_query_device(cli->verbs, &da) == 0 && da.max_qp_rd_atom == 128 && da.max_qp_init_rd_atom == 128,
+	      "device depths");
+	cp.responder_resources = 200;
+	cp.initiator_depth = 1;
+	CHECK(rdma_connect(cli, &cp) == -1 && errno == EINVAL, "responder resources above the device's");
+	cp.responder_resources = 1;
+	cp.initiator_depth = 129;
+	CHECK(rdma_connect(cli, &cp) == -1 && errno == EINVAL, "initiator depth above the device's");
+	cp.responder_resources = RDMA_MAX_RESP_RES;
+	cp.initiator_depth = RDMA_MAX_INIT_DEPTH;
 	/* Not connected yet: the state asked for with port, P_Key index and no
 	 * remote access (the kernel's cma_ib_init_qp_attr). */
 	memset(&attr, 0x5a, sizeof attr);
@@ -114,7 +126,8 @@ int main(int argc, char **argv)
 	srv = e->id;
 	CHECK(e->listen_id == listen && srv != cli && srv->verbs == listen->verbs, "request ids");
 	CHECK(e->param.conn.private_data_len == 56 && !strcmp(e->param.conn.private_data, "hello"), "REQ data");
-	CHECK(e->param.conn.initiator_depth == 1 && e->param.conn.responder_resources == 1, "REQ depths");
+	CHECK(e->param.conn.initiator_depth == 128 && e->param.conn.responder_resources == 128, "REQ depths %u %u",
+	      e->param.conn.initiator_depth, e->param.conn.responder_resources);
 	CHECK(rdma_get_dst_port(srv) == rdma_get_src_port(cli), "ports");
 	rdma_ack_cm_event(e);
 	qa.send_cq = qa.recv_cq = NULL;
@@ -126,7 +139,15 @@ int main(int argc, char **argv)
 	CHECK(ibv_post_recv(srv->qp, &rw, &brw) == 0, "post_recv");
 	cp.private_data = "welcome";
 	cp.private_data_len = 8;
+	/* The passive side takes what was offered, up to the device's limit, for
+	 * "the most"; a number is taken as it is. */
+	cp.responder_resources = RDMA_MAX_RESP_RES;
+	cp.initiator_depth = 3;
 	CHECK(rdma_accept(srv, &cp) == 0, "accept: %m");
+	struct ibv_qp_init_attr sia;
+	CHECK(ibv_query_qp(srv->qp, &attr, IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MAX_QP_RD_ATOMIC, &sia) == 0 &&
+		      attr.max_dest_rd_atomic == 128 && attr.max_rd_atomic == 3,
+	      "passive depths %u %u", attr.max_dest_rd_atomic, attr.max_rd_atomic);
 	CHECK(srv->qp->state == IBV_QPS_RTS, "passive QP RTS before the REP leaves");
 
 	/* Both ESTABLISHED, in either order. */
@@ -142,6 +163,11 @@ int main(int argc, char **argv)
 	struct ibv_qp_init_attr ia;
 	CHECK(ibv_query_qp(cli->qp, &attr, IBV_QP_TIMEOUT, &ia) == 0 && attr.timeout == 21, "QP timeout %u",
 	      attr.timeout);
+	/* The active side: the REP's responder resources (128) bound its depth,
+	 * its own responder resources the REP's initiator depth (3). */
+	CHECK(ibv_query_qp(cli->qp, &attr, IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MAX_QP_RD_ATOMIC, &ia) == 0 &&
+		      attr.max_rd_atomic == 128 && attr.max_dest_rd_atomic == 3,
+	      "active depths %u %u", attr.max_rd_atomic, attr.max_dest_rd_atomic);
 	/* rdma_init_qp_attr gives the attributes of the state asked for in
 	 * attr.qp_state (an external QP is moved that way), EINVAL for others. */
 	memset(&attr, 0, sizeof attr);

@@ -3,6 +3,11 @@
 use crate::ib::Mtu;
 use crate::proto::qp::{MAX_INLINE, MAX_QP_WR, MAX_SGE};
 
+/// The most RDMA READ and atomic requests a QP may have outstanding as
+/// requester (`max_qp_init_rd_atom`) and accept as responder
+/// (`max_qp_rd_atom`), as rxe's.
+pub const MAX_RD_ATOM: u32 = 128;
+
 /// `struct ibv_device_attr` (the fields uroce fills).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceAttr {
@@ -131,9 +136,9 @@ impl DeviceAttr {
             max_cqe: crate::verbs::cq::MAX_CQE,
             max_mr: 0x40000,
             max_pd: 0x10000,
-            max_qp_rd_atom: 128,
-            max_res_rd_atom: 128 * 0x10000,
-            max_qp_init_rd_atom: 128,
+            max_qp_rd_atom: MAX_RD_ATOM,
+            max_res_rd_atom: MAX_RD_ATOM * 0x10000,
+            max_qp_init_rd_atom: MAX_RD_ATOM,
             atomic_cap: 1,
             max_mw: 0x10000,
             max_ah: 0x8000,

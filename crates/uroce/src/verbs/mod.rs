@@ -32,7 +32,7 @@ pub use crate::mem::odp::{Advice, OdpStats};
 pub use crate::mem::{InterleavedEntry, Layout, MwType};
 pub use crate::proto::wr::{AddressVector, QpAttr, QpCap, QueueLimits, RecvWr, SendWr, SgList, UdDest, WrOpcode};
 pub use crate::proto::{AsyncEvent, EventElement, Stats};
-pub use attr::{cap, DeviceAttr, PortAttr};
+pub use attr::{cap, DeviceAttr, PortAttr, MAX_RD_ATOM};
 pub use config::DeviceConfig;
 pub use context::{CompletionChannel, Context};
 pub use cq::CompletionQueue;
