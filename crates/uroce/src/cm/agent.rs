@@ -6,9 +6,8 @@
 //! the Linux kernel's (`k/cm.c` for the IB CM, `k/cma.c` for what rdma_cm
 //! puts around it); `shared/spec/cm.md` §5 lists them.
 //!
-//! Timers are kept per record and found by a scan: a device has few
-//! connections in setup or teardown at once, and the scan is bounded by the
-//! number of records.
+//! Timers are kept per record; a heap of their deadlines
+//! ([`super::records`]) finds the next one and those due without a scan.
 
 use super::budget::AnswerBudget;
 use super::conn::{Conn, ConnInfo, Pending, Role, State};
@@ -17,6 +16,7 @@ use super::mad::{
     form_tid, private_len, rej_reason, sidr_status, Bytes, CmMad, CmMsg, Drep, Dreq, MadError, Mra, MsgRef, Path, Rej,
     Rep, Req, Rtu, SidrRep, SidrReq, TransportType, MAD_LEN,
 };
+use super::records::Records;
 use super::service::{self, CmaHdr, PortSpace};
 use super::timer;
 use crate::ib::{Errno, Error};
@@ -206,7 +206,7 @@ pub struct Cm {
     /// another's (`k/cm.c` XORs a cyclic index with one random value; one
     /// connection narrows its next ID to a few candidates).
     rng: KeyRng,
-    conns: HashMap<u32, Conn>,
+    conns: Records,
     /// (remote comm ID, remote CA GUID) → local comm ID.
     remote_ids: HashMap<(u32, u64), u32>,
     /// (request ID, peer IP) of SIDR requests being answered.
@@ -239,7 +239,7 @@ impl Cm {
         Cm {
             cfg,
             rng,
-            conns: HashMap::new(),
+            conns: Records::default(),
             remote_ids: HashMap::new(),
             remote_sidr: HashMap::new(),
             listeners: HashMap::new(),
@@ -277,8 +277,8 @@ impl Cm {
         self.events.pop_front()
     }
     /// When `handle_timeout` must next be called.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.conns.values().filter_map(Conn::deadline).min()
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        self.conns.next_deadline()
     }
 
     /// What a connection negotiated (for its QP's transitions).
@@ -743,10 +743,9 @@ impl Cm {
 
     /// Retransmits, gives up, and leaves timewait, for every deadline ≤ `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let due: Vec<u32> =
-            self.conns.iter().filter(|(_, c)| c.deadline().is_some_and(|d| d <= now)).map(|(&id, _)| id).collect();
-        for id in due {
+        for id in self.conns.due(now) {
             self.timeout_one(now, id);
+            self.conns.touch(id);
         }
     }
 
