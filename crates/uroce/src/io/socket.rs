@@ -151,6 +151,24 @@ impl RoceSocket {
         let sock = Socket::new(domain, Type::DGRAM.nonblocking().cloexec(), Some(Protocol::UDP))?;
         if addr.is_ipv6() {
             sock.set_only_v6(true)?;
+            // Linux rxe sends RoCEv2 over IPv6 with a zero UDP checksum (its
+            // ICRC covers the packet), which IPv6 sockets drop unless told
+            // (RFC 6936, `udp6_unicast_rcv_skb`): without this, every
+            // packet from a kernel rxe over IPv6 was lost here.
+            let one: libc::c_int = 1;
+            // SAFETY: setsockopt reads one c_int.
+            let rc = unsafe {
+                libc::setsockopt(
+                    sock.as_raw_fd(),
+                    libc::SOL_UDP,
+                    libc::UDP_NO_CHECK6_RX,
+                    (&one as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
         }
         let _ = sock.set_recv_buffer_size(8 << 20);
         let _ = sock.set_send_buffer_size(8 << 20);
@@ -477,6 +495,53 @@ mod tests {
             got.extend_from_slice(batch.filled());
         }
         got
+    }
+
+    /// Kernel rxe sends RoCEv2 over IPv6 with a zero UDP checksum: such a
+    /// datagram (sent here through a raw socket, as the kernel would put
+    /// it on the wire) reaches the device's socket. Without
+    /// UDP_NO_CHECK6_RX the kernel dropped it as a checksum error.
+    #[test]
+    fn an_ipv6_datagram_with_a_zero_checksum_arrives() {
+        let Ok(b) = RoceSocket::bind("[::1]:0".parse().unwrap()) else {
+            eprintln!("SKIP-PART an_ipv6_datagram_with_a_zero_checksum_arrives: no IPv6 loopback here");
+            return;
+        };
+        // SAFETY: a raw IPv6 socket for UDP, closed below.
+        let raw = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_UDP) };
+        if raw < 0 {
+            eprintln!("SKIP-PART an_ipv6_datagram_with_a_zero_checksum_arrives: no raw socket (needs CAP_NET_RAW)");
+            return;
+        }
+        let payload = [0x5au8; 40];
+        let mut dgram = Vec::new();
+        dgram.extend_from_slice(&4791u16.to_be_bytes());
+        dgram.extend_from_slice(&b.local_addr().port().to_be_bytes());
+        dgram.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+        dgram.extend_from_slice(&[0, 0]); // no checksum
+        dgram.extend_from_slice(&payload);
+        // SAFETY: an all-zero sockaddr_in6 is valid; filled below.
+        let mut to: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+        to.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        to.sin6_addr.s6_addr = std::net::Ipv6Addr::LOCALHOST.octets();
+        // SAFETY: our raw socket, a buffer and an address of the sizes given.
+        let sent = unsafe {
+            libc::sendto(
+                raw,
+                dgram.as_ptr().cast(),
+                dgram.len(),
+                0,
+                (&to as *const libc::sockaddr_in6).cast(),
+                std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+            )
+        };
+        // SAFETY: our descriptor.
+        unsafe { libc::close(raw) };
+        assert_eq!(sent, dgram.len() as isize, "{}", io::Error::last_os_error());
+        let mut batch = RecvBatch::new(4, 65536);
+        let got = recv_until(&b, &mut batch, 1);
+        assert_eq!(got.len(), 1, "the zero-checksum datagram was dropped");
+        assert_eq!(batch.bytes(0), payload);
     }
 
     #[test]

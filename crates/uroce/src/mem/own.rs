@@ -430,6 +430,7 @@ fn privatize(lo: usize, n: usize, prot: i32) {
     if writes && held.is_none() {
         // SAFETY: our temporary mapping.
         unsafe { libc::munmap(tmp, n) };
+        tracing::warn!(lo, n, "dereg_mr: the range stays in uroce's memfd (no hold slot free for a second)");
         return;
     }
     // SAFETY: see `move_private`: read-only while copied, writers held.
@@ -444,6 +445,7 @@ fn privatize(lo: usize, n: usize, prot: i32) {
             libc::mremap(tmp, n, n, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, lo as *mut libc::c_void)
         } != libc::MAP_FAILED;
     if !moved {
+        tracing::warn!(lo, n, "dereg_mr: the range stays in uroce's memfd (it changed during the copy back)");
         // SAFETY: our temporary mapping; the range keeps the memfd.
         unsafe {
             libc::munmap(tmp, n);
