@@ -5,7 +5,8 @@
 # assembled from Debian packages: busybox-static as init, the RDMA and NIC modules with their
 # dependencies, and the host's Debian rdma-core, ibverbs-providers (librxe), ibverbs-utils,
 # rdmacm-utils, perftest and iproute2 binaries with every library they load (ldd, plus
-# libgcc_s.so.1, which pthread_exit loads at run time).
+# libgcc_s.so.1, which pthread_exit loads at run time), and uroce-mw (mw.c), built here, which
+# the host runs too (it is left in CACHE_DIR).
 #
 # Usage: scripts/rxe-vm/build.sh [CACHE_DIR]   (default: target/rxe-vm)
 # Prints the directory holding vmlinuz and initrd.cpio.gz on its last line.
@@ -31,7 +32,7 @@ moddir="kernel/lib/modules/$kver"
 cp -f kernel/boot/vmlinuz-"$kver" vmlinuz
 
 # 2. The initramfs tree.
-stamp="$(cat "$here/build.sh" "$here/init" | sha256sum | cut -c1-16)-$kver"
+stamp="$(cat "$here/build.sh" "$here/init" "$here/mw.c" | sha256sum | cut -c1-16)-$kver"
 if [ -f initrd.cpio.gz ] && [ "$(cat initrd.stamp 2>/dev/null)" = "$stamp" ]; then
     echo "$cache"; exit 0
 fi
@@ -94,6 +95,10 @@ for b in "${bins[@]}"; do
     cp -L "$b" "$root/usr/bin/"
     libs+=("$b")
 done
+# uroce-mw (memory windows both ways; mw.c), for the VM and for the host.
+gcc -O1 -Wall -o "$cache/uroce-mw" "$here/mw.c" -libverbs || { echo "building uroce-mw failed (libibverbs-dev?)" >&2; exit 2; }
+cp "$cache/uroce-mw" "$root/usr/bin/uroce-mw"
+libs+=("$cache/uroce-mw")
 provider_dir=/usr/lib/x86_64-linux-gnu/libibverbs
 mkdir -p "$root$provider_dir" "$root/etc/libibverbs.d"
 cp -L "$provider_dir/librxe-rdmav34.so" "$root$provider_dir/" 2>/dev/null || cp -L "$provider_dir"/librxe-rdmav*.so "$root$provider_dir/"
