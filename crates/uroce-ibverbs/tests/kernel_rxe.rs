@@ -516,8 +516,14 @@ fn ok_word(ok: bool) -> &'static str {
 }
 
 /// The shell function the VM's clients run under: a client that finds no
-/// server listening yet is started again (bounded).
-const RETRY: &str = r#"retry() { n=0; while :; do "$@" >/tmp/retry.out 2>&1; rc=$?; if [ $rc = 0 ] || [ $n -ge 60 ] || ! grep -qiE "couldn.t connect|unable to open file descriptor|rejected|connection refused|failed to connect|unexpected cm event bl blka 8" /tmp/retry.out; then cat /tmp/retry.out; return $rc; fi; n=$((n+1)); sleep 0.25; done; }"#;
+/// server listening yet is started again (bounded), on what
+/// [`NOT_LISTENING`] lists (`grep -F`, case-insensitive).
+fn retry_function() -> String {
+    let patterns: String = NOT_LISTENING.iter().map(|p| format!(" -e '{}'", p.replace('\'', r"'\''"))).collect();
+    format!(
+        r#"retry() {{ n=0; while :; do "$@" >/tmp/retry.out 2>&1; rc=$?; if [ $rc = 0 ] || [ $n -ge {CONNECT_TRIES} ] || ! grep -qiF{patterns} /tmp/retry.out; then cat /tmp/retry.out; return $rc; fi; n=$((n+1)); sleep 0.25; done; }}"#
+    )
+}
 
 /// The cases that run over IPv6 GIDs too: each QP type's pingpong, WRITE
 /// and READ, and connections by rdma_cm (RC and UD).
@@ -619,7 +625,7 @@ fn kernel_rxe_matrix_both_ways() {
     std::fs::create_dir_all(&pcaps).unwrap();
     let started = Instant::now();
     let mut vm = Vm::boot(&net, &dir);
-    let (rc, out) = vm.sh_raw(RETRY, Duration::from_secs(30));
+    let (rc, out) = vm.sh_raw(&retry_function(), Duration::from_secs(30));
     assert_eq!(rc, 0, "{out}");
     vm.ok("rdma link show");
     // ATOMIC WRITE came to rxe in Linux 6.2: say whether this kernel's
