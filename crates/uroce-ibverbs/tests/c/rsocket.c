@@ -9,11 +9,15 @@
  * can still answer; after the peer's rclose, reads give 0 and sends fail
  * ECONNRESET with no SIGPIPE. Datagram sockets: a datagram each way, the
  * first over UDP, the next ones over UD QPs, with their source addresses;
- * rsend unconnected EDESTADDRREQ, rlisten EOPNOTSUPP. argv[1]: the
- * device's IPv4 address.
+ * rsend unconnected EDESTADDRREQ, rlisten EOPNOTSUPP. A thread blocked in
+ * rrecv on an idle connection sleeps (no wake-ups on a poll interval), and
+ * wakes for data. argv[1]: the device's IPv4 address.
  * Prints "all ok". */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/syscall.h>
 #include <fcntl.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -25,6 +29,41 @@
 #include <time.h>
 #include <unistd.h>
 #include "check.h"
+
+static atomic_int reader_tid;
+static char reader_buf[16];
+static ssize_t reader_got;
+
+/* Blocks in rrecv on the socket given. */
+static void *reader(void *arg)
+{
+	int fd = *(int *)arg;
+	atomic_store(&reader_tid, (int)syscall(SYS_gettid));
+	reader_got = rrecv(fd, reader_buf, 5, MSG_WAITALL);
+	return NULL;
+}
+
+/* A field of /proc/self/task/TID/status ("voluntary_ctxt_switches"), or
+ * the state letter of .../stat when `field` is NULL. */
+static long task_info(int tid, const char *field)
+{
+	char path[64], line[256];
+	snprintf(path, sizeof(path), "/proc/self/task/%d/%s", tid, field ? "status" : "stat");
+	FILE *f = fopen(path, "r");
+	CHECK(f, "open %s: %m", path);
+	long v = -1;
+	if (!field) {
+		CHECK(fgets(line, sizeof(line), f), "read %s", path);
+		char *c = strrchr(line, ')');
+		v = c && c[1] ? c[2] : -1;
+	} else {
+		while (fgets(line, sizeof(line), f))
+			if (!strncmp(line, field, strlen(field)))
+				v = atol(line + strlen(field) + 1);
+	}
+	fclose(f);
+	return v;
+}
 
 static void pipe_signal(int sig)
 {
@@ -151,6 +190,28 @@ int main(int argc, char **argv)
 	memset(buf, 0, sizeof(buf));
 	CHECK(rrecv(s, buf, sizeof(buf), 0) == 5 && !memcmp(buf, "hello", 5), "rrecv");
 	CHECK(rrecv(s, buf, sizeof(buf), MSG_DONTWAIT) == -1 && errno == EAGAIN, "nothing: %m");
+
+	/* A reader blocked on an idle connection sleeps until data comes: at
+	 * most a few wake-ups in a second (a 100 ms poll slice made ten). */
+	pthread_t rt;
+	CHECK(pthread_create(&rt, NULL, reader, &s) == 0, "pthread_create");
+	int tid = 0;
+	for (time_t end = time(NULL) + 10; !(tid = atomic_load(&reader_tid));) {
+		CHECK(time(NULL) < end, "the reader did not start");
+		usleep(1000);
+	}
+	for (time_t end = time(NULL) + 10; task_info(tid, NULL) != 'S';) {
+		CHECK(time(NULL) < end, "the reader does not sleep");
+		usleep(1000);
+	}
+	long before = task_info(tid, "voluntary_ctxt_switches");
+	struct timespec idle = { .tv_sec = 1 };
+	nanosleep(&idle, NULL);
+	long woke = task_info(tid, "voluntary_ctxt_switches") - before;
+	CHECK(woke <= 3, "a reader blocked on an idle connection woke %ld times in a second", woke);
+	CHECK(rsend(c, "world", 5, 0) == 5, "rsend to the blocked reader: %m");
+	CHECK(pthread_join(rt, NULL) == 0 && reader_got == 5 && !memcmp(reader_buf, "world", 5),
+	      "the blocked reader got %zd", reader_got);
 
 	/* Half-close: the server reads end of stream, and can still answer. */
 	CHECK(rshutdown(c, SHUT_WR) == 0, "rshutdown SHUT_WR: %m");

@@ -5,7 +5,7 @@
 use super::dapi;
 use super::dgram::Dgram;
 use super::stream::{self, Stream};
-use super::{dinsert, dtable, guard, insert, lookup, table, wait, wire, Sock, WAIT_SLICE_MS};
+use super::{dinsert, dtable, guard, insert, lookup, table, wait, wire, Sock};
 use crate::errno::set_errno;
 use crate::ffi::cma::*;
 use crate::rdmacm::id;
@@ -217,7 +217,9 @@ pub unsafe extern "C" fn uroce_cm_raccept(fd: c_int, addr: *mut libc::sockaddr, 
             return Err(libc::EOPNOTSUPP);
         }
         let sock = sock_of(fd)?;
+        let _waiting = sock.wake.enter();
         loop {
+            sock.wake.drain();
             let s = sock.lock();
             if s.state != stream::LISTENING {
                 return Err(libc::EINVAL);
@@ -236,10 +238,14 @@ pub unsafe extern "C" fn uroce_cm_raccept(fd: c_int, addr: *mut libc::sockaddr, 
             if nonblocking(&s, 0) {
                 return Err(libc::EAGAIN);
             }
-            let mut p = libc::pollfd { fd: s.fd, events: libc::POLLIN, revents: 0 };
+            let mut p = [
+                libc::pollfd { fd: s.fd, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: sock.wake.fd(), events: libc::POLLIN, revents: 0 },
+            ];
             drop(s);
-            // SAFETY: one pollfd.
-            if unsafe { libc::poll(&mut p, 1, WAIT_SLICE_MS) } < 0 && crate::errno::last() == libc::EINTR {
+            // SAFETY: two pollfds (a negative fd is ignored).
+            if unsafe { libc::poll(p.as_mut_ptr(), 2, sock.wake.slice(-1)) } < 0 && crate::errno::last() == libc::EINTR
+            {
                 return Err(libc::EINTR);
             }
         }
@@ -271,14 +277,19 @@ pub unsafe extern "C" fn uroce_cm_rconnect(fd: c_int, addr: *const libc::sockadd
             stream::LISTENING => return Err(libc::EINVAL),
             _ => return Err(libc::ENOTCONN),
         }
+        let _waiting = sock.wake.enter();
         loop {
             match s.drive_connect() {
                 Ok(()) => return Ok(0),
                 Err(libc::EINPROGRESS) if !nonblocking(&s, 0) => {
-                    let mut p = libc::pollfd { fd: s.fd, events: libc::POLLIN, revents: 0 };
+                    let mut p = [
+                        libc::pollfd { fd: s.fd, events: libc::POLLIN, revents: 0 },
+                        libc::pollfd { fd: sock.wake.fd(), events: libc::POLLIN, revents: 0 },
+                    ];
                     drop(s);
-                    // SAFETY: one pollfd.
-                    unsafe { libc::poll(&mut p, 1, WAIT_SLICE_MS) };
+                    // SAFETY: two pollfds (a negative fd is ignored).
+                    unsafe { libc::poll(p.as_mut_ptr(), 2, sock.wake.slice(-1)) };
+                    sock.wake.drain();
                     s = sock.lock();
                 }
                 Err(e) => return Err(e),

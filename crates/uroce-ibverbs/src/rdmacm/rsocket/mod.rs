@@ -61,6 +61,7 @@ mod dgram;
 mod iomap;
 mod poll;
 mod stream;
+mod wake;
 mod wire;
 
 use dgram::Dgram;
@@ -68,22 +69,55 @@ use std::collections::HashMap;
 use std::ffi::c_int;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use stream::Stream;
+use wake::Wake;
 
-/// One socket: its state, and the locks that serialize its senders and
-/// its receivers (rsocket.c's slock and rlock) while the state lock is
-/// released during waits.
+/// One socket: its state, the locks that serialize its senders and its
+/// receivers (rsocket.c's slock and rlock) while the state lock is
+/// released during waits, and the wake-ups of its waiters ([`wake`]).
 pub struct Sock {
     st: Mutex<Stream>,
     slock: Mutex<()>,
     rlock: Mutex<()>,
+    wake: Wake,
+}
+
+/// The state of a socket, locked; waiters are woken when it is released
+/// changed (completions or events taken, the state word).
+pub struct Locked<'a> {
+    g: MutexGuard<'a, Stream>,
+    wake: &'a Wake,
+    was: (u64, u32),
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = Stream;
+    fn deref(&self) -> &Stream {
+        &self.g
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Stream {
+        &mut self.g
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        if (self.g.progress, self.g.state) != self.was {
+            self.wake.notify();
+        }
+    }
 }
 
 impl Sock {
     fn new(s: Stream) -> Arc<Sock> {
-        Arc::new(Sock { st: Mutex::new(s), slock: Mutex::new(()), rlock: Mutex::new(()) })
+        Arc::new(Sock { st: Mutex::new(s), slock: Mutex::new(()), rlock: Mutex::new(()), wake: Wake::new() })
     }
-    fn lock(&self) -> MutexGuard<'_, Stream> {
-        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> Locked<'_> {
+        let g = self.st.lock().unwrap_or_else(|p| p.into_inner());
+        let was = (g.progress, g.state);
+        Locked { g, wake: &self.wake, was }
     }
 }
 
@@ -132,14 +166,16 @@ fn insert(s: Stream) -> c_int {
     fd
 }
 
-/// Longest slice of one wait in poll(2): state changes this library makes
-/// without an fd event (another thread's progress) are seen within it.
+/// Longest slice of one wait in poll(2) where nothing wakes a waiter for
+/// what another thread does (datagram sockets; see [`wake`] for streams).
 const WAIT_SLICE_MS: c_int = 100;
 
 /// Waits until `test` holds for the socket, processing its completions
 /// (`rs_get_comp`): EAGAIN when `nonblock` and it does not hold yet.
 fn wait(sock: &Sock, nonblock: bool, test: fn(&Stream) -> bool) -> Result<(), c_int> {
+    let _waiting = sock.wake.enter();
     loop {
+        sock.wake.drain();
         let (cfd, chfd) = {
             let mut s = sock.lock();
             s.process();
@@ -159,9 +195,10 @@ fn wait(sock: &Sock, nonblock: bool, test: fn(&Stream) -> bool) -> Result<(), c_
         let mut p = [
             libc::pollfd { fd: cfd, events: libc::POLLIN, revents: 0 },
             libc::pollfd { fd: chfd, events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: sock.wake.fd(), events: libc::POLLIN, revents: 0 },
         ];
-        // SAFETY: two pollfds (a negative fd is ignored by poll).
-        let n = unsafe { libc::poll(p.as_mut_ptr(), 2, WAIT_SLICE_MS) };
+        // SAFETY: three pollfds (a negative fd is ignored by poll).
+        let n = unsafe { libc::poll(p.as_mut_ptr(), 3, sock.wake.slice(-1)) };
         if n < 0 && crate::errno::last() == libc::EINTR {
             return Err(libc::EINTR);
         }

@@ -79,7 +79,17 @@ pub unsafe extern "C" fn uroce_cm_rpoll(fds: *mut libc::pollfd, nfds: libc::nfds
     let start = Instant::now();
     let deadline = (timeout >= 0).then(|| start + Duration::from_millis(timeout as u64));
     let mut kfds: Vec<libc::pollfd> = vec![libc::pollfd { fd: -1, events: 0, revents: 0 }; user.len()];
+    // Each stream socket's wake-ups after the caller's fds: what another
+    // thread does to one of them wakes this call (`super::wake`).
+    let streams: Vec<&Arc<Sock>> = socks.iter().flatten().collect();
+    let _waiting: Vec<_> = streams.iter().map(|s| s.wake.enter()).collect();
+    kfds.extend(streams.iter().map(|s| libc::pollfd { fd: s.wake.fd(), events: libc::POLLIN, revents: 0 }));
+    // Datagram sockets have no such wake-ups: a sleep then lasts a slice.
+    let sliced = dsocks.iter().any(Option::is_some) || streams.iter().any(|s| s.wake.fd() < 0);
     loop {
+        for s in &streams {
+            s.wake.drain();
+        }
         // Check everything once, as rs_poll_check.
         let mut cnt = 0;
         for ((p, s), d) in user.iter_mut().zip(&socks).zip(&dsocks) {
@@ -106,9 +116,15 @@ pub unsafe extern "C" fn uroce_cm_rpoll(fds: *mut libc::pollfd, nfds: libc::nfds
                 if now >= d {
                     return 0;
                 }
-                (d - now).as_millis().min(WAIT_SLICE_MS as u128) as c_int
+                let ms = (d - now).as_micros().div_ceil(1000).min(c_int::MAX as u128) as c_int;
+                if sliced {
+                    ms.min(WAIT_SLICE_MS)
+                } else {
+                    ms
+                }
             }
-            None => WAIT_SLICE_MS,
+            None if sliced => WAIT_SLICE_MS,
+            None => -1,
         };
         // Arm, then check again before sleeping (rs_poll_arm).
         let mut ready = false;

@@ -105,6 +105,9 @@ pub struct Stream {
     cq_ch: *mut ibv_comp_channel,
     cq: *mut ibv_cq,
     pub cq_armed: bool,
+    /// Completions and events taken so far: a change other waiters of the
+    /// socket are woken for (`super::wake`).
+    pub progress: u64,
     sbuf: Option<Buf>,
     smr: *mut ibv_mr,
     rbuf: Option<Buf>,
@@ -222,6 +225,7 @@ impl Stream {
             cq_ch: null_mut(),
             cq: null_mut(),
             cq_armed: false,
+            progress: 0,
             sbuf: None,
             smr: null_mut(),
             rbuf: None,
@@ -544,6 +548,7 @@ impl Stream {
     /// with 64 KiB still to read, 1 run in 10 beside two busy loops).
     pub fn drain_cm(&mut self) {
         while let Some((kind, ..)) = self.next_event() {
+            self.progress += 1;
             if kind == EV_DISCONNECTED && self.state & CONNECTED != 0 {
                 self.poll_cq();
                 if self.state & CONNECTED != 0 {
@@ -575,6 +580,7 @@ impl Stream {
             // SAFETY: the CQ the event was for (ours).
             unsafe { crate::objects::ibv_ack_cq_events(cq, 1) };
             self.cq_armed = false;
+            self.progress += 1;
         }
         // The loop ends on EAGAIN: not the caller's error.
         crate::errno::set_errno(saved);
@@ -733,6 +739,7 @@ impl Stream {
             if unsafe { crate::datapath::poll_cq(self.cq, 1, &mut wc) } <= 0 {
                 break;
             }
+            self.progress += 1;
             if wc.wr_id & wire::WR_ID_RECV != 0 {
                 if wc.status != ibv_wc_status_IBV_WC_SUCCESS {
                     // Not re-posted (a failed QP would only flush it
