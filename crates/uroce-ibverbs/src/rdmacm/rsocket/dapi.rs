@@ -4,7 +4,7 @@
 //! [`api`]: super::api
 
 use super::dgram::{self, Dgram};
-use super::{dlookup, DSock, WAIT_SLICE_MS};
+use super::{dlookup, DSock};
 use crate::rdmacm::id;
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddr;
@@ -20,7 +20,9 @@ fn nonblocking(d: &Dgram, flags: c_int) -> bool {
 
 /// `ds_get_comp`: waits until `test` holds (EAGAIN when non-blocking).
 fn wait(sock: &DSock, nonblock: bool, test: fn(&Dgram) -> bool) -> Result<(), c_int> {
+    let _waiting = sock.wake.enter();
     loop {
+        sock.wake.drain();
         let ep = {
             let mut d = sock.lock();
             d.process();
@@ -37,9 +39,12 @@ fn wait(sock: &DSock, nonblock: bool, test: fn(&Dgram) -> bool) -> Result<(), c_
             }
             ep
         };
-        let mut p = libc::pollfd { fd: ep, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one pollfd.
-        if unsafe { libc::poll(&mut p, 1, WAIT_SLICE_MS) } < 0 && crate::errno::last() == libc::EINTR {
+        let mut p = [
+            libc::pollfd { fd: ep, events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: sock.wake.fd(), events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: two pollfds (a negative fd is ignored).
+        if unsafe { libc::poll(p.as_mut_ptr(), 2, sock.wake.slice(-1)) } < 0 && crate::errno::last() == libc::EINTR {
             return Err(libc::EINTR);
         }
         sock.lock().take_cq_events();

@@ -109,6 +109,9 @@ pub struct Dgram {
     pub fd: c_int,
     epfd: c_int,
     pub state: u32,
+    /// Datagrams, completions and CQ events taken so far: a change other
+    /// waiters of the socket are woken for (`super::wake`).
+    pub progress: u64,
     pub fd_flags: c_int,
     pub sq_size: u16,
     pub rq_size: u16,
@@ -174,6 +177,7 @@ impl Dgram {
             free: Vec::new(),
             sqe_avail: 0,
             rmsgs: VecDeque::new(),
+            progress: 0,
         })
     }
 
@@ -502,6 +506,7 @@ impl Dgram {
             if n < 0 {
                 return;
             }
+            self.progress += 1;
             let b = &buf[..n as usize];
             // SAFETY: filled by the kernel.
             let Some(src) = (unsafe { id::read_sockaddr(&ss as *const _ as *const libc::sockaddr) }) else { continue };
@@ -551,6 +556,7 @@ impl Dgram {
                 // SAFETY: our CQ.
                 unsafe { crate::objects::ibv_ack_cq_events(cq, 1) };
                 q.armed = false;
+                self.progress += 1;
             }
         }
     }
@@ -567,6 +573,7 @@ impl Dgram {
                 if unsafe { crate::datapath::poll_cq(q.cq, 1, &mut wc) } <= 0 {
                     break;
                 }
+                self.progress += 1;
                 let off = wc.wr_id as u32 as usize;
                 if wc.wr_id & RECV != 0 {
                     let len = (wc.byte_len as usize).saturating_sub(GRH);

@@ -81,30 +81,56 @@ pub struct Sock {
     wake: Wake,
 }
 
+/// What a socket's waiters watch for change: completions and events
+/// taken, and the state word.
+pub trait Watched {
+    fn mark(&self) -> (u64, u32);
+}
+
+impl Watched for Stream {
+    fn mark(&self) -> (u64, u32) {
+        (self.progress, self.state)
+    }
+}
+
+impl Watched for Dgram {
+    fn mark(&self) -> (u64, u32) {
+        (self.progress, self.state)
+    }
+}
+
 /// The state of a socket, locked; waiters are woken when it is released
-/// changed (completions or events taken, the state word).
-pub struct Locked<'a> {
-    g: MutexGuard<'a, Stream>,
+/// changed ([`Watched`]).
+pub struct Locked<'a, T: Watched> {
+    g: MutexGuard<'a, T>,
     wake: &'a Wake,
     was: (u64, u32),
 }
 
-impl std::ops::Deref for Locked<'_> {
-    type Target = Stream;
-    fn deref(&self) -> &Stream {
+impl<'a, T: Watched> Locked<'a, T> {
+    fn new(m: &'a Mutex<T>, wake: &'a Wake) -> Self {
+        let g = m.lock().unwrap_or_else(|p| p.into_inner());
+        let was = g.mark();
+        Locked { g, wake, was }
+    }
+}
+
+impl<T: Watched> std::ops::Deref for Locked<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
         &self.g
     }
 }
 
-impl std::ops::DerefMut for Locked<'_> {
-    fn deref_mut(&mut self) -> &mut Stream {
+impl<T: Watched> std::ops::DerefMut for Locked<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
         &mut self.g
     }
 }
 
-impl Drop for Locked<'_> {
+impl<T: Watched> Drop for Locked<'_, T> {
     fn drop(&mut self) {
-        if (self.g.progress, self.g.state) != self.was {
+        if self.g.mark() != self.was {
             self.wake.notify();
         }
     }
@@ -114,10 +140,8 @@ impl Sock {
     fn new(s: Stream) -> Arc<Sock> {
         Arc::new(Sock { st: Mutex::new(s), slock: Mutex::new(()), rlock: Mutex::new(()), wake: Wake::new() })
     }
-    fn lock(&self) -> Locked<'_> {
-        let g = self.st.lock().unwrap_or_else(|p| p.into_inner());
-        let was = (g.progress, g.state);
-        Locked { g, wake: &self.wake, was }
+    fn lock(&self) -> Locked<'_, Stream> {
+        Locked::new(&self.st, &self.wake)
     }
 }
 
@@ -135,12 +159,19 @@ fn lookup(fd: c_int) -> Option<Arc<Sock>> {
     table().get(&fd).cloned()
 }
 
-/// A datagram socket: one lock (its calls are short; waits release it).
-pub struct DSock(Mutex<Dgram>);
+/// A datagram socket: one lock (its calls are short; waits release it),
+/// and the wake-ups of its waiters ([`wake`]).
+pub struct DSock {
+    st: Mutex<Dgram>,
+    wake: Wake,
+}
 
 impl DSock {
-    fn lock(&self) -> MutexGuard<'_, Dgram> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    fn new(d: Dgram) -> DSock {
+        DSock { st: Mutex::new(d), wake: Wake::new() }
+    }
+    fn lock(&self) -> Locked<'_, Dgram> {
+        Locked::new(&self.st, &self.wake)
     }
 }
 
@@ -156,7 +187,7 @@ fn dlookup(fd: c_int) -> Option<Arc<DSock>> {
 
 fn dinsert(d: Dgram) -> c_int {
     let fd = d.fd;
-    dtable().insert(fd, Arc::new(DSock(Mutex::new(d))));
+    dtable().insert(fd, Arc::new(DSock::new(d)));
     fd
 }
 
@@ -165,10 +196,6 @@ fn insert(s: Stream) -> c_int {
     table().insert(fd, Sock::new(s));
     fd
 }
-
-/// Longest slice of one wait in poll(2) where nothing wakes a waiter for
-/// what another thread does (datagram sockets; see [`wake`] for streams).
-const WAIT_SLICE_MS: c_int = 100;
 
 /// Waits until `test` holds for the socket, processing its completions
 /// (`rs_get_comp`): EAGAIN when `nonblock` and it does not hold yet.

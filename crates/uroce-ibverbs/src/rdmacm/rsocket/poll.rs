@@ -5,7 +5,7 @@
 //! channel (listening, connecting) and on the ordinary fds as given.
 
 use super::stream::{self, Stream};
-use super::{dapi, lookup, DSock, Sock, WAIT_SLICE_MS};
+use super::{dapi, lookup, DSock, Sock};
 use crate::errno::set_errno;
 use std::ffi::c_int;
 use std::sync::Arc;
@@ -79,16 +79,17 @@ pub unsafe extern "C" fn uroce_cm_rpoll(fds: *mut libc::pollfd, nfds: libc::nfds
     let start = Instant::now();
     let deadline = (timeout >= 0).then(|| start + Duration::from_millis(timeout as u64));
     let mut kfds: Vec<libc::pollfd> = vec![libc::pollfd { fd: -1, events: 0, revents: 0 }; user.len()];
-    // Each stream socket's wake-ups after the caller's fds: what another
-    // thread does to one of them wakes this call (`super::wake`).
-    let streams: Vec<&Arc<Sock>> = socks.iter().flatten().collect();
-    let _waiting: Vec<_> = streams.iter().map(|s| s.wake.enter()).collect();
-    kfds.extend(streams.iter().map(|s| libc::pollfd { fd: s.wake.fd(), events: libc::POLLIN, revents: 0 }));
-    // Datagram sockets have no such wake-ups: a sleep then lasts a slice.
-    let sliced = dsocks.iter().any(Option::is_some) || streams.iter().any(|s| s.wake.fd() < 0);
+    // Each rsocket's wake-ups after the caller's fds: what another thread
+    // does to one of them wakes this call (`super::wake`).
+    let wakes: Vec<&super::wake::Wake> =
+        socks.iter().flatten().map(|s| &s.wake).chain(dsocks.iter().flatten().map(|d| &d.wake)).collect();
+    let _waiting: Vec<_> = wakes.iter().map(|w| w.enter()).collect();
+    kfds.extend(wakes.iter().map(|w| libc::pollfd { fd: w.fd(), events: libc::POLLIN, revents: 0 }));
+    // Without an eventfd (out of descriptors) a sleep lasts a slice.
+    let sliced = wakes.iter().any(|w| w.fd() < 0);
     loop {
-        for s in &streams {
-            s.wake.drain();
+        for w in &wakes {
+            w.drain();
         }
         // Check everything once, as rs_poll_check.
         let mut cnt = 0;
@@ -118,12 +119,12 @@ pub unsafe extern "C" fn uroce_cm_rpoll(fds: *mut libc::pollfd, nfds: libc::nfds
                 }
                 let ms = (d - now).as_micros().div_ceil(1000).min(c_int::MAX as u128) as c_int;
                 if sliced {
-                    ms.min(WAIT_SLICE_MS)
+                    ms.min(super::wake::FALLBACK_SLICE_MS)
                 } else {
                     ms
                 }
             }
-            None if sliced => WAIT_SLICE_MS,
+            None if sliced => super::wake::FALLBACK_SLICE_MS,
             None => -1,
         };
         // Arm, then check again before sleeping (rs_poll_arm).

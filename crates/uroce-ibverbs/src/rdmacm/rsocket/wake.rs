@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Longest slice of one wait where the socket has no eventfd (the process
 /// is out of descriptors): changes by other threads are then seen within it.
-const FALLBACK_SLICE_MS: c_int = 100;
+pub const FALLBACK_SLICE_MS: c_int = 100;
 
 pub struct Wake {
     fd: Option<OwnedFd>,
