@@ -825,8 +825,10 @@ impl Inner {
                 .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
                 .collect();
             // Closed links are looked at again soon (dropped once read
-            // out), and so are hellos that are late.
-            let wait = if closing.is_empty() && pending.is_empty() { 1000 } else { 5 };
+            // out), and so are hellos that are late; otherwise the hub
+            // sleeps until something happens (a link asked for or broken,
+            // shutdown: each rings `hub_wake`; a hello; a peer gone).
+            let wait = if closing.is_empty() && pending.is_empty() { -1 } else { 5 };
             // SAFETY: `fds` is a valid array of its length.
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait) };
             if self.shutdown.load(Ordering::SeqCst) {
