@@ -218,8 +218,8 @@ pub unsafe extern "C" fn uroce_cm_raccept(fd: c_int, addr: *mut libc::sockaddr, 
         }
         let sock = sock_of(fd)?;
         let _waiting = sock.wake.enter();
+        sock.wake.drain();
         loop {
-            sock.wake.drain();
             let s = sock.lock();
             if s.state != stream::LISTENING {
                 return Err(libc::EINVAL);
@@ -247,6 +247,9 @@ pub unsafe extern "C" fn uroce_cm_raccept(fd: c_int, addr: *mut libc::sockaddr, 
             if unsafe { libc::poll(p.as_mut_ptr(), 2, sock.wake.slice(-1)) } < 0 && crate::errno::last() == libc::EINTR
             {
                 return Err(libc::EINTR);
+            }
+            if p[1].revents != 0 {
+                sock.wake.drain();
             }
         }
     })();
@@ -278,6 +281,7 @@ pub unsafe extern "C" fn uroce_cm_rconnect(fd: c_int, addr: *const libc::sockadd
             _ => return Err(libc::ENOTCONN),
         }
         let _waiting = sock.wake.enter();
+        sock.wake.drain();
         loop {
             match s.drive_connect() {
                 Ok(()) => return Ok(0),
@@ -289,7 +293,9 @@ pub unsafe extern "C" fn uroce_cm_rconnect(fd: c_int, addr: *const libc::sockadd
                     drop(s);
                     // SAFETY: two pollfds (a negative fd is ignored).
                     unsafe { libc::poll(p.as_mut_ptr(), 2, sock.wake.slice(-1)) };
-                    sock.wake.drain();
+                    if p[1].revents != 0 {
+                        sock.wake.drain();
+                    }
                     s = sock.lock();
                 }
                 Err(e) => return Err(e),

@@ -21,8 +21,8 @@ fn nonblocking(d: &Dgram, flags: c_int) -> bool {
 /// `ds_get_comp`: waits until `test` holds (EAGAIN when non-blocking).
 fn wait(sock: &DSock, nonblock: bool, test: fn(&Dgram) -> bool) -> Result<(), c_int> {
     let _waiting = sock.wake.enter();
+    sock.wake.drain();
     loop {
-        sock.wake.drain();
         let ep = {
             let mut d = sock.lock();
             d.process();
@@ -46,6 +46,9 @@ fn wait(sock: &DSock, nonblock: bool, test: fn(&Dgram) -> bool) -> Result<(), c_
         // SAFETY: two pollfds (a negative fd is ignored).
         if unsafe { libc::poll(p.as_mut_ptr(), 2, sock.wake.slice(-1)) } < 0 && crate::errno::last() == libc::EINTR {
             return Err(libc::EINTR);
+        }
+        if p[1].revents != 0 {
+            sock.wake.drain();
         }
         sock.lock().take_cq_events();
     }

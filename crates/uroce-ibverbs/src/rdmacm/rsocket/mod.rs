@@ -201,8 +201,10 @@ fn insert(s: Stream) -> c_int {
 /// (`rs_get_comp`): EAGAIN when `nonblock` and it does not hold yet.
 fn wait(sock: &Sock, nonblock: bool, test: fn(&Stream) -> bool) -> Result<(), c_int> {
     let _waiting = sock.wake.enter();
+    // Wake-ups are forgotten before a check of the socket (here, and after
+    // a sleep they ended), so one coming after the check ends the sleep.
+    sock.wake.drain();
     loop {
-        sock.wake.drain();
         let (cfd, chfd) = {
             let mut s = sock.lock();
             s.process();
@@ -228,6 +230,9 @@ fn wait(sock: &Sock, nonblock: bool, test: fn(&Stream) -> bool) -> Result<(), c_
         let n = unsafe { libc::poll(p.as_mut_ptr(), 3, sock.wake.slice(-1)) };
         if n < 0 && crate::errno::last() == libc::EINTR {
             return Err(libc::EINTR);
+        }
+        if p[2].revents != 0 {
+            sock.wake.drain();
         }
         if p[0].revents != 0 {
             sock.lock().take_cq_event();

@@ -87,10 +87,11 @@ pub unsafe extern "C" fn uroce_cm_rpoll(fds: *mut libc::pollfd, nfds: libc::nfds
     kfds.extend(wakes.iter().map(|w| libc::pollfd { fd: w.fd(), events: libc::POLLIN, revents: 0 }));
     // Without an eventfd (out of descriptors) a sleep lasts a slice.
     let sliced = wakes.iter().any(|w| w.fd() < 0);
+    // Forgotten before the first check, then those that ended a sleep.
+    for w in &wakes {
+        w.drain();
+    }
     loop {
-        for w in &wakes {
-            w.drain();
-        }
         // Check everything once, as rs_poll_check.
         let mut cnt = 0;
         for ((p, s), d) in user.iter_mut().zip(&socks).zip(&dsocks) {
@@ -155,6 +156,11 @@ pub unsafe extern "C" fn uroce_cm_rpoll(fds: *mut libc::pollfd, nfds: libc::nfds
         let n = unsafe { libc::poll(kfds.as_mut_ptr(), kfds.len() as libc::nfds_t, left) };
         if n < 0 {
             return -1;
+        }
+        for (w, k) in wakes.iter().zip(&kfds[user.len()..]) {
+            if k.revents != 0 {
+                w.drain();
+            }
         }
         for ((k, s), d) in kfds.iter().zip(&socks).zip(&dsocks) {
             if k.revents != 0 {

@@ -99,7 +99,8 @@ impl Wake {
     }
 
     /// Forgets the wake-ups so far: called before the waiter checks the
-    /// socket, so that one coming after the check wakes its sleep.
+    /// socket (once when it starts waiting, then after a sleep this
+    /// eventfd ended), so that one coming after the check ends its sleep.
     pub fn drain(&self) {
         if let Some(f) = &self.fd {
             let mut v = 0u64;
