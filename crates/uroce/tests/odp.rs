@@ -472,3 +472,102 @@ fn odp_faults_on_a_busy_machine_with_short_timeouts() {
     );
     assert!(failures.is_empty(), "{failures:?}");
 }
+
+/// Two memfds of two pages, one filled with `a`, the other with `b`.
+fn memfd_pair(a: u8, b: u8) -> [std::os::fd::OwnedFd; 2] {
+    [a, b].map(|v| {
+        // SAFETY: memfd_create with a static name; the descriptor is ours.
+        let fd = unsafe { libc::memfd_create(c"odp-flip".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: our descriptor, taken over here.
+        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let bytes = vec![v; 2 * PAGE];
+        use std::os::fd::AsRawFd;
+        // SAFETY: our descriptor and buffer.
+        assert_eq!(
+            unsafe { libc::pwrite(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) },
+            bytes.len() as isize
+        );
+        fd
+    })
+}
+
+/// Maps `fd` (two pages, populated) over `addr` at once (`MAP_FIXED`).
+fn map_over(addr: usize, fd: &std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: MAP_FIXED over the test's own two-page range.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            2 * PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    assert_eq!(p as usize, addr);
+}
+
+/// One packet's access to an ODP range sees one mapping, old or new, never
+/// both, while another thread maps one memfd and then another over it
+/// (`MAP_FIXED`): the copy goes through `process_vm_readv`/`writev`, which
+/// pins the packet's pages under one hold of the mmap lock (what mlx5's
+/// invalidation ordered against its DMA gives). A READ and a WRITE of 1 KiB
+/// across the page boundary, over and over.
+#[test]
+fn one_packet_never_mixes_old_and_new_pages_of_an_odp_range() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _serial = serial();
+    let (a, b) = connected(None);
+    let m = Map::rw(2 * PAGE);
+    let fds = std::sync::Arc::new(memfd_pair(0xAA, 0xBB));
+    map_over(m.addr, &fds[0]);
+    let mr = b.pd.register_odp(m.addr as u64, (2 * PAGE) as u64, RW).unwrap();
+    let local = a.pd.register(vec![0u8; 1024], Access::LOCAL_WRITE).unwrap();
+    let at = (m.addr + PAGE - 512) as u64;
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let flipper = {
+        let (stop, fds, addr) = (stop.clone(), fds.clone(), m.addr);
+        std::thread::spawn(move || {
+            let mut i = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                map_over(addr, &fds[i % 2]);
+            }
+            i
+        })
+    };
+    let t = std::time::Instant::now();
+    let (mut reads, mut writes) = (0, 0);
+    while t.elapsed() < Duration::from_secs(20) && reads < 1500 {
+        assert_eq!(rdma(&a, WrOpcode::RdmaRead, local.sge(0, 1024), at, mr.rkey()), WcStatus::Success);
+        let got = local.to_vec();
+        assert!(got.iter().all(|&x| x == got[0]), "one READ saw two mappings: {:#x} and {:#x}", got[0], got[1023]);
+        reads += 1;
+        // A WRITE of this round's byte lands wholly in one of the two memfds.
+        let v = (reads % 200) as u8 + 1;
+        local.write_at(0, &[v; 1024]).unwrap();
+        assert_eq!(rdma(&a, WrOpcode::RdmaWrite, local.sge(0, 1024), at, mr.rkey()), WcStatus::Success);
+        let whole = fds.iter().any(|fd| {
+            use std::os::fd::AsRawFd;
+            let mut back = [0u8; 1024];
+            // SAFETY: our descriptor and buffer.
+            let n = unsafe { libc::pread(fd.as_raw_fd(), back.as_mut_ptr().cast(), 1024, (PAGE - 512) as i64) };
+            n == 1024 && back.iter().all(|&x| x == v)
+        });
+        assert!(whole, "one WRITE went partly to the old pages and partly to the new");
+        // Put the patterns back for the next READ.
+        for (fd, fill) in fds.iter().zip([0xAAu8, 0xBB]) {
+            use std::os::fd::AsRawFd;
+            let bytes = [fill; 1024];
+            // SAFETY: our descriptor and buffer.
+            unsafe { libc::pwrite(fd.as_raw_fd(), bytes.as_ptr().cast(), 1024, (PAGE - 512) as i64) };
+        }
+        writes += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let flips = flipper.join().unwrap();
+    assert!(reads >= 100 && writes >= 100, "too few rounds: {reads} reads, {writes} writes");
+    eprintln!("odp: {reads} reads and {writes} writes over {flips} remappings, none mixed");
+}
