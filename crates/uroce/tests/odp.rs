@@ -484,10 +484,8 @@ fn memfd_pair(a: u8, b: u8) -> [std::os::fd::OwnedFd; 2] {
         let bytes = vec![v; 2 * PAGE];
         use std::os::fd::AsRawFd;
         // SAFETY: our descriptor and buffer.
-        assert_eq!(
-            unsafe { libc::pwrite(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) },
-            bytes.len() as isize
-        );
+        let n = unsafe { libc::pwrite(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };
+        assert_eq!(n, bytes.len() as isize);
         fd
     })
 }
