@@ -91,19 +91,27 @@ pub(crate) fn vmas_and_below(start: u64, end: u64) -> std::io::Result<(Option<Vm
 
 fn parse_vmas(text: &str, start: u64, end: u64) -> (Option<Vma>, Vec<Vma>) {
     let mut out = Vec::new();
+    // Lines under the range: only their addresses are read, the last one
+    // is parsed whole at the end.
     let mut below = None;
     for line in text.lines() {
-        let Some(v) = parse_line(line) else { continue };
-        if v.hi <= start {
-            below = Some(v);
+        let Some((lo, hi)) = range_of(line) else { continue };
+        if hi <= start {
+            below = Some(line);
             continue;
         }
-        if v.lo >= end {
+        if lo >= end {
             break;
         }
-        out.push(v);
+        out.extend(parse_line(line));
     }
-    (below, out)
+    (below.and_then(parse_line), out)
+}
+
+/// The address range of one line of `/proc/self/maps`.
+fn range_of(line: &str) -> Option<(u64, u64)> {
+    let (lo, hi) = line.split(' ').next()?.split_once('-')?;
+    Some((u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?))
 }
 
 /// One line of `/proc/self/maps`.
