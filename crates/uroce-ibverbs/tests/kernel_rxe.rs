@@ -18,9 +18,10 @@
 //! kernel rxe server and a uroce client. Path MTU 1024 is covered
 //! (pingpong, WRITE and READ). IPv6 GIDs: pingpongs, WRITE, READ, rping,
 //! ucmatose and udaddy (`V6_CASES`). Memory windows (type 1 and 2,
-//! SEND_WITH_INV) by scripts/rxe-vm/mw.c. Not covered: ATOMIC WRITE
-//! (Debian 12's kernel 6.1 rxe and rdma-core 44 have none), non-blocking
-//! rstream. `UROCE_RXE_CASES=a,b` runs only those cases.
+//! SEND_WITH_INV) by scripts/rxe-vm/mw.c. rstream blocking, non-blocking
+//! and async at 100 B, 4 KiB and 64 KiB. Not covered: ATOMIC WRITE
+//! (Debian 12's kernel 6.1 rxe has none; it came in 6.2).
+//! `UROCE_RXE_CASES=a,b` runs only those cases.
 //!
 //! Skipped (with the reason) only where qemu or /dev/net/tun is missing,
 //! or network namespaces cannot be made.
@@ -597,6 +598,19 @@ fn matrix() -> Vec<Case> {
     // started in the VM under TCG, listens seconds later.
     m.push(Case::new("udaddy", "udaddy", "-b {own} -c 2 -C 10", "-s {peer} -b {own} -c 2 -C 10"));
     m.push(Case::new("rstream", "rstream", "-b {own} -T v -S 4096 -C 100", "-s {peer} -b {own} -T v -S 4096 -C 100"));
+    // Non-blocking (rpoll between partial transfers), and larger messages.
+    m.push(Case::new(
+        "rstream_nonblocking",
+        "rstream",
+        "-b {own} -T v -T n -S 65536 -C 20",
+        "-s {peer} -b {own} -T v -T n -S 65536 -C 20",
+    ));
+    m.push(Case::new(
+        "rstream_async",
+        "rstream",
+        "-b {own} -T v -T a -S 100 -C 200",
+        "-s {peer} -b {own} -T v -T a -S 100 -C 200",
+    ));
     m.push(Case::new("rping", "rping", "-s -a {own} -C 100 -S 4096 -V", "-c -a {peer} -C 100 -S 4096 -V"));
     // Memory windows (scripts/rxe-vm/mw.c): type 2 and type 1 bound on the
     // server's side, WRITE and READ through them from the client's, the
