@@ -18,8 +18,8 @@
 //! kernel rxe server and a uroce client. Path MTU 1024 is covered
 //! (pingpong, WRITE and READ). IPv6 GIDs: pingpongs, WRITE, READ, rping,
 //! ucmatose and udaddy (`V6_CASES`). Memory windows (type 1 and 2,
-//! SEND_WITH_INV) by scripts/rxe-vm/mw.c. rstream blocking, non-blocking
-//! and async at 100 B, 4 KiB and 64 KiB. Not covered: ATOMIC WRITE
+//! SEND_WITH_INV) by scripts/rxe-vm/mw.c. rstream blocking at 4 KiB and
+//! non-blocking at 64 KiB (not async: see the matrix). Not covered: ATOMIC WRITE
 //! (Debian 12's kernel 6.1 rxe has none; it came in 6.2).
 //! `UROCE_RXE_CASES=a,b` runs only those cases.
 //!
@@ -605,12 +605,12 @@ fn matrix() -> Vec<Case> {
         "-b {own} -T v -T n -S 65536 -C 20",
         "-s {peer} -b {own} -T v -T n -S 65536 -C 20",
     ));
-    m.push(Case::new(
-        "rstream_async",
-        "rstream",
-        "-b {own} -T v -T a -S 100 -C 200",
-        "-s {peer} -b {own} -T v -T a -S 100 -C 200",
-    ));
+    // Not `-T a` (rpoll before each transfer): rstream stops on a poll that
+    // reports POLLHUP beside POLLIN, which rdma-core's rsockets reports as
+    // soon as the peer's disconnect is in, with data still unread; the
+    // rxe client under TCG lags a uroce server that much (seen here: the
+    // server done and gone, the client's rstream ending silently).
+    // uroce's rsockets reports POLLHUP only once the data is read.
     m.push(Case::new("rping", "rping", "-s -a {own} -C 100 -S 4096 -V", "-c -a {peer} -C 100 -S 4096 -V"));
     // Memory windows (scripts/rxe-vm/mw.c): type 2 and type 1 bound on the
     // server's side, WRITE and READ through them from the client's, the
