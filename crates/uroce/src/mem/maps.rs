@@ -79,59 +79,40 @@ pub(crate) struct Vma {
 /// The mappings that overlap `start..end`, in address order (holes are
 /// the caller's to notice).
 pub(crate) fn vmas(start: u64, end: u64) -> std::io::Result<Vec<Vma>> {
-    Ok(vmas_and_below(start, end)?.1)
-}
-
-/// As [`vmas`], with the mapping just under the first of them (the last
-/// one that ends at or below `start`), if any.
-pub(crate) fn vmas_and_below(start: u64, end: u64) -> std::io::Result<(Option<Vma>, Vec<Vma>)> {
     let text = std::fs::read_to_string("/proc/self/maps")?;
     Ok(parse_vmas(&text, start, end))
 }
 
-fn parse_vmas(text: &str, start: u64, end: u64) -> (Option<Vma>, Vec<Vma>) {
+fn parse_vmas(text: &str, start: u64, end: u64) -> Vec<Vma> {
     let mut out = Vec::new();
-    // Lines under the range: only their addresses are read, the last one
-    // is parsed whole at the end.
-    let mut below = None;
     for line in text.lines() {
-        let Some((lo, hi)) = range_of(line) else { continue };
+        let mut f = line.splitn(6, ' ');
+        let (Some(range), Some(perms), Some(off), Some(dev), Some(inode)) = (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        let Some((lo, hi)) = range.split_once('-') else { continue };
+        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else { continue };
         if hi <= start {
-            below = Some(line);
             continue;
         }
         if lo >= end {
             break;
         }
-        out.extend(parse_line(line));
+        let p = perms.as_bytes();
+        let bit = |i: usize, c: u8, v: i32| if p.get(i) == Some(&c) { v } else { 0 };
+        out.push(Vma {
+            lo,
+            hi,
+            prot: bit(0, b'r', libc::PROT_READ) | bit(1, b'w', libc::PROT_WRITE) | bit(2, b'x', libc::PROT_EXEC),
+            shared: p.get(3) == Some(&b's'),
+            offset: u64::from_str_radix(off, 16).unwrap_or(0),
+            dev: dev.to_string(),
+            inode: inode.parse().unwrap_or(0),
+            name: f.next().unwrap_or("").trim().to_string(),
+        });
     }
-    (below.and_then(parse_line), out)
-}
-
-/// The address range of one line of `/proc/self/maps`.
-fn range_of(line: &str) -> Option<(u64, u64)> {
-    let (lo, hi) = line.split(' ').next()?.split_once('-')?;
-    Some((u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?))
-}
-
-/// One line of `/proc/self/maps`.
-fn parse_line(line: &str) -> Option<Vma> {
-    let mut f = line.splitn(6, ' ');
-    let (range, perms, off, dev, inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
-    let (lo, hi) = range.split_once('-')?;
-    let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
-    let p = perms.as_bytes();
-    let bit = |i: usize, c: u8, v: i32| if p.get(i) == Some(&c) { v } else { 0 };
-    Some(Vma {
-        lo,
-        hi,
-        prot: bit(0, b'r', libc::PROT_READ) | bit(1, b'w', libc::PROT_WRITE) | bit(2, b'x', libc::PROT_EXEC),
-        shared: p.get(3) == Some(&b's'),
-        offset: u64::from_str_radix(off, 16).unwrap_or(0),
-        dev: dev.to_string(),
-        inode: inode.parse().unwrap_or(0),
-        name: f.next().unwrap_or("").trim().to_string(),
-    })
+    out
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -243,17 +224,13 @@ mod tests {
 
     #[test]
     fn vmas_of_a_range() {
-        let (below, v) = parse_vmas(MAPS, 0x651000, 0x656000);
-        assert_eq!(below.map(|b| (b.lo, b.hi)), Some((0x400000, 0x452000)), "the mapping under the range");
+        let v = parse_vmas(MAPS, 0x651000, 0x656000);
         assert_eq!(v.len(), 3);
         assert_eq!((v[0].lo, v[0].prot, v[0].shared, v[0].inode), (0x651000, libc::PROT_READ, false, 173521));
         assert_eq!(v[0].name, "/usr/bin/dbus-daemon");
         assert_eq!((v[2].lo, v[2].hi, v[2].prot, v[2].inode), (0x655000, 0x660000, libc::PROT_READ | libc::PROT_WRITE, 0));
         assert_eq!(v[2].name, "");
-        let (below, v) = parse_vmas(MAPS, 0x7ffc_0000, 0x7ffc_1000);
-        assert_eq!(v[0].name, "[stack]");
-        assert_eq!(below.map(|b| (b.lo, b.prot)), Some((0x660000, 0)), "PROT_NONE under the stack");
-        assert_eq!(parse_vmas(MAPS, 0x1000, 0x2000), (None, vec![]), "nothing under the first mapping");
+        assert_eq!(parse_vmas(MAPS, 0x7ffc_0000, 0x7ffc_1000)[0].name, "[stack]");
     }
 
     #[test]

@@ -191,35 +191,23 @@ fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EFAULT)
 }
 
-/// Private anonymous memory uroce may move into a memfd (`below`: the
-/// mapping just under it, if any). Never a stack: the main thread's
-/// (`[stack]`), the one this thread runs on, nor another thread's — while
-/// the range is read-only for the copy, that thread's next push faults, and
-/// the fault handler needs the same stack (without an alternate signal
-/// stack, as C threads have none, the process dies of SIGSEGV). Other
-/// threads' stacks have no name in `/proc/self/maps`; glibc (and so Rust's
-/// and most C programs' threads) maps each with a guard page under it, so a
-/// writable anonymous mapping directly above a small `PROT_NONE` one is
-/// taken for a stack. Such a region is not owned: it follows the
-/// application's address space, as before (docs/architecture.md).
-fn movable(v: &Vma, below: Option<&Vma>) -> bool {
+/// Private anonymous memory uroce may move into a memfd. Never a stack: the
+/// main thread's (`[stack]`) nor the one this thread runs on — while the
+/// range is read-only for the copy, the thread's own next push would fault,
+/// and the fault handler itself needs that stack (the process died with
+/// SIGSEGV registering a buffer on the stack). Such a region is not owned:
+/// it follows the application's address space, as before. Another
+/// thread's stack is not told apart (docs/architecture.md): it has no name
+/// in `/proc/self/maps`, and its guard page below is what any buffer with
+/// guard pages around it looks like.
+fn movable(v: &Vma) -> bool {
     let here = 0u8;
     let sp = std::ptr::addr_of!(here) as u64;
-    let guarded = below.is_some_and(|b| {
-        b.hi == v.lo && b.prot == libc::PROT_NONE && !b.shared && b.inode == 0 && b.hi - b.lo <= MAX_GUARD
-    });
     !v.shared
         && v.inode == 0
-        && !guarded
         && !(v.lo..v.hi).contains(&sp)
         && (v.name.is_empty() || v.name == "[heap]" || v.name.starts_with("[anon:"))
 }
-
-/// The largest `PROT_NONE` mapping taken for a thread stack's guard (glibc's
-/// default is one page; `pthread_attr_setguardsize` may ask for more).
-/// A malloc arena's reserved tail is `PROT_NONE` too, but lies above its
-/// memory, and is megabytes.
-const MAX_GUARD: u64 = 64 << 10;
 
 /// Takes ownership of the pages of `addr..addr + len` (see the module
 /// docs): `Ok(None)` when the memory is of a kind uroce cannot own (the
@@ -231,13 +219,11 @@ pub(crate) fn take(addr: usize, len: u64) -> Result<Option<Owned>> {
     let end = addr.checked_add(len).ok_or_else(|| Error::inval("reg_mr: range wraps"))?.div_ceil(page) * page;
     let n = end - app;
     let _fork = ForkLock::take();
-    // With the mapping under the first: a guard page there tells a stack.
-    let Ok((below, vmas)) = maps::vmas_and_below(app as u64, end as u64) else { return Ok(None) };
+    let Ok(vmas) = maps::vmas(app as u64, end as u64) else { return Ok(None) };
     // Everything must be ownable, without holes, before anything changes.
     let mut at = app as u64;
-    for (i, v) in vmas.iter().enumerate() {
-        let under = if i == 0 { below.as_ref() } else { vmas.get(i - 1) };
-        if v.lo > at || !(v.shared || movable(v, under)) {
+    for v in &vmas {
+        if v.lo > at || !(v.shared || movable(v)) {
             return Ok(None);
         }
         at = v.hi;
@@ -579,59 +565,6 @@ mod tests {
         }
         // SAFETY: our mapping.
         unsafe { libc::munmap(a as *mut libc::c_void, n) };
-    }
-
-    /// Memory on another thread's stack (a C thread: no alternate signal
-    /// stack) is not moved: made read-only for the copy, the stack would
-    /// leave that thread's write fault no stack for the handler, and the
-    /// process would die of SIGSEGV. (Before stacks were told by their guard
-    /// page, `take` moved it; the thread survived 100 moves here only
-    /// because it did not run during the copies, on a busy machine.)
-    #[test]
-    fn another_threads_stack_is_not_moved() {
-        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-        struct Ctl {
-            addr: AtomicUsize,
-            stop: AtomicBool,
-        }
-        extern "C" fn spin(arg: *mut libc::c_void) -> *mut libc::c_void {
-            // SAFETY: `arg` is the `Ctl` below, alive until the join.
-            let ctl = unsafe { &*(arg as *const Ctl) };
-            let mut buf = [0u8; 8192];
-            ctl.addr.store(buf.as_mut_ptr() as usize, Ordering::Release);
-            let mut i = 0usize;
-            while !ctl.stop.load(Ordering::Acquire) {
-                i = i.wrapping_add(1);
-                // SAFETY: our own stack buffer.
-                unsafe { std::ptr::write_volatile(&mut buf[i % 8192], i as u8) };
-                std::hint::black_box(&mut buf);
-            }
-            std::ptr::null_mut()
-        }
-        super::super::safe::install();
-        let ctl = Ctl { addr: AtomicUsize::new(0), stop: AtomicBool::new(false) };
-        let mut t: libc::pthread_t = 0;
-        // SAFETY: a plain C thread (default attributes: a glibc stack with a
-        // guard page, no alternate signal stack) running `spin` on `ctl`.
-        let rc = unsafe { libc::pthread_create(&mut t, std::ptr::null(), spin, &ctl as *const Ctl as *mut libc::c_void) };
-        assert_eq!(rc, 0);
-        let t0 = std::time::Instant::now();
-        while ctl.addr.load(Ordering::Acquire) == 0 {
-            assert!(t0.elapsed() < std::time::Duration::from_secs(30), "the thread did not start");
-            std::thread::yield_now();
-        }
-        // The buffer and the 16 KiB under it, where the thread's frames are.
-        let buf = ctl.addr.load(Ordering::Acquire);
-        let owned = take(buf - (16 << 10), (8192 + (16 << 10)) as u64).unwrap();
-        assert!(owned.is_none(), "another thread's stack is left where it is");
-        ctl.stop.store(true, Ordering::Release);
-        // SAFETY: our thread, joined once.
-        assert_eq!(unsafe { libc::pthread_join(t, std::ptr::null_mut()) }, 0);
-        // An anonymous mapping without a guard under it is still owned.
-        let a = anon(2 * 4096);
-        assert!(take(a, 8192).unwrap().is_some());
-        // SAFETY: our mapping.
-        unsafe { libc::munmap(a as *mut libc::c_void, 2 * 4096) };
     }
 
     /// `rereg` onto a new range: the new range's pages are owned, the old
