@@ -151,8 +151,11 @@ int main(int argc, char **argv)
 	for (time_t end = time(NULL) + 20; s < 0 && time(NULL) < end;) {
 		struct pollfd f[3] = { { .fd = c, .events = POLLOUT }, { .fd = l, .events = POLLIN },
 				       { .fd = p[0], .events = POLLIN } };
+		/* rpoll leaves errno alone (rstream prints what a refused connect left). */
+		errno = EINPROGRESS;
 		int n = rpoll(f, 3, 100);
 		CHECK(n >= 1 && (f[2].revents & POLLIN), "rpoll with the pipe: %d", n);
+		CHECK(errno == EINPROGRESS, "rpoll changed errno: %m");
 		if (f[1].revents & POLLIN) {
 			len = sizeof(peer);
 			s = raccept(l, (struct sockaddr *)&peer, &len);

@@ -92,9 +92,11 @@ impl Wake {
         }
         if let Some(f) = &self.fd {
             let one = 1u64;
+            let saved = crate::errno::last();
             // SAFETY: eight bytes to our non-blocking eventfd; a full counter
             // (EAGAIN) is already a wake-up.
             unsafe { libc::write(f.as_raw_fd(), (&one as *const u64).cast(), 8) };
+            crate::errno::set_errno(saved);
         }
     }
 
@@ -104,8 +106,12 @@ impl Wake {
     pub fn drain(&self) {
         if let Some(f) = &self.fd {
             let mut v = 0u64;
+            // An empty eventfd answers EAGAIN: not the caller's error (rstream
+            // prints the errno a refused connect left, and tests read it).
+            let saved = crate::errno::last();
             // SAFETY: eight bytes from our non-blocking eventfd.
             unsafe { libc::read(f.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            crate::errno::set_errno(saved);
         }
     }
 }
