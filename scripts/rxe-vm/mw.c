@@ -91,6 +91,19 @@ static void post(struct ibv_qp *qp, struct ibv_send_wr *wr)
 	CHECK(ibv_post_send(qp, wr, &bad) == 0, "post_send opcode %d: %m", wr->opcode);
 }
 
+/* One RDMA WRITE or READ of `len` bytes at `buf` to or from `addr`/`rkey`;
+ * its completion's status. */
+static enum ibv_wc_status one_op(struct ibv_qp *qp, enum ibv_wr_opcode op, char *buf, uint32_t len,
+				 struct ibv_mr *mr, uint64_t addr, uint32_t rkey)
+{
+	struct ibv_sge sg = { (uintptr_t)buf, len, mr->lkey };
+	struct ibv_send_wr w = { .wr_id = 3, .sg_list = &sg, .num_sge = 1, .opcode = op };
+	w.wr.rdma.remote_addr = addr;
+	w.wr.rdma.rkey = rkey;
+	post(qp, &w);
+	return next_wc().status;
+}
+
 int main(int argc, char **argv)
 {
 	int gidx = 0, opt;
@@ -198,42 +211,23 @@ int main(int argc, char **argv)
 		strcpy(lbuf, "through window two");
 		strcpy(lbuf + 32, "through window one");
 		strcpy(lbuf + 64, "invalidate");
-		struct ibv_sge sg = { (uintptr_t)lbuf, 32, lmr->lkey };
-		struct ibv_send_wr w = { .wr_id = 3, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE };
-		w.wr.rdma.remote_addr = peer.addr2;
-		w.wr.rdma.rkey = peer.rkey2;
-		post(qp, &w);
-		wc = next_wc();
-		CHECK(wc.status == IBV_WC_SUCCESS, "WRITE through the type 2 window: %s", ibv_wc_status_str(wc.status));
-		sg.addr = (uintptr_t)lbuf + 32;
-		w.wr.rdma.remote_addr = peer.addr1;
-		w.wr.rdma.rkey = peer.rkey1;
-		post(qp, &w);
-		wc = next_wc();
-		CHECK(wc.status == IBV_WC_SUCCESS, "WRITE through the type 1 window: %s", ibv_wc_status_str(wc.status));
-		sg.addr = (uintptr_t)lbuf + 128;
-		w.opcode = IBV_WR_RDMA_READ;
-		w.wr.rdma.remote_addr = peer.addr2;
-		w.wr.rdma.rkey = peer.rkey2;
-		post(qp, &w);
-		wc = next_wc();
-		CHECK(wc.status == IBV_WC_SUCCESS && !strcmp(lbuf + 128, "through window two"),
-		      "READ through the type 2 window: %s, '%s'", ibv_wc_status_str(wc.status), lbuf + 128);
-		sg.addr = (uintptr_t)lbuf + 64;
-		sg.length = 16;
+		enum ibv_wc_status st = one_op(qp, IBV_WR_RDMA_WRITE, lbuf, 32, lmr, peer.addr2, peer.rkey2);
+		CHECK(st == IBV_WC_SUCCESS, "WRITE through the type 2 window: %s", ibv_wc_status_str(st));
+		st = one_op(qp, IBV_WR_RDMA_WRITE, lbuf + 32, 32, lmr, peer.addr1, peer.rkey1);
+		CHECK(st == IBV_WC_SUCCESS, "WRITE through the type 1 window: %s", ibv_wc_status_str(st));
+		st = one_op(qp, IBV_WR_RDMA_READ, lbuf + 128, 32, lmr, peer.addr2, peer.rkey2);
+		CHECK(st == IBV_WC_SUCCESS && !strcmp(lbuf + 128, "through window two"),
+		      "READ through the type 2 window: %s, '%s'", ibv_wc_status_str(st), lbuf + 128);
+		struct ibv_sge sg = { (uintptr_t)lbuf + 64, 16, lmr->lkey };
 		struct ibv_send_wr inv = { .wr_id = 4, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_SEND_WITH_INV,
 					   .invalidate_rkey = peer.rkey2 };
 		post(qp, &inv);
 		wc = next_wc();
 		CHECK(wc.status == IBV_WC_SUCCESS, "SEND_WITH_INV: %s", ibv_wc_status_str(wc.status));
 		xfer(s, &go, &ack, 1);
-		sg.addr = (uintptr_t)lbuf;
-		sg.length = 32;
-		w.opcode = IBV_WR_RDMA_WRITE;
-		post(qp, &w);
-		wc = next_wc();
-		CHECK(wc.status == IBV_WC_REM_ACCESS_ERR, "WRITE through the invalidated window: %s (want %s)",
-		      ibv_wc_status_str(wc.status), ibv_wc_status_str(IBV_WC_REM_ACCESS_ERR));
+		st = one_op(qp, IBV_WR_RDMA_WRITE, lbuf, 32, lmr, peer.addr2, peer.rkey2);
+		CHECK(st == IBV_WC_REM_ACCESS_ERR, "WRITE through the invalidated window: %s (want %s)",
+		      ibv_wc_status_str(st), ibv_wc_status_str(IBV_WC_REM_ACCESS_ERR));
 		xfer(s, &go, &ack, 1);
 	}
 	printf("mw ok\n");

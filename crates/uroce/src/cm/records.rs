@@ -82,8 +82,8 @@ impl Records {
         None
     }
 
-    /// The records due at `now`, each once, earliest deadline first; their
-    /// entries are taken off the heap. Whatever the caller then does to
+    /// The records due at `now`, each once; their entries are taken off
+    /// the heap. Whatever the caller then does to
     /// them goes through [`Records::get_mut`], and the caller notes each
     /// with [`Records::touch`] (a record whose turn changed nothing keeps a
     /// deadline that no entry holds any more).
@@ -95,10 +95,13 @@ impl Records {
                 break;
             }
             self.heap.pop();
-            if self.current((d, id)) && !out.contains(&id) {
+            if self.current((d, id)) {
                 out.push(id);
             }
         }
+        // (A deadline moved away and back leaves two current entries.)
+        out.sort_unstable();
+        out.dedup();
         out
     }
 

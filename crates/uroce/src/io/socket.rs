@@ -145,6 +145,25 @@ pub const SEND_GROUPS: usize = 64;
 pub const GSO_MAX_SEGMENTS: usize = crate::wire::icrc::IPV4_ID_CANDIDATES as usize;
 pub const GSO_MAX_BYTES: usize = 65000;
 
+/// `setsockopt` of one `c_int` (options socket2 does not name).
+fn set_int(sock: &Socket, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: setsockopt reads one c_int from `value`, which outlives the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 impl RoceSocket {
     pub fn bind(addr: SocketAddr) -> io::Result<RoceSocket> {
         let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
@@ -155,52 +174,16 @@ impl RoceSocket {
             // ICRC covers the packet), which IPv6 sockets drop unless told
             // (RFC 6936, `udp6_unicast_rcv_skb`): without this, every
             // packet from a kernel rxe over IPv6 was lost here.
-            let one: libc::c_int = 1;
-            // SAFETY: setsockopt reads one c_int.
-            let rc = unsafe {
-                libc::setsockopt(
-                    sock.as_raw_fd(),
-                    libc::SOL_UDP,
-                    libc::UDP_NO_CHECK6_RX,
-                    (&one as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            if rc != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            set_int(&sock, libc::SOL_UDP, libc::UDP_NO_CHECK6_RX, 1)?;
         }
         let _ = sock.set_recv_buffer_size(8 << 20);
         let _ = sock.set_send_buffer_size(8 << 20);
         if addr.ip().is_ipv4() {
-            let val: libc::c_int = libc::IP_PMTUDISC_DO;
-            // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from &val.
-            let rc = unsafe {
-                libc::setsockopt(
-                    sock.as_raw_fd(),
-                    libc::IPPROTO_IP,
-                    libc::IP_MTU_DISCOVER,
-                    (&val as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            if rc != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            set_int(&sock, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)?;
         }
         if gro_wanted() {
-            let one: libc::c_int = 1;
-            // SAFETY: setsockopt reads one c_int. Failure (an old kernel) only
-            // means datagrams arrive one per buffer.
-            unsafe {
-                libc::setsockopt(
-                    sock.as_raw_fd(),
-                    libc::SOL_UDP,
-                    libc::UDP_GRO,
-                    (&one as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
+            // Failure (an old kernel) only means datagrams arrive one per buffer.
+            let _ = set_int(&sock, libc::SOL_UDP, libc::UDP_GRO, 1);
         }
         sock.bind(&SockAddr::from(addr))?;
         let local = sock.local_addr()?.as_socket().ok_or_else(|| io::Error::other("not an IP socket"))?;
@@ -504,13 +487,13 @@ mod tests {
     #[test]
     fn an_ipv6_datagram_with_a_zero_checksum_arrives() {
         let Ok(b) = RoceSocket::bind("[::1]:0".parse().unwrap()) else {
-            eprintln!("SKIP-PART an_ipv6_datagram_with_a_zero_checksum_arrives: no IPv6 loopback here");
+            println!("SKIP {}: no IPv6 loopback here", std::thread::current().name().unwrap_or("?"));
             return;
         };
         // SAFETY: a raw IPv6 socket for UDP, closed below.
         let raw = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_UDP) };
         if raw < 0 {
-            eprintln!("SKIP-PART an_ipv6_datagram_with_a_zero_checksum_arrives: no raw socket (needs CAP_NET_RAW)");
+            println!("SKIP {}: no raw socket (needs CAP_NET_RAW)", std::thread::current().name().unwrap_or("?"));
             return;
         }
         let payload = [0x5au8; 40];
