@@ -34,6 +34,21 @@ if [ "${CI:-}" = true ] && grep -qE '^SKIP(-PART)? .*is not installed' "$log"; t
     grep -E '^SKIP(-PART)? .*is not installed' "$log" | sed 's/^/  /'
     status=1
 fi
+# What each failed test printed last (its panic message), here at the end
+# where a CI log's tail shows it: libtest's "failures:" sections, each cut
+# to its last 30 lines of at most 300 characters.
+if [ "$failed" != 0 ]; then
+    echo
+    echo "failed tests, with the end of what each printed:"
+    awk '
+        function flush() { if (name != "") { s = (n > 30) ? n - 29 : 1; print "  ---- " name; for (i = s; i <= n; i++) print "  | " substr(buf[i], 1, 300) } name = ""; n = 0 }
+        /^failures:$/ { flush(); infail = 1; next }
+        /^(successes:|test result:)/ { flush(); infail = 0; next }
+        infail && /^---- .* stdout ----$/ { flush(); name = $2; next }
+        infail && name != "" { buf[++n] = $0 }
+        END { flush() }
+    ' "$log"
+fi
 echo
 echo "${passed} passed, ${failed} failed, ${skipped} skipped"
 [ "$failed" = 0 ] && [ $status = 0 ]

@@ -335,14 +335,18 @@ fn link_attempts_beyond_the_cap_are_refused_and_reaped() {
         skip!("UROCE_LINK=udp turns the link off");
     }
     let (v, w, qp) = linked_pair(84);
-    let links_before = total(&v.ctx, "links");
     let max = total(&v.ctx, "max_links");
     let own = addr(84, 5);
+    // The victim's live links with the attacker's address (the legitimate
+    // pair's own count may still grow: w may link to v as v did to w).
+    let links_with = |peer: SocketAddr| view(&v.ctx, peer).map_or(0, |(_, c)| c["links"]);
     let a = Attacker::start(&format!("link,{},{own},dgram,1,1500", v.ctx.local_addr()));
     // The legitimate pair streams while the attempts come.
     let t = Instant::now();
+    let mut most = 0;
     let answers = loop {
         stream(&v, &qp, &w, 2);
+        most = most.max(links_with(own));
         if let Ok(l) = a.lines.try_recv() {
             if let Some(at) = l.find("attacker-answers") {
                 break l[at..].to_string();
@@ -352,13 +356,16 @@ fn link_attempts_beyond_the_cap_are_refused_and_reaped() {
     };
     eprintln!("attacker: {answers}; victim: {:?}", v.ctx.medium_counters());
     let ok = field(&answers, "ok");
-    assert!(
-        ok <= uroce::io::link::PER_PEER as u64,
-        "at most {} links for one address: {answers}",
-        uroce::io::link::PER_PEER
-    );
+    let per_peer = uroce::io::link::PER_PEER as u64;
+    assert!(ok <= per_peer, "at most {per_peer} links for one address: {answers}");
+    most = most.max(links_with(own));
+    assert!(most <= per_peer, "the victim held {most} links with {own} at once: {answers}");
+    // (An answer the attacker stopped waiting for is "silent" to it.)
+    let made = view(&v.ctx, own).map_or(0, |(_, c)| c["links_made"]);
+    let silent = field(&answers, "silent");
+    assert!(made <= ok + silent, "the victim made {made} links with {own}, the attacker saw {ok}: {answers}");
     let links = total(&v.ctx, "links");
-    assert!(links <= max && links <= links_before + ok, "{links} links (cap {max})");
+    assert!(links <= max && links <= per_peer + ok, "{links} links (cap {max}; {ok} with the attacker)");
     let not_connected = field(&answers, "connect_failed");
     let refused = || total(&v.ctx, "links_refused_cap") + total(&v.ctx, "links_refused_bad");
     let t = Instant::now();
@@ -374,8 +381,8 @@ fn link_attempts_beyond_the_cap_are_refused_and_reaped() {
     // The attacker goes: its links are reaped.
     a.finish();
     let t = Instant::now();
-    while total(&v.ctx, "links") > links_before {
-        assert!(t.elapsed() < Duration::from_secs(10), "links of a gone peer kept: {:?}", v.ctx.medium_counters());
+    while links_with(own) > 0 {
+        assert!(t.elapsed() < Duration::from_secs(10), "links of a gone peer kept: {:?}", v.ctx.link_stats());
         std::thread::sleep(Duration::from_millis(10));
     }
     stream(&v, &qp, &w, 10);

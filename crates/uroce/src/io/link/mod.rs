@@ -666,6 +666,12 @@ impl Links {
 
     /// Per peer: medium, process and counters.
     pub fn stats(&self) -> Vec<LinkStats> {
+        // Live links per peer first (the links lock is never held while a
+        // peer's state is taken).
+        let mut live: FxHashMap<SocketAddr, u64> = FxHashMap::default();
+        for l in self.inner.links.read().unwrap().iter().filter(|l| !l.closed.load(Ordering::Relaxed)) {
+            *live.entry(l.peer).or_default() += 1;
+        }
         let peers = self.inner.peers.read().unwrap();
         let mut v: Vec<LinkStats> = peers
             .iter()
@@ -691,6 +697,7 @@ impl Links {
                         ("udp_rx_bytes", f(&c.udp_rx_bytes)),
                         ("ring_full_drops", f(&c.ring_full_drops)),
                         ("links_made", f(&c.links_made)),
+                        ("links", live.get(a).copied().unwrap_or(0)),
                     ],
                 }
             })
