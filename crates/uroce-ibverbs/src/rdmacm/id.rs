@@ -625,7 +625,8 @@ pub unsafe extern "C" fn uroce_cm_rdma_connect(id: *mut rdma_cm_id, conn_param: 
                 flow_control: p.is_some_and(|p| p.flow_control != 0),
                 retry_count: p.map_or(7, |p| p.retry_count),
                 rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count),
-                srq: p.is_some_and(|p| p.srq != 0) || qp_srq,
+                // As librdmacm: the QP's SRQ where the id has a QP, else the parameter's.
+                srq: if qp.is_null() { p.is_some_and(|p| p.srq != 0) } else { qp_srq },
                 traffic_class: g.ids[&(u as usize)].tos,
                 private_data: pdata,
             };
@@ -692,8 +693,11 @@ pub unsafe extern "C" fn uroce_cm_rdma_accept(id: *mut rdma_cm_id, conn_param: *
             initiator_depth: info.initiator_depth,
             flow_control: p.is_some_and(|p| p.flow_control != 0),
             rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count),
+            // As librdmacm: the QP's SRQ where the id has a QP (the
+            // parameter's `srq` is then not read: libfabric leaves it
+            // uninitialised), else the parameter's.
             // SAFETY: the id's QP.
-            srq: p.is_some_and(|p| p.srq != 0) || (!qp.is_null() && unsafe { !(*qp).srq.is_null() }),
+            srq: if qp.is_null() { p.is_some_and(|p| p.srq != 0) } else { unsafe { !(*qp).srq.is_null() } },
             qkey: 0,
             private_data: pdata,
         };

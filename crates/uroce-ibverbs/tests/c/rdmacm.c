@@ -120,6 +120,9 @@ int main(int argc, char **argv)
 	CHECK(rdma_set_option(cli, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack, 4) == -1 && errno == EINVAL,
 	      "ack timeout of 4 bytes");
 	CHECK(rdma_set_option(cli, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack, 1) == 0, "ack timeout: %m");
+	/* An id with a QP says whether it has an SRQ from the QP: the parameter's
+	 * srq is not read (libfabric leaves it uninitialised), as librdmacm. */
+	cp.srq = 0xa5;
 	CHECK(rdma_connect(cli, &cp) == 0, "connect: %m");
 
 	e = next(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
@@ -128,6 +131,7 @@ int main(int argc, char **argv)
 	CHECK(e->param.conn.private_data_len == 56 && !strcmp(e->param.conn.private_data, "hello"), "REQ data");
 	CHECK(e->param.conn.initiator_depth == 128 && e->param.conn.responder_resources == 128, "REQ depths %u %u",
 	      e->param.conn.initiator_depth, e->param.conn.responder_resources);
+	CHECK(e->param.conn.srq == 0, "REQ SRQ bit %u from a QP without an SRQ", e->param.conn.srq);
 	CHECK(rdma_get_dst_port(srv) == rdma_get_src_port(cli), "ports");
 	rdma_ack_cm_event(e);
 	qa.send_cq = qa.recv_cq = NULL;
@@ -154,7 +158,8 @@ int main(int argc, char **argv)
 	for (int i = 0; i < 2; i++) {
 		e = next(ch, RDMA_CM_EVENT_ESTABLISHED);
 		if (e->id == cli)
-			CHECK(!strcmp(e->param.conn.private_data, "welcome"), "REP data");
+			CHECK(!strcmp(e->param.conn.private_data, "welcome") && e->param.conn.srq == 0,
+			      "REP data, no SRQ bit (%u)", e->param.conn.srq);
 		else
 			CHECK(e->id == srv, "established id");
 		rdma_ack_cm_event(e);
