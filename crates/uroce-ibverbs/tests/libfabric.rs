@@ -85,13 +85,23 @@ fn pingpong(p: &netns::Pair, (sns, sdev, saddr): (&str, &str, &str), (cns, caddr
     // Every size of the series, on both sides.
     let sizes = |t: &str| t.lines().filter(|l| l.split_whitespace().nth(2).is_some_and(|a| a.starts_with('='))).count();
     let (n, sn) = (sizes(&out), sizes(&sout));
-    assert!(n > 0 && n == sn, "{what}: results differ: client: {out}\nserver: {sout}");
-    if !(ok && sok) && args.contains(&"rdm") && [&out, &sout].iter().any(|t| t.contains("terminated with signal 11")) {
-        // Known: ofi_rxm (libfabric 1.17) sometimes crashes while it closes
-        // its connections after the last transfer (README, "libfabric").
-        skip::part(format!("{what}: all {n} sizes done, then ofi_rxm crashed at teardown (known issue)"));
+    // Known: ofi_rxm (libfabric 1.17) sometimes crashes while it closes its
+    // connections after the last transfer (README, "libfabric"): a use of
+    // a freed fid in the main thread's fi_close. The crashed side's table
+    // may be lost with its unflushed stdout; the other side's must be whole.
+    let crashed = |t: &str| t.contains("terminated with signal 11") || t.contains("signal: 11");
+    let whole = |t: &str| {
+        t.lines().any(|l| l.starts_with("1m ") && l.split_whitespace().nth(2).is_some_and(|a| a.starts_with('=')))
+    };
+    let teardown_crash = args.contains(&"rdm")
+        && ((!ok && crashed(&out) && sok && whole(&sout)) || (!sok && crashed(&sout) && ok && whole(&out)));
+    if teardown_crash {
+        skip::part(format!(
+            "{what}: every size done, then ofi_rxm crashed at teardown (known issue): client: {out}\nserver: {sout}"
+        ));
         return;
     }
+    assert!(n > 0 && n == sn, "{what}: results differ: client: {out}\nserver: {sout}");
     assert!(ok && sok, "{what}: client: {out}\nserver: {sout}");
 }
 
@@ -197,6 +207,17 @@ fn fabric(p: &netns::Pair, exe: &str, mode: &str, (sns, saddr): (&str, &str), (c
     let (ok, cout) = { client }.wait("fabric client", Duration::from_secs(60));
     let (sok, serr) = server.wait("fabric server", Duration::from_secs(30));
     let sout = lines.join().unwrap_or_default() + &serr;
+    // The known crash of ofi_rxm's teardown (see `pingpong`): every transfer
+    // done on both sides, then one side died of SIGSEGV in its fi_close.
+    let done = |t: &str| {
+        t.contains(&format!("fabric {mode} client transfers done"))
+            || t.contains(&format!("fabric {mode} server transfers done"))
+    };
+    let crashed = |ok: bool, t: &str| !ok && (t.contains("terminated with signal 11") || t.contains("signal: 11"));
+    if mode == "rdm" && done(&cout) && done(&sout) && (crashed(ok, &cout) || crashed(sok, &sout)) && (ok || sok) {
+        skip::part(format!("fabric rdm: every transfer done, then ofi_rxm crashed at teardown (known issue): client: {cout}\nserver: {sout}"));
+        return;
+    }
     assert!(ok && sok, "fabric {mode}: client: {cout}\nserver: {sout}");
     assert!(cout.contains(&format!("fabric {mode} client ok")), "{cout}");
     assert!(sout.contains(&format!("fabric {mode} server ok")), "{sout}");

@@ -364,6 +364,7 @@ static void rdm_server(const char *port)
 	strcpy(buf + 2048, "bye");
 	POST(fi_tsend(ep, buf + 2048, 4, desc(), peer, T_BYE, &ctx[3]));
 	wait_ctx(&ctx[3], "bye");
+	printf("fabric rdm server transfers done\n");
 	close_all(&ep->fid, &av->fid);
 	printf("fabric rdm server ok\n");
 }
@@ -412,6 +413,7 @@ static void rdm_client(const char *addr, const char *port)
 	wait_ctx(&ctx[6], "bye");
 	if (strcmp(buf + 3072, "bye"))
 		DIE("bye: '%s'", buf + 3072);
+	printf("fabric rdm client transfers done\n");
 	close_all(&ep->fid, &av->fid);
 	printf("fabric rdm client ok\n");
 }
@@ -422,6 +424,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: %s msg|rdm server PORT | client ADDR PORT\n", argv[0]);
 		return 2;
 	}
+	/* Each line as it comes: a crash in the teardown keeps what came before. */
+	setvbuf(stdout, NULL, _IOLBF, 0);
 	mode = argv[1];
 	side = argv[2];
 	int rdm = !strcmp(mode, "rdm");
