@@ -59,6 +59,9 @@ macro_rules! internal {
     )*};
 }
 
+/// The lock order, checked in debug builds.
+mod lock_order;
+
 internal! {
     /// UDP sockets, the progress thread, capture and fault injection.
     io;

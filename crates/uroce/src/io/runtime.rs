@@ -18,6 +18,7 @@ use super::medium::{Medium, PeerStats, Runs, RxBuffer};
 use super::socket::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 use super::{Capture, RoceSocket};
 use crate::ib::{Errno, Error, Result};
+use crate::lock_order::{Ordered, Rank};
 use crate::mem::Memory;
 use crate::proto::presence::Presence;
 use crate::proto::qp::QpInit;
@@ -82,7 +83,7 @@ pub struct Runtime {
     next_qpn: AtomicU32,
     qp_count: AtomicUsize,
     /// Receive buffers; holding the lock makes a thread the receiver.
-    rx: Mutex<RxState>,
+    rx: Ordered<Mutex<RxState>>,
     /// The device's UDP address (its identity on every medium).
     local: SocketAddr,
     /// The media, in the order they are offered packets: UDP, which takes
@@ -156,11 +157,14 @@ impl Runtime {
             shards,
             deadlines: (0..SHARDS).map(|_| AtomicInstant::default()).collect(),
             qp_count: AtomicUsize::new(0),
-            rx: Mutex::new(RxState {
-                bufs: media.iter().map(|m| m.rx_buffer()).collect(),
-                order: Vec::new(),
-                rx_ids: RxIds::new(),
-            }),
+            rx: Ordered::new(
+                Rank::Rx,
+                Mutex::new(RxState {
+                    bufs: media.iter().map(|m| m.rx_buffer()).collect(),
+                    order: Vec::new(),
+                    rx_ids: RxIds::new(),
+                }),
+            ),
             local,
             media: media.into_boxed_slice(),
             wake,
@@ -212,7 +216,7 @@ impl Runtime {
     /// Runs `f` on the engine shard holding QP `qpn`, for queries (no
     /// packets, no timers). Holds that shard's engine lock only.
     pub fn query<R>(&self, qpn: u32, f: impl FnOnce(&Engine) -> R) -> R {
-        f(&self.shard(qpn).engine.lock().unwrap())
+        f(&self.shard(qpn).engine.lock())
     }
 
     /// Runs `f` on the engine shard holding QP `qpn`, then sends what it
@@ -239,7 +243,7 @@ impl Runtime {
     /// [`Engine::create_gsi_qp`]).
     pub fn create_gsi_qp(&self, init: QpInit) -> Result<u32> {
         self.claim_qp()?;
-        let r = self.shard(crate::wire::mad::GSI_QPN).engine.lock().unwrap().create_gsi_qp(init);
+        let r = self.shard(crate::wire::mad::GSI_QPN).engine.lock().create_gsi_qp(init);
         if r.is_err() {
             self.qp_count.fetch_sub(1, Ordering::Relaxed);
         }
@@ -263,7 +267,7 @@ impl Runtime {
         for _ in 0..2 * (MAX_QPS + 1) {
             let qpn = self.next_qpn.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| Some(qpn_after(q)));
             let qpn = qpn.unwrap_or_else(|q| q);
-            let mut e = self.shard(qpn).engine.lock().unwrap();
+            let mut e = self.shard(qpn).engine.lock();
             if e.has_qp(qpn) {
                 continue;
             }
@@ -294,13 +298,13 @@ impl Runtime {
     /// request names it, whichever QP it reaches).
     pub fn register_xrc_srq(&self, srq: &Arc<SharedRecvQueue>) {
         for s in self.shards.iter() {
-            s.engine.lock().unwrap().register_xrc_srq(srq);
+            s.engine.lock().register_xrc_srq(srq);
         }
     }
 
     pub fn unregister_xrc_srq(&self, srqn: u32) {
         for s in self.shards.iter() {
-            s.engine.lock().unwrap().unregister_xrc_srq(srqn);
+            s.engine.lock().unregister_xrc_srq(srqn);
         }
     }
 
@@ -308,18 +312,18 @@ impl Runtime {
     pub fn stats(&self) -> Stats {
         let mut s = Stats::default();
         for sh in self.shards.iter() {
-            s.add(&sh.engine.lock().unwrap().stats());
+            s.add(&sh.engine.lock().stats());
         }
         s
     }
 
     pub fn qp_count(&self) -> usize {
-        self.shards.iter().map(|s| s.engine.lock().unwrap().qp_count()).sum()
+        self.shards.iter().map(|s| s.engine.lock().qp_count()).sum()
     }
 
     /// Every QP with its state and counters, by QP number.
     pub fn qp_summaries(&self) -> Vec<QpSummary> {
-        let mut v: Vec<QpSummary> = self.shards.iter().flat_map(|s| s.engine.lock().unwrap().qp_summaries()).collect();
+        let mut v: Vec<QpSummary> = self.shards.iter().flat_map(|s| s.engine.lock().qp_summaries()).collect();
         v.sort_by_key(|q| q.qpn);
         v
     }
@@ -335,12 +339,12 @@ impl Runtime {
     /// it released every lock.
     fn run<R>(&self, s: usize, events: &mut Vec<Event>, f: impl FnOnce(&mut Engine, Instant) -> R) -> R {
         let shard = &self.shards[s];
-        let mut tx = shard.tx.lock().unwrap();
+        let mut tx = shard.tx.lock();
         let now = Instant::now();
         let mut out = std::mem::take(&mut tx.out);
         let mut jobs: SmallVec<[Box<CopyJob>; 1]> = SmallVec::new();
         let (r, deadline) = {
-            let mut e = shard.engine.lock().unwrap();
+            let mut e = shard.engine.lock();
             for buf in tx.sent.drain(..) {
                 e.recycle(buf);
             }
@@ -362,7 +366,7 @@ impl Runtime {
         if !after.is_empty() {
             // The kernel has the bytes of the packets sent in place: their
             // sends may complete (and the application reuse the buffers).
-            let mut e = shard.engine.lock().unwrap();
+            let mut e = shard.engine.lock();
             e.sent(now, after);
             while let Some(ev) = e.poll_event() {
                 events.push(ev);
@@ -459,7 +463,7 @@ impl Runtime {
     pub fn shutdown(&self) {
         let mut events = Vec::new();
         for s in 0..self.shards.len() {
-            if self.shards[s].engine.lock().unwrap().has_held_acks() {
+            if self.shards[s].engine.lock().has_held_acks() {
                 self.run(s, &mut events, |e, now| e.flush_acks(now));
             }
         }
@@ -502,8 +506,8 @@ impl Runtime {
         self.presence.polled(now);
         let mut events = Vec::new();
         let got = match self.rx.try_lock() {
-            Ok(mut rx) => self.receive(&mut rx, now, true, &mut events),
-            Err(_) => return false,
+            Some(mut rx) => self.receive(&mut rx, now, true, &mut events),
+            None => return false,
         };
         self.dispatch(events);
         got
@@ -572,7 +576,7 @@ impl Runtime {
             slept = true;
             // Another thread receiving (the progress thread, woken by the
             // same datagram) completes what it brings: its event wakes us.
-            if let Ok(mut rx) = self.rx.try_lock() {
+            if let Some(mut rx) = self.rx.try_lock() {
                 let mut events = Vec::new();
                 self.receive(&mut rx, Instant::now(), true, &mut events);
                 drop(rx);
@@ -825,7 +829,7 @@ impl Runtime {
         }
         // An application thread holding the receive lock is receiving, and
         // its pass handles due timers too: do not queue behind it.
-        let rx = if app_polling { self.rx.try_lock().ok() } else { Some(self.rx.lock().unwrap()) };
+        let rx = if app_polling { self.rx.try_lock() } else { Some(self.rx.lock()) };
         let mut events = Vec::new();
         // While an application calls in, its next post is near: the engines
         // may hold this pass's ACKs for it too (`proto::ack` bounds the hold).

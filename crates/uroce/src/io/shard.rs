@@ -4,6 +4,7 @@
 //! share nothing mutable: QPs of different shards post, receive and
 //! complete in parallel (see "Locks" in docs/architecture.md).
 
+use crate::lock_order::{Ordered, Rank};
 use crate::proto::{Engine, Transmit};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -31,16 +32,19 @@ pub(super) struct Shard {
     /// The send lock: held while a thread runs this shard's engine and
     /// sends what it made, so that each QP's packets leave in the order the
     /// engine made them. Taken before `engine`.
-    pub tx: Mutex<TxState>,
+    pub tx: Ordered<Mutex<TxState>>,
     /// The shard's QPs. Taken alone for queries and setup calls that make
     /// no packets. (Its earliest timer is in the runtime's `deadlines`,
     /// side by side with the other shards': an empty poll reads them all.)
-    pub engine: Mutex<Engine>,
+    pub engine: Ordered<Mutex<Engine>>,
 }
 
 impl Shard {
     pub fn new(engine: Engine) -> Shard {
-        Shard { tx: Mutex::default(), engine: Mutex::new(engine) }
+        Shard {
+            tx: Ordered::new(Rank::ShardTx, Mutex::default()),
+            engine: Ordered::new(Rank::ShardEngine, Mutex::new(engine)),
+        }
     }
 }
 

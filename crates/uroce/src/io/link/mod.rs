@@ -41,6 +41,7 @@ pub mod discovery;
 mod medium;
 pub mod ring;
 
+use crate::lock_order::{Ordered, Rank};
 use crate::proto::Transmit;
 use discovery::Mapping;
 use ring::{Consumer, Geometry, Producer, RingMem};
@@ -174,8 +175,8 @@ struct Link {
     peer: SocketAddr,
     pid: u32,
     sock: OwnedFd,
-    tx: Mutex<Producer>,
-    rx: Mutex<Consumer>,
+    tx: Ordered<Mutex<Producer>>,
+    rx: Ordered<Mutex<Consumer>>,
     /// The peer's doorbell: rung, never read, never waited on.
     bell: OwnedFd,
     /// Ours (the peer rings it): in the device's poll set while it sleeps.
@@ -246,7 +247,7 @@ impl Link {
     /// Copies the packets into the peer's ring; a packet that finds the
     /// ring full is dropped (counted). Err: the ring is corrupt.
     fn send(&self, pkts: &[Transmit]) -> Result<(), ring::Corrupt> {
-        let mut p = self.tx.lock().unwrap();
+        let mut p = self.tx.lock();
         if !self.mark_sent.load(Ordering::Relaxed) {
             discovery::send_mark(self.mark.as_raw_fd());
             self.mark_sent.store(true, Ordering::Relaxed);
@@ -314,7 +315,7 @@ enum State {
 }
 
 struct Peer {
-    state: Mutex<State>,
+    state: Ordered<Mutex<State>>,
     c: Arc<Counters>,
 }
 
@@ -336,8 +337,8 @@ struct Inner {
     wanted: Mutex<Vec<SocketAddr>>,
     max_links: usize,
     totals: TotalCounters,
-    peers: RwLock<FxHashMap<SocketAddr, Arc<Peer>>>,
-    links: RwLock<Vec<Arc<Link>>>,
+    peers: Ordered<RwLock<FxHashMap<SocketAddr, Arc<Peer>>>>,
+    links: Ordered<RwLock<Vec<Arc<Link>>>>,
     shutdown: AtomicBool,
     warned: Mutex<FxHashSet<SocketAddr>>,
     /// When a receive pass last found packets in a ring.
@@ -471,8 +472,8 @@ impl Links {
             wanted: Mutex::default(),
             max_links,
             totals: TotalCounters::default(),
-            peers: RwLock::default(),
-            links: RwLock::default(),
+            peers: Ordered::new(Rank::LinkPeers, RwLock::default()),
+            links: Ordered::new(Rank::LinkLinks, RwLock::default()),
             shutdown: AtomicBool::new(false),
             warned: Mutex::default(),
             rx_at: AtomicInstant::default(),
@@ -499,7 +500,7 @@ impl Links {
         let dst = first.dst;
         let Some(peer) = self.inner.peer(dst) else { return false };
         let link = {
-            let mut st = peer.state.lock().unwrap();
+            let mut st = peer.state.lock();
             match &*st {
                 State::Link(l) if !l.dead.load(Ordering::Relaxed) && !l.closed.load(Ordering::Relaxed) => {
                     Some(l.clone())
@@ -534,7 +535,7 @@ impl Links {
     pub fn totals(&self) -> LinkTotals {
         let t = &self.inner.totals;
         LinkTotals {
-            links: self.inner.links.read().unwrap().len(),
+            links: self.inner.links.read().len(),
             max_links: self.inner.max_links,
             refused_cap: t.refused_cap.load(Ordering::Relaxed),
             refused_claim: t.refused_claim.load(Ordering::Relaxed),
@@ -545,14 +546,14 @@ impl Links {
     /// Takes what the peers' rings hold (at most [`RX_MAX`] packets) into
     /// `buf`, which the caller cleared.
     pub fn drain(&self, buf: &mut RxBuf) {
-        let links = self.inner.links.read().unwrap();
+        let links = self.inner.links.read();
         let mut holding = false;
         for l in links.iter() {
             let room = RX_MAX.saturating_sub(buf.pkts.len());
             if room == 0 {
                 break;
             }
-            let Ok(mut c) = l.rx.try_lock() else { continue };
+            let Some(mut c) = l.rx.try_lock() else { continue };
             if l.held.load(Ordering::Relaxed) {
                 // Noted before this pass reads the socket: a UDP packet the
                 // peer sent before these is in our socket once the marker
@@ -604,7 +605,7 @@ impl Links {
     /// this peer's behind them, those few are overtaken.)
     pub fn count_udp_rx(&self, pkts: impl Iterator<Item = (SocketAddr, usize)>) {
         let holding = self.inner.holding.swap(false, Ordering::Relaxed);
-        let peers = self.inner.peers.read().unwrap();
+        let peers = self.inner.peers.read();
         let mut senders = SmallVec::<[SocketAddr; 4]>::new();
         for (from, len) in pkts {
             if let Some(p) = peers.get(&from) {
@@ -619,7 +620,7 @@ impl Links {
         if !holding {
             return;
         }
-        for l in self.inner.links.read().unwrap().iter() {
+        for l in self.inner.links.read().iter() {
             if l.held.load(Ordering::Relaxed) && l.held_full.load(Ordering::Relaxed) && !senders.contains(&l.peer) {
                 l.held.store(false, Ordering::Relaxed);
             }
@@ -630,7 +631,7 @@ impl Links {
     /// ring (producers then ring the doorbell, the runtime's wake eventfd);
     /// returns whether packets already wait (then it must not sleep).
     pub fn sleep(&self) -> bool {
-        let links = self.inner.links.read().unwrap();
+        let links = self.inner.links.read();
         if links.is_empty() {
             return false;
         }
@@ -640,7 +641,7 @@ impl Links {
             // sleeping costs the peer a doorbell and us a wake-up each.
             let t = Instant::now();
             while t.elapsed() < SPIN {
-                if links.iter().any(|l| l.rx.lock().unwrap().pending().map_or(true, |n| n > 0)) {
+                if links.iter().any(|l| l.rx.lock().pending().map_or(true, |n| n > 0)) {
                     return true;
                 }
                 std::hint::spin_loop();
@@ -648,7 +649,7 @@ impl Links {
         }
         let mut waiting = false;
         for l in links.iter() {
-            waiting |= l.rx.lock().unwrap().sleep();
+            waiting |= l.rx.lock().sleep();
         }
         waiting
     }
@@ -656,8 +657,8 @@ impl Links {
     /// After the sleep: producers stop ringing; `rung`: the doorbells
     /// (see [`Links::poll_fd`]) woke us, and are emptied.
     pub fn woke(&self, rung: bool) {
-        for l in self.inner.links.read().unwrap().iter() {
-            l.rx.lock().unwrap().wake();
+        for l in self.inner.links.read().iter() {
+            l.rx.lock().wake();
             if rung {
                 discovery::drain_doorbell(l.my_bell.as_raw_fd());
             }
@@ -669,14 +670,14 @@ impl Links {
         // Live links per peer first (the links lock is never held while a
         // peer's state is taken).
         let mut live: FxHashMap<SocketAddr, u64> = FxHashMap::default();
-        for l in self.inner.links.read().unwrap().iter().filter(|l| !l.closed.load(Ordering::Relaxed)) {
+        for l in self.inner.links.read().iter().filter(|l| !l.closed.load(Ordering::Relaxed)) {
             *live.entry(l.peer).or_default() += 1;
         }
-        let peers = self.inner.peers.read().unwrap();
+        let peers = self.inner.peers.read();
         let mut v: Vec<LinkStats> = peers
             .iter()
             .map(|(a, p)| {
-                let (medium, pid) = match &*p.state.lock().unwrap() {
+                let (medium, pid) = match &*p.state.lock() {
                     State::Link(l) => ("shm", Some(l.pid)),
                     _ => ("udp", None),
                 };
@@ -723,17 +724,17 @@ impl Inner {
     /// The peer entry for `dst`, created if absent (`None` past
     /// [`MAX_PEERS`]).
     fn peer(&self, dst: SocketAddr) -> Option<Arc<Peer>> {
-        if let Some(p) = self.peers.read().unwrap().get(&dst) {
+        if let Some(p) = self.peers.read().get(&dst) {
             return Some(p.clone());
         }
-        let mut peers = self.peers.write().unwrap();
+        let mut peers = self.peers.write();
         if peers.len() >= MAX_PEERS && !peers.contains_key(&dst) {
             return None;
         }
         Some(
             peers
                 .entry(dst)
-                .or_insert_with(|| Arc::new(Peer { state: Mutex::new(State::Unknown), c: Arc::default() }))
+                .or_insert_with(|| Arc::new(Peer { state: Ordered::new(Rank::LinkPeerState, Mutex::new(State::Unknown)), c: Arc::default() }))
                 .clone(),
         )
     }
@@ -772,7 +773,7 @@ impl Inner {
     /// with it came up meanwhile (the peer linked to us).
     fn to_udp_unless_linked(&self, dst: SocketAddr) {
         if let Some(p) = self.peer(dst) {
-            let mut st = p.state.lock().unwrap();
+            let mut st = p.state.lock();
             let live = |x: &Link| !x.dead.load(Ordering::Relaxed) && !x.closed.load(Ordering::Relaxed);
             if !matches!(&*st, State::Link(x) if live(x)) {
                 *st = State::Udp(Instant::now() + RETRY);
@@ -821,7 +822,7 @@ impl Inner {
         // Accepted connections whose hello has not come yet.
         let mut pending: Vec<(OwnedFd, Instant)> = Vec::new();
         while !self.shutdown.load(Ordering::SeqCst) {
-            let links: Vec<Arc<Link>> = self.links.read().unwrap().clone();
+            let links: Vec<Arc<Link>> = self.links.read().clone();
             let (open, closing): (Vec<&Arc<Link>>, Vec<&Arc<Link>>) =
                 links.iter().partition(|l| !l.closed.load(Ordering::Relaxed));
             let np = pending.len();
@@ -888,7 +889,7 @@ impl Inner {
                 }
             }
             for l in closing {
-                let unread = l.rx.lock().unwrap().pending().unwrap_or(0);
+                let unread = l.rx.lock().pending().unwrap_or(0);
                 if l.dead.load(Ordering::Relaxed) || unread == 0 || l.closed_at_least(CLOSE_DRAIN) {
                     self.remove(l);
                 }
@@ -896,15 +897,15 @@ impl Inner {
         }
         // Unlinked first: no new peer finds a socket nobody accepts on.
         let _ = self.dir.remove(&self.name);
-        self.links.write().unwrap().clear();
-        for p in self.peers.read().unwrap().values() {
-            *p.state.lock().unwrap() = State::Udp(Instant::now() + RETRY);
+        self.links.write().clear();
+        for p in self.peers.read().values() {
+            *p.state.lock() = State::Udp(Instant::now() + RETRY);
         }
     }
 
     /// Whether the device has as many links as it may.
     fn full(&self) -> bool {
-        self.links.read().unwrap().len() >= self.max_links
+        self.links.read().len() >= self.max_links
     }
 
     /// The peer is gone: nothing more goes on the link; our progress
@@ -918,8 +919,8 @@ impl Inner {
 
     /// Its peer's traffic goes by UDP from now on (if `l` carried it).
     fn to_udp(&self, l: &Arc<Link>) {
-        if let Some(p) = self.peers.read().unwrap().get(&l.peer) {
-            let mut st = p.state.lock().unwrap();
+        if let Some(p) = self.peers.read().get(&l.peer) {
+            let mut st = p.state.lock();
             if matches!(&*st, State::Link(x) if Arc::ptr_eq(x, l)) {
                 *st = State::Udp(Instant::now() + RETRY);
             }
@@ -929,7 +930,7 @@ impl Inner {
     /// Drops a link: its traffic goes by UDP from now on; the rings are
     /// unmapped when the last pass using them ends.
     fn remove(&self, l: &Arc<Link>) {
-        self.links.write().unwrap().retain(|x| !Arc::ptr_eq(x, l));
+        self.links.write().retain(|x| !Arc::ptr_eq(x, l));
         epoll_ctl(&self.epoll, libc::EPOLL_CTL_DEL, &l.my_bell);
         self.to_udp(l);
         tracing::info!(peer = %l.peer, pid = l.pid, "shared-memory link closed");
@@ -955,7 +956,7 @@ impl Inner {
     /// reorder packets).
     fn register(&self, l: Arc<Link>) -> io::Result<()> {
         {
-            let mut links = self.links.write().unwrap();
+            let mut links = self.links.write();
             self.check_room(&links, l.peer)?;
             links.push(l.clone());
         }
@@ -963,7 +964,7 @@ impl Inner {
         add(&l.c.links_made, 1);
         tracing::info!(peer = %l.peer, pid = l.pid, "shared-memory link up");
         if let Some(p) = self.peer(l.peer) {
-            let mut st = p.state.lock().unwrap();
+            let mut st = p.state.lock();
             let live = |x: &Link| !x.dead.load(Ordering::Relaxed) && !x.closed.load(Ordering::Relaxed);
             if !matches!(&*st, State::Link(x) if live(x)) {
                 *st = State::Link(l);
@@ -983,7 +984,7 @@ impl Inner {
             self.to_udp_unless_linked(dst);
             return;
         }
-        let room = self.check_room(&self.links.read().unwrap(), dst);
+        let room = self.check_room(&self.links.read(), dst);
         let r = room
             .and_then(|()| discovery::connect(&self.dir, &name, CONNECT_TIMEOUT))
             .and_then(|s| self.handshake_connect(s, dst))
@@ -1044,8 +1045,8 @@ impl Inner {
             peer: dst,
             pid,
             sock: s,
-            tx: Mutex::new(Producer::new(r0)),
-            rx: Mutex::new(Consumer::new(r1)),
+            tx: Ordered::new(Rank::LinkRing, Mutex::new(Producer::new(r0))),
+            rx: Ordered::new(Rank::LinkRing, Mutex::new(Consumer::new(r1))),
             bell: fds.remove(0),
             my_bell,
             c: self.counters_for(dst)?,
@@ -1132,7 +1133,7 @@ impl Inner {
             return Err(io::Error::new(io::ErrorKind::QuotaExceeded, format!("{} links at most", self.max_links)));
         }
         discovery::owns_udp(pid, from)?;
-        let room = self.check_room(&self.links.read().unwrap(), from);
+        let room = self.check_room(&self.links.read(), from);
         room?;
         let geo = Geometry::LINK;
         let size = 2 * geo.bytes();
@@ -1154,8 +1155,8 @@ impl Inner {
             peer: from,
             pid,
             sock: s,
-            tx: Mutex::new(Producer::new(r1)),
-            rx: Mutex::new(Consumer::new(r0)),
+            tx: Ordered::new(Rank::LinkRing, Mutex::new(Producer::new(r1))),
+            rx: Ordered::new(Rank::LinkRing, Mutex::new(Consumer::new(r0))),
             mark: fds.remove(2),
             bell: fds.remove(1),
             my_bell,
@@ -1274,11 +1275,11 @@ mod tests {
         let a = Links::advertise(pa, wake[0].as_raw_fd(), Mode::Shm, 4).unwrap();
         let b = Links::advertise(pb, wake[1].as_raw_fd(), Mode::Shm, 4).unwrap();
         let t = Instant::now();
-        while b.inner.links.read().unwrap().is_empty() || a.inner.links.read().unwrap().is_empty() {
+        while b.inner.links.read().is_empty() || a.inner.links.read().is_empty() {
             a.send(&[]);
             let _ = a.inner.peer(pb).map(|p| {
-                if a.inner.due(&p.state.lock().unwrap()) {
-                    *p.state.lock().unwrap() = State::Pending;
+                if a.inner.due(&p.state.lock()) {
+                    *p.state.lock() = State::Pending;
                     a.inner.want(pb);
                 }
             });
@@ -1310,7 +1311,7 @@ mod tests {
         assert!(a.send(&[one_packet(pb)]), "linked: the ring carries it");
         // The marker went before the ring packet; take it out of b's end
         // as if the kernel had not delivered it yet.
-        let bl = b.inner.links.read().unwrap()[0].clone();
+        let bl = b.inner.links.read()[0].clone();
         let t = Instant::now();
         while !discovery::take_mark(bl.mark.as_raw_fd()) {
             assert!(t.elapsed() < Duration::from_secs(10), "no marker");
@@ -1320,7 +1321,7 @@ mod tests {
             assert_eq!(pass(&b, &[]), 0);
         }
         // The marker comes with a's last UDP packets ahead of it.
-        discovery::send_mark(a.inner.links.read().unwrap()[0].mark.as_raw_fd());
+        discovery::send_mark(a.inner.links.read()[0].mark.as_raw_fd());
         let t = Instant::now();
         while !bl.mark_seen.load(Ordering::Relaxed) {
             assert_eq!(pass(&b, &[pa]), 0, "a's UDP packets came in this pass: still held");
@@ -1338,7 +1339,7 @@ mod tests {
     fn a_marker_that_never_comes_is_waited_for_a_bounded_time() {
         let (a, b, _udp, _wake) = linked_pair();
         assert!(a.send(&[one_packet(b.inner.local)]));
-        let bl = b.inner.links.read().unwrap()[0].clone();
+        let bl = b.inner.links.read()[0].clone();
         let t = Instant::now();
         while !discovery::take_mark(bl.mark.as_raw_fd()) {
             assert!(t.elapsed() < Duration::from_secs(10), "no marker");
