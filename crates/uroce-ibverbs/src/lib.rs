@@ -25,6 +25,7 @@ mod errno;
 mod events;
 mod ext;
 mod import;
+mod libfabric;
 mod mlx5dv;
 mod mw;
 mod noncontig;
