@@ -448,8 +448,18 @@ impl Sides<'_> {
             let _ = std::fs::remove_file(&pcap);
             report(&case.name, tag, "rxe server, uroce client", &cout);
         } else if let Some(why) = case.known_rxe_server {
-            let head: Vec<&str> = cout.lines().filter(|l| !l.trim().is_empty()).take(3).collect();
-            skip::part(format!("{}{tag}, rxe server / uroce client: {why}: {}", case.name, head.join(" / ")));
+            // What each side said last, for the issue (the rxe side's
+            // perftest is the one that never posts its receive).
+            let tail = |t: &str| {
+                let l: Vec<&str> = t.lines().filter(|l| !l.trim().is_empty()).collect();
+                l[l.len().saturating_sub(3)..].join(" / ")
+            };
+            skip::part(format!(
+                "{}{tag}, rxe server / uroce client: {why}: uroce client: {}; rxe server: {}",
+                case.name,
+                tail(&cout),
+                tail(&sout)
+            ));
         } else {
             failed.push(format!(
                 "{}{tag}, rxe server / uroce client (capture {}):\n  uroce client: {cargs}\n{cout}\n  rxe server: {srv}\n{sout}",
