@@ -56,7 +56,7 @@ fn main() -> Result<(), Error> {
     let (ca, cb) = std::thread::scope(|s| {
         let server = s.spawn(|| {
             let req = cmb.get_request(listen, T)?;
-            cmb.accept(&req, &b.qp, &ConnOptions::default(), T)
+            cmb.accept(req, &b.qp, &ConnOptions::default(), T)
         });
         let ca = cma.connect(&a.qp, dst, &ConnOptions::default(), T);
         let cb = server.join().unwrap_or_else(|_| Err(Error::inval("server thread panicked")));
@@ -86,8 +86,8 @@ fn main() -> Result<(), Error> {
     cmb.wait_disconnected(&cb, T)?;
     cmb.disconnect(&cb, &b.qp)?;
     cma.wait_disconnected(&ca, T)?;
-    cma.destroy(ca.id)?;
-    cmb.destroy(cb.id)?;
+    // Dropping the connections ends their CM ids.
+    drop((ca, cb));
     println!("disconnected; CM counters: {:?}", cma.stats());
     Ok(())
 }

@@ -110,7 +110,7 @@ fn qp1_survives_a_req_flood_and_serves_a_client_after() {
     let server = std::thread::scope(|s| {
         let server = s.spawn(|| {
             let req = eb.get_request(listen, 4 * T).unwrap();
-            eb.accept(&req, &b.qp, &ConnOptions::default(), T).unwrap()
+            eb.accept(req, &b.qp, &ConnOptions::default(), T).unwrap()
         });
         let conn = ea.connect(&a.qp, SocketAddr::new(dst.ip(), PORT), &ConnOptions::default(), 4 * T).unwrap();
         assert_eq!(a.qp.state(), QpState::Rts);

@@ -42,7 +42,7 @@ fn connect_send_disconnect(capture: Option<std::path::PathBuf>) {
             assert_eq!(req.private_data.len(), 56);
             assert_eq!(req.param.qp_num, a.qp.qp_num());
             let opts = ConnOptions { private_data: b"welcome".to_vec(), ..ConnOptions::default() };
-            eb.accept(&req, &b.qp, &opts, T).unwrap()
+            eb.accept(req, &b.qp, &opts, T).unwrap()
         });
         let opts = ConnOptions { private_data: b"hello".to_vec(), ..ConnOptions::default() };
         let conn = ea.connect(&a.qp, dst, &opts, T).unwrap();
@@ -72,8 +72,7 @@ fn connect_send_disconnect(capture: Option<std::path::PathBuf>) {
     // Timewait (512 ms) ends for both.
     ea.wait_event(conn_a.id, &[EventKind::TimewaitExit], T).unwrap();
     eb.wait_event(conn_b.id, &[EventKind::TimewaitExit], T).unwrap();
-    ea.destroy(conn_a.id).unwrap();
-    eb.destroy(conn_b.id).unwrap();
+    drop((conn_a, conn_b));
     let (sa, sb) = (ea.stats(), eb.stats());
     assert_eq!((sa.malformed, sb.malformed, sa.unmatched, sb.unmatched), (0, 0, 0, 0));
     a.ctx.flush_capture();
@@ -186,6 +185,38 @@ fn a_device_without_cm_rejects_and_no_listener_rejects() {
     assert_eq!(eb.stats().rej_sent, 1);
 }
 
+/// The handles are RAII, as rdma_cm ids are to `rdma_destroy_id`: a
+/// request dropped unanswered is rejected (the active side's connect fails
+/// ECONNREFUSED at once, no timeout), and a connection dropped while up
+/// sends a DREQ (the peer reports DISCONNECTED).
+#[test]
+fn a_dropped_request_is_rejected_and_a_dropped_connection_disconnects() {
+    let (ca, cb) = pair_with(None);
+    let (ea, eb) = (CmEndpoint::open(&ca).unwrap(), CmEndpoint::open(&cb).unwrap());
+    let (a, b) = (end(ca), end(cb));
+    let listen = eb.listen(PORT, 2).unwrap();
+    let dst = SocketAddr::new(b.ctx.local_addr().ip(), PORT);
+    std::thread::scope(|s| {
+        s.spawn(|| drop(eb.get_request(listen, T).unwrap()));
+        let t = std::time::Instant::now();
+        let e = ea.connect(&a.qp, dst, &ConnOptions::default(), T).unwrap_err();
+        assert_eq!(e.errno.0, libc::ECONNREFUSED);
+        assert!(t.elapsed() < T, "refused, not timed out");
+    });
+    assert_eq!(eb.stats().rej_sent, 1);
+    let qp2 = a.pd.create_qp(&QpInitAttr::rc(&a.cq, &a.cq)).unwrap();
+    let conn = std::thread::scope(|s| {
+        let server = s.spawn(|| {
+            let req = eb.get_request(listen, T).unwrap();
+            eb.accept(req, &b.qp, &ConnOptions::default(), T).unwrap()
+        });
+        let conn = ea.connect(&qp2, dst, &ConnOptions::default(), T).unwrap();
+        drop(server.join().unwrap());
+        conn
+    });
+    assert_eq!(ea.wait_disconnected(&conn, T).unwrap(), 0, "the server's dropped connection sent a DREQ");
+}
+
 #[test]
 fn rejected_by_the_listener() {
     let (ca, cb) = pair_with(None);
@@ -196,7 +227,7 @@ fn rejected_by_the_listener() {
     std::thread::scope(|s| {
         s.spawn(|| {
             let req = eb.get_request(listen, T).unwrap();
-            eb.reject(&req, b"no").unwrap();
+            eb.reject(req, b"no").unwrap();
         });
         let e = ea.connect(&a.qp, dst, &ConnOptions::default(), T).unwrap_err();
         assert_eq!(e.errno.0, libc::ECONNREFUSED);
@@ -240,7 +271,7 @@ fn lossy_devices_connect_and_disconnect_every_time() {
         let (conn_a, conn_b) = std::thread::scope(|s| {
             let server = s.spawn(|| {
                 let req = eb.get_request(listen, long).unwrap();
-                eb.accept(&req, &qb, &ConnOptions::default(), long).unwrap()
+                eb.accept(req, &qb, &ConnOptions::default(), long).unwrap()
             });
             let c = ea.connect(&qa, dst, &ConnOptions::default(), long).unwrap();
             (c, server.join().unwrap())
@@ -253,9 +284,9 @@ fn lossy_devices_connect_and_disconnect_every_time() {
         ea.disconnect(&conn_a, &qa).unwrap();
         eb.wait_disconnected(&conn_b, long).unwrap();
         eb.disconnect(&conn_b, &qb).unwrap();
-        eb.destroy(conn_b.id).unwrap();
+        drop(conn_b);
         assert_eq!(ea.wait_disconnected(&conn_a, long).unwrap(), 0, "round {round}");
-        ea.destroy(conn_a.id).unwrap();
+        drop(conn_a);
     }
     let (sa, sb) = (ea.stats(), eb.stats());
     assert!(sa.retransmits + sb.retransmits > 0 || sa.duplicates + sb.duplicates > 0, "{sa:?} {sb:?}");
@@ -287,7 +318,7 @@ fn sidr_resolves_a_ud_qp() {
             let req = eb.get_request(listen, T).unwrap();
             assert_eq!(req.private_data.len(), 180);
             assert_eq!(&req.private_data[..3], b"ud?");
-            eb.accept_ud(&req, &qb, b"ud!").unwrap();
+            eb.accept_ud(req, &qb, b"ud!").unwrap();
         });
         ea.resolve_ud(dst, b"ud?", T).unwrap()
     });
@@ -325,17 +356,19 @@ fn server_endpoint_gone_disconnects_the_client() {
     let (a, b) = (end(ca), end(cb));
     let listen = eb.listen(PORT, 1).unwrap();
     let dst = SocketAddr::new(b.ctx.local_addr().ip(), PORT);
-    let conn = std::thread::scope(|s| {
-        s.spawn(|| {
+    let (conn, server_conn) = std::thread::scope(|s| {
+        let server = s.spawn(|| {
             let req = eb.get_request(listen, T).unwrap();
-            eb.accept(&req, &b.qp, &ConnOptions::default(), T).unwrap();
+            eb.accept(req, &b.qp, &ConnOptions::default(), T).unwrap()
         });
-        ea.connect(&a.qp, dst, &ConnOptions::default(), T).unwrap()
+        (ea.connect(&a.qp, dst, &ConnOptions::default(), T).unwrap(), server.join().unwrap())
     });
+    // The endpoint goes with its connection up (the handle outlives it).
     drop(eb);
     assert_eq!(ea.wait_disconnected(&conn, T).unwrap(), 0);
+    drop(server_conn);
     ea.disconnect(&conn, &a.qp).unwrap();
-    ea.destroy(conn.id).unwrap();
+    drop(conn);
     let qp2 = a.pd.create_qp(&QpInitAttr::rc(&a.cq, &a.cq)).unwrap();
     let e = ea.connect(&qp2, dst, &ConnOptions::default(), T).unwrap_err();
     assert_eq!(e.errno.0, libc::ECONNREFUSED);
@@ -354,12 +387,12 @@ fn uc_connects_too() {
     CmEndpoint::init_qp(&qb).unwrap();
     let rx = b.pd.register(vec![0u8; 16], Access::LOCAL_WRITE).unwrap();
     qb.post_recv(&RecvWr { wr_id: 1, sg_list: uroce::sgl![rx.sge(0, 16)] }).unwrap();
-    std::thread::scope(|s| {
-        s.spawn(|| {
+    let _conns = std::thread::scope(|s| {
+        let server = s.spawn(|| {
             let req = eb.get_request(listen, T).unwrap();
-            eb.accept(&req, &qb, &ConnOptions::default(), T).unwrap();
+            eb.accept(req, &qb, &ConnOptions::default(), T).unwrap()
         });
-        ea.connect(&qa, dst, &ConnOptions::default(), T).unwrap();
+        (ea.connect(&qa, dst, &ConnOptions::default(), T).unwrap(), server.join().unwrap())
     });
     let tx = a.pd.register(b"uc".to_vec(), Access::empty()).unwrap();
     qa.post_send(&wr(1, WrOpcode::Send, tx.sge(0, 2))).unwrap();
@@ -389,7 +422,7 @@ fn qp1_moved_to_error_comes_back_and_serves_a_connection() {
     let (conn, accepted) = std::thread::scope(|s| {
         let server = s.spawn(|| {
             let req = eb.get_request(listen, T).unwrap();
-            eb.accept(&req, &b.qp, &ConnOptions::default(), T).unwrap()
+            eb.accept(req, &b.qp, &ConnOptions::default(), T).unwrap()
         });
         let conn = ea.connect(&a.qp, dst, &ConnOptions::default(), T).unwrap();
         (conn, server.join().unwrap())

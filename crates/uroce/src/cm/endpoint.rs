@@ -31,7 +31,7 @@ use crate::verbs::{
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -89,8 +89,12 @@ impl Default for ConnOptions {
     }
 }
 
-/// A connection request a listener received.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A connection request a listener received. It holds its CM id: give it
+/// to [`CmEndpoint::accept`] (or `accept_ud`) or [`CmEndpoint::reject`];
+/// dropped unanswered, the id is destroyed and the peer gets a REJ, as
+/// `rdma_destroy_id` of a request does.
+#[derive(Debug)]
+#[must_use = "dropping a Request rejects it"]
 pub struct Request {
     /// The CM id of the request.
     pub id: ConnId,
@@ -103,6 +107,9 @@ pub struct Request {
     pub private_data: Vec<u8>,
     /// The active side's address and port.
     pub remote: SocketAddr,
+    /// The endpoint that destroys the id when the request is dropped
+    /// (taken by a call that answers it).
+    owner: Owner,
 }
 
 /// A UD peer resolved by SIDR: where to send and with which Q_Key.
@@ -120,8 +127,13 @@ pub struct UdPeer {
     pub private_data: Vec<u8>,
 }
 
-/// An established connection: its CM id and what was negotiated.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// An established connection: its CM id and what was negotiated. Dropping
+/// it ends the connection as `rdma_destroy_id` does (a DREQ if it is still
+/// up, a DREP to the peer's DREQ) and drops its queued events; call
+/// [`CmEndpoint::disconnect`] first to move the QP to ERR and wait for
+/// the peer ([`CmEndpoint::wait_disconnected`]).
+#[derive(Debug)]
+#[must_use = "dropping a Connection ends it"]
 pub struct Connection {
     /// The CM id of the connection.
     pub id: ConnId,
@@ -129,7 +141,46 @@ pub struct Connection {
     pub info: ConnInfo,
     /// The peer's private data (the REP's 196 bytes on the active side).
     pub private_data: Vec<u8>,
+    /// Ends the id on drop.
+    _owner: Owner,
 }
+
+/// Who destroys a CM id when its handle goes: the endpoint (weakly: an
+/// endpoint dropped first has ended every id), or nobody (`default`).
+#[derive(Debug, Default)]
+struct Owner(Option<(Weak<Inner>, ConnId)>);
+
+impl Owner {
+    fn new(inner: &Arc<Inner>, id: ConnId) -> Owner {
+        Owner(Some((Arc::downgrade(inner), id)))
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.take().and_then(|(w, id)| w.upgrade().map(|i| (i, id))) {
+            let (inner, id) = inner;
+            let mut st = inner.lock();
+            st.events.retain(|e| e.id != id);
+            let _ = st.cm.destroy(Instant::now(), id);
+            inner.kick(&mut st);
+        }
+    }
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmEndpoint").finish_non_exhaustive()
+    }
+}
+
+// The handles are used from any thread, as the endpoint is.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<CmEndpoint>();
+    send_sync::<Connection>();
+    send_sync::<Request>();
+};
 
 struct State {
     cm: Cm,
@@ -527,12 +578,14 @@ impl CmEndpoint {
         };
         let remote = self.inner.lock().cm.conn_info(e.id).map(|i| i.remote);
         let remote = remote.ok_or_else(|| errno(libc::ECONNABORTED, "cm: the request went away"))?;
-        Ok(Request { id: e.id, listen_id: listen, param, private_data: e.private_data, remote })
+        let owner = Owner::new(&self.inner, e.id);
+        Ok(Request { id: e.id, listen_id: listen, param, private_data: e.private_data, remote, owner })
     }
 
     /// `rdma_accept`: moves `qp` to RTS for the request, sends the REP and
     /// waits for the RTU (or data: the caller may call [`Self::notify`]).
-    pub fn accept(&self, req: &Request, qp: &QueuePair, opts: &ConnOptions, timeout: Duration) -> Result<Connection> {
+    /// On failure the request's id is destroyed (a REJ if still pending).
+    pub fn accept(&self, req: Request, qp: &QueuePair, opts: &ConnOptions, timeout: Duration) -> Result<Connection> {
         let dev_mtu = self.inner.ctx.query_port(1)?.active_mtu;
         {
             let mut st = self.inner.lock();
@@ -561,12 +614,13 @@ impl CmEndpoint {
             self.inner.kick(&mut st);
         }
         let e = self.inner.wait_event(timeout, |e| e.id == req.id && e.kind != EventKind::ConnectRequest)?;
-        self.result(req.id, e, Vec::new())
+        self.result(req.id, e, Vec::new(), req.owner)
     }
 
     /// `rdma_accept` of a UD request: tells the peer `qp`'s number and
-    /// the rdma_cm Q_Key (0x01234567, which `qp` must have).
-    pub fn accept_ud(&self, req: &Request, qp: &QueuePair, private_data: &[u8]) -> Result<()> {
+    /// the rdma_cm Q_Key (0x01234567, which `qp` must have); the request's
+    /// id then ends (a SIDR exchange has no connection).
+    pub fn accept_ud(&self, req: Request, qp: &QueuePair, private_data: &[u8]) -> Result<()> {
         if qp.qp_type() != QpType::Ud {
             return Err(Error::inval("rdma_accept: a UD request needs a UD QP"));
         }
@@ -578,8 +632,8 @@ impl CmEndpoint {
         };
         let mut st = self.inner.lock();
         st.cm.accept(Instant::now(), req.id, p)?;
-        st.cm.destroy(Instant::now(), req.id)?;
         self.inner.kick(&mut st);
+        // (Dropping `req` destroys its id.)
         Ok(())
     }
 
@@ -611,8 +665,8 @@ impl CmEndpoint {
         }
     }
 
-    /// `rdma_reject` with private data.
-    pub fn reject(&self, req: &Request, private_data: &[u8]) -> Result<()> {
+    /// `rdma_reject` with private data; the request's id then ends.
+    pub fn reject(&self, req: Request, private_data: &[u8]) -> Result<()> {
         let mut st = self.inner.lock();
         st.cm.reject(Instant::now(), req.id, rej_reason::CONSUMER_DEFINED, private_data)?;
         self.inner.kick(&mut st);
@@ -663,7 +717,7 @@ impl CmEndpoint {
             }
         };
         if e.kind != EventKind::ConnectResponse {
-            let r = self.result(id, e, Vec::new());
+            let r = self.result(id, e, Vec::new(), Owner::default());
             let _ = self.with_cm(|cm, now| cm.destroy(now, id));
             return r;
         }
@@ -675,17 +729,23 @@ impl CmEndpoint {
             let _ = st.cm.destroy(Instant::now(), id);
             return Err(err);
         }
-        st.cm.establish(Instant::now(), id)?;
+        let owner = Owner::new(&self.inner, id);
+        if let Err(err) = st.cm.establish(Instant::now(), id) {
+            drop(st);
+            drop(owner);
+            return Err(err);
+        }
         self.inner.kick(&mut st);
-        Ok(Connection { id, info, private_data: e.private_data })
+        Ok(Connection { id, info, private_data: e.private_data, _owner: owner })
     }
 
-    fn result(&self, id: ConnId, e: CmEvent, private_data: Vec<u8>) -> Result<Connection> {
+    /// The connection `e` made of `id`, whose end `owner` destroys.
+    fn result(&self, id: ConnId, e: CmEvent, private_data: Vec<u8>, owner: Owner) -> Result<Connection> {
         match e.kind {
             EventKind::Established | EventKind::ConnectResponse => {
                 let info = self.inner.lock().cm.conn_info(id).cloned();
                 let info = info.ok_or_else(|| errno(libc::ECONNABORTED, "cm: connection gone"))?;
-                Ok(Connection { id, info, private_data })
+                Ok(Connection { id, info, private_data, _owner: owner })
             }
             EventKind::Rejected => Err(errno(libc::ECONNREFUSED, "cm: the peer rejected the connection")),
             EventKind::Unreachable if e.status < 0 => Err(errno(-e.status, "cm: the peer did not answer")),
