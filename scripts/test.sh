@@ -14,7 +14,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(ibverbs-utils rdmacm-utils librdmacm-dev perftest python3-pyverbs libibverbs-dev rdma-core tshark valgrind iproute2 ethtool clang libclang-dev
-      ucx-utils binutils python3-dpkt libfabric1 libfabric-bin libfabric-dev qemu-system-x86 busybox-static qperf)
+      ucx-utils binutils python3-dpkt libfabric1 libfabric-bin libfabric-dev qemu-system-x86 busybox-static qperf
+      openmpi-bin libopenmpi-dev mpich libmpich-dev)
 
 install_packages() {
     local missing=()

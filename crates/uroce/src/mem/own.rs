@@ -32,6 +32,48 @@ use crate::ib::{Errno, Error, Result};
 use std::cell::UnsafeCell;
 use std::sync::{Arc, Mutex, Once, Weak};
 
+/// `mmap`, `mremap` and `munmap` by system call, not through libc's
+/// wrappers: libraries that watch an application's memory (UCX's `ucm`,
+/// libfabric's `memhooks`) patch those wrappers and take every call for the
+/// application's own, and may call back into the verbs library from inside
+/// it. uroce's remaps of a registered range change no byte the application
+/// sees, so such a library must not hear of them. Through the wrappers, MPI
+/// over UCX with UCX's registration cache on died in its 1 MiB round every
+/// time (the buffer's first pages left mapped read-only from uroce's memfd:
+/// a SIGSEGV in the application's own `memset`, or EFAULT from
+/// `ibv_reg_mr`); by system call it passes (`tests/mpi.rs`). Which of UCX's
+/// callbacks undid the move is not traced. Same arguments, results and
+/// errno as the wrappers.
+mod sys {
+    use libc::{c_int, c_long, c_void, off_t, size_t};
+
+    fn ptr(r: c_long) -> *mut c_void {
+        if r == -1 {
+            libc::MAP_FAILED
+        } else {
+            r as *mut c_void
+        }
+    }
+
+    /// SAFETY: as `libc::mmap`.
+    pub unsafe fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void {
+        // SAFETY: the caller's contract is mmap(2)'s.
+        ptr(unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) })
+    }
+
+    /// SAFETY: as `libc::mremap` with a new address.
+    pub unsafe fn mremap(old: *mut c_void, old_len: size_t, new_len: size_t, flags: c_int, new: *mut c_void) -> *mut c_void {
+        // SAFETY: the caller's contract is mremap(2)'s.
+        ptr(unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new) })
+    }
+
+    /// SAFETY: as `libc::munmap`.
+    pub unsafe fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+        // SAFETY: the caller's contract is munmap(2)'s.
+        unsafe { libc::syscall(libc::SYS_munmap, addr, len) as c_int }
+    }
+}
+
 /// uroce's own mapping of a pinned registration's pages.
 pub struct Owned {
     /// uroce's mapping, `len` bytes: the pages of `app..app + len`.
@@ -90,7 +132,7 @@ impl Drop for Owned {
         }
         // SAFETY: our own reservation; nothing reaches it once the region is
         // gone (the region holds the only reference).
-        unsafe { libc::munmap(self.mine as *mut libc::c_void, self.len) };
+        unsafe { sys::munmap(self.mine as *mut libc::c_void, self.len) };
     }
 }
 
@@ -233,7 +275,7 @@ pub(crate) fn take(addr: usize, len: u64) -> Result<Option<Owned>> {
     }
     // SAFETY: a fresh reservation chosen by the kernel, checked below.
     let mine = unsafe {
-        libc::mmap(
+        sys::mmap(
             std::ptr::null_mut(),
             n,
             libc::PROT_NONE,
@@ -277,7 +319,7 @@ fn fill(owned: &mut Owned, vmas: &[Vma], end: usize) -> Result<bool> {
             // SAFETY: a second mapping of a shared mapping's pages, placed
             // inside our own reservation.
             let p = unsafe {
-                libc::mremap(
+                sys::mremap(
                     lo as *mut libc::c_void,
                     0,
                     hi - lo,
@@ -320,7 +362,7 @@ fn move_private(lo: usize, n: usize, prot: i32, dst: usize) -> Result<Arc<Moved>
         // SAFETY: MAP_FIXED over `at`: our reservation, or the application's
         // range whose contents are copied there first (see below).
         unsafe {
-            libc::mmap(at as *mut libc::c_void, n, prot, libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE, raw, 0)
+            sys::mmap(at as *mut libc::c_void, n, prot, libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE, raw, 0)
         }
     };
     // Pages allocated at once (cheaper than one fault per page in the copy).
@@ -399,7 +441,7 @@ fn give_back(at: usize, len: usize, ino: u64) {
 fn privatize(lo: usize, n: usize, prot: i32) {
     // SAFETY: a fresh private mapping chosen by the kernel, checked.
     let tmp = unsafe {
-        libc::mmap(
+        sys::mmap(
             std::ptr::null_mut(),
             n,
             libc::PROT_READ | libc::PROT_WRITE,
@@ -415,7 +457,7 @@ fn privatize(lo: usize, n: usize, prot: i32) {
     let held = if writes { hold(lo, n) } else { None };
     if writes && held.is_none() {
         // SAFETY: our temporary mapping.
-        unsafe { libc::munmap(tmp, n) };
+        unsafe { sys::munmap(tmp, n) };
         tracing::warn!(lo, n, "dereg_mr: the range stays in uroce's memfd (no hold slot free for a second)");
         return;
     }
@@ -428,13 +470,13 @@ fn privatize(lo: usize, n: usize, prot: i32) {
     // SAFETY: moving our temporary mapping over the range it copies.
     let moved = ok
         && unsafe {
-            libc::mremap(tmp, n, n, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, lo as *mut libc::c_void)
+            sys::mremap(tmp, n, n, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, lo as *mut libc::c_void)
         } != libc::MAP_FAILED;
     if !moved {
         tracing::warn!(lo, n, "dereg_mr: the range stays in uroce's memfd (it changed during the copy back)");
         // SAFETY: our temporary mapping; the range keeps the memfd.
         unsafe {
-            libc::munmap(tmp, n);
+            sys::munmap(tmp, n);
             if writes {
                 libc::mprotect(lo as *mut libc::c_void, n, prot);
             }
