@@ -95,11 +95,11 @@ unsafe fn take(cq: *mut ibv_cq_ex) -> c_int {
         // SAFETY: every ibv_cq_ex we hand out is the first field of a UCq.
         let Some(c) = (unsafe { (cq as *const UCq).as_ref() }) else { return libc::EINVAL };
         let Some(ring) = c.inner.as_ref() else { return libc::EINVAL };
-        let wc = ring.poll_one();
-        c.cur.set(wc);
-        if wc.is_none() && ring.is_overrun() {
+        let Ok(wc) = ring.poll_one_or_overrun() else {
+            c.cur.set(None);
             return libc::EIO;
-        }
+        };
+        c.cur.set(wc);
         wc
     };
     match got {

@@ -201,15 +201,18 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> 
     let ring = c.inner.as_ref().unwrap();
     let mut got = 0;
     while got < n {
-        let Some(w) = ring.poll_one() else { break };
-        // SAFETY: the caller's array of `n` completions.
-        to_c(&w, unsafe { &mut *wc.add(got as usize) });
-        got += 1;
-    }
-    if got == 0 && n > 0 && ring.is_overrun() {
         // The CQ lost a completion (IBV_EVENT_CQ_ERR was raised): once what
         // it stored is taken, polls fail (docs/reliability.md).
-        return -libc::EIO;
+        match ring.poll_one_or_overrun() {
+            Ok(Some(w)) => {
+                // SAFETY: the caller's array of `n` completions.
+                to_c(&w, unsafe { &mut *wc.add(got as usize) });
+                got += 1;
+            }
+            Ok(None) => break,
+            Err(_) if got == 0 => return -libc::EIO,
+            Err(_) => break,
+        }
     }
     got
 }

@@ -144,3 +144,36 @@ fn inline_limit_is_rounded_up_to_the_sges_room() {
     s.inline = Some(vec![5u8; limit + 1]);
     assert_eq!(a.qp.post_send(&s).unwrap_err().errno, Errno::EINVAL);
 }
+
+/// A CQ that overran gives the completions it stored, then EIO, however
+/// the overrun and the application's poll interleave: overrun first, then
+/// the first poll (CI saw a poll fail with two completions stored, when the
+/// overrun came between its empty look and its check of the overrun).
+#[test]
+fn an_overrun_cq_gives_what_it_stored_then_eio() {
+    let (a, b) = connected(None);
+    let small = a.ctx.create_cq(2, None).unwrap();
+    let qp = a.pd.create_qp(&QpInitAttr::rc(&small, &a.cq)).unwrap();
+    let peer = b.pd.create_qp(&QpInitAttr::rc(&b.cq, &b.cq)).unwrap();
+    qp.connect_rc(&b.ctx.query_gid(0).unwrap(), peer.qp_num(), 300, 400).unwrap();
+    peer.connect_rc(&a.ctx.query_gid(0).unwrap(), qp.qp_num(), 400, 300).unwrap();
+    let m = a.pd.register(vec![3u8; 64], Access::LOCAL_WRITE).unwrap();
+    let dst = b.pd.register(vec![0u8; 64], Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let cap = small.capacity();
+    for i in 0..=cap as u64 {
+        let mut w = wr(i, WrOpcode::RdmaWrite, m.sge(0, 8));
+        (w.remote_addr, w.rkey, w.flags) = (dst.addr(), dst.rkey(), SendFlags::SIGNALED);
+        qp.post_send(&w).unwrap();
+    }
+    let t = std::time::Instant::now();
+    while !small.is_overrun() {
+        assert!(t.elapsed() < T, "the CQ of {cap} never overran");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    for i in 0..cap as u64 {
+        let wc = small.poll_one_or_overrun().unwrap().expect("a stored completion");
+        assert_eq!((wc.wr_id, wc.status), (i, WcStatus::Success));
+    }
+    assert_eq!(small.poll_one_or_overrun().unwrap_err().errno, Errno::EIO);
+    assert_eq!(small.poll_one_or_overrun().unwrap_err().errno, Errno::EIO, "and stays failed");
+}
