@@ -63,11 +63,24 @@ fn udp_command(prog: &str, addr: &str) -> std::process::Command {
     c
 }
 
-fn check(what: &str, value: f64, polled: f64) {
-    assert!(
-        value <= BOUND * polled,
-        "{what}: {value:.1} µs per round trip, more than {BOUND} × the polled RC pingpong's {polled:.1} µs"
-    );
+/// `measure` against `polled` measured just before it, in up to three
+/// alternating pairs: the first pair within [`BOUND`] passes. A collapse
+/// of the kind issue 30 found is there in every pair; a burst of another
+/// process's work on a busy machine is not (a loaded run once saw one
+/// event-driven UD figure at 10.5 × a polled figure taken a minute
+/// earlier).
+fn check(what: &str, mut measure: impl FnMut() -> f64, mut polled: impl FnMut() -> f64) {
+    let mut pairs = Vec::new();
+    for _ in 0..3 {
+        let p = polled();
+        let v = measure();
+        pairs.push(format!("{v:.1} µs against {p:.1} µs"));
+        if v <= BOUND * p {
+            println!("{what}: within {BOUND} × the polled RC figure ({})", pairs.join("; "));
+            return;
+        }
+    }
+    panic!("{what}: more than {BOUND} × the polled RC figure in each of 3 alternating pairs: {}", pairs.join("; "));
 }
 
 #[test]
@@ -77,16 +90,22 @@ fn event_driven_uc_and_ud_pingpongs_stay_near_polled_rc() {
     if !progs.iter().all(|p| have(p)) {
         skip!("ibv_*_pingpong is not installed (Debian package ibverbs-utils)");
     }
-    let polled = usec_per_iter("ibv_rc_pingpong", 19400, &[]);
-    let mut port = 19401;
+    // Each run its own TCP port (a port just closed may linger).
+    let port = std::cell::Cell::new(19400);
+    let next = || {
+        port.set(port.get() + 1);
+        port.get()
+    };
     for prog in progs {
         for extra in [&[][..], &["-e"][..]] {
             if prog == "ibv_rc_pingpong" && extra.is_empty() {
                 continue;
             }
-            let us = usec_per_iter(prog, port, extra);
-            port += 1;
-            check(&format!("{prog} {extra:?}"), us, polled);
+            check(
+                &format!("{prog} {extra:?}"),
+                || usec_per_iter(prog, next(), extra),
+                || usec_per_iter("ibv_rc_pingpong", next(), &[]),
+            );
         }
     }
 }
@@ -123,8 +142,6 @@ fn qperf_rc_lat_event_driven_stays_near_polled() {
         println!("{what}: {us:.2} us");
         us
     };
-    let polled = run(&["-cp1"]);
-    let event = run(&[]);
+    check("qperf rc_lat (completion channel)", || run(&[]), || run(&["-cp1"]));
     drop(server.into_inner_killed());
-    check("qperf rc_lat (completion channel)", event, polled);
 }
