@@ -66,9 +66,8 @@ fn udp_command(prog: &str, addr: &str) -> std::process::Command {
 /// `measure` against `polled` measured just before it, in up to three
 /// alternating pairs: the first pair within [`BOUND`] passes. A collapse
 /// of the kind issue 30 found is there in every pair; a burst of another
-/// process's work on a busy machine is not (a loaded run once saw one
-/// event-driven UD figure at 10.5 × a polled figure taken a minute
-/// earlier).
+/// process's work on a busy machine is not (a loaded run once saw the
+/// polled UD figure at 10.5 × a polled RC figure taken a minute earlier).
 fn check(what: &str, mut measure: impl FnMut() -> f64, mut polled: impl FnMut() -> f64) {
     let mut pairs = Vec::new();
     for _ in 0..3 {

@@ -160,6 +160,10 @@ int main(void)
 			w[i].next = i == 0 ? &w[1] : NULL;
 		}
 		CHECK(ibv_post_send(c, w, &bad) == 0, "post_send");
+		/* Nothing polled until the overrun's event: the second completion
+		 * overruns however the two ACKs come (a poll between them would
+		 * make room for the second). */
+		CHECK(event_pending(5000), "no event after the overrun");
 		struct ibv_wc wc;
 		int polled = 0;
 		for (long spins = 0; spins < 50000000; spins++) {
@@ -168,8 +172,7 @@ int main(void)
 				break;
 			polled += k;
 		}
-		CHECK(polled <= 1, "polled %d from a 1-entry CQ", polled);
-		CHECK(event_pending(2000), "no event after the overrun");
+		CHECK(polled == 1, "polled %d from an overrun 1-entry CQ", polled);
 		if (pass == 0) {
 			/* Take events until CQ_ERR; acknowledge the others. */
 			int got_cq_err = 0;
