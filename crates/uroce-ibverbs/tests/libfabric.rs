@@ -112,10 +112,11 @@ fn pingpong(p: &netns::Pair, (sns, sdev, saddr): (&str, &str, &str), (cns, caddr
 /// reposted on the freed endpoint (`rxm_close_conn` → `rxm_flush_msg_cq` →
 /// `rxm_free_rx_buf` → `rxm_post_recv` → `fi_recv`, the top frame at
 /// `libfabric.so.1+0xb7882` in that build). It happens when the
-/// disconnect is read before the last receive was polled, as over kernel
-/// rxe; fixed upstream in libfabric 2.6 (commit 697688386, "prov/rxm: fix
-/// the msg_ep use-after-free at connection teardown"). Only that frame
-/// counts: any other crash fails the test.
+/// disconnect is read before the last receive was polled, on any device
+/// that keeps a destroyed QP's completions (kernel rxe does, as uroce);
+/// fixed upstream (commit 697688386, "prov/rxm: fix the msg_ep
+/// use-after-free at connection teardown"). Only that frame counts: any
+/// other crash fails the test.
 fn rxm_teardown_crash(text: &str) -> bool {
     let mut lines = text.lines().skip_while(|l| !l.contains("terminated with signal 11"));
     lines.next().is_some() && lines.next().is_some_and(|top| top.contains("libfabric.so.1(+0xb7882)"))
