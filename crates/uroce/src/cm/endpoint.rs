@@ -158,13 +158,12 @@ impl Owner {
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        if let Some(inner) = self.0.take().and_then(|(w, id)| w.upgrade().map(|i| (i, id))) {
-            let (inner, id) = inner;
-            let mut st = inner.lock();
-            st.events.retain(|e| e.id != id);
-            let _ = st.cm.destroy(Instant::now(), id);
-            inner.kick(&mut st);
-        }
+        let Some((endpoint, id)) = self.0.take() else { return };
+        let Some(inner) = endpoint.upgrade() else { return };
+        let mut st = inner.lock();
+        st.events.retain(|e| e.id != id);
+        let _ = st.cm.destroy(Instant::now(), id);
+        inner.kick(&mut st);
     }
 }
 
