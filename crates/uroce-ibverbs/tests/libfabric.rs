@@ -82,16 +82,15 @@ fn pingpong(p: &netns::Pair, (sns, sdev, saddr): (&str, &str, &str), (cns, caddr
     let client = Reap::new(in_ns(p, cns, caddr, "fi_pingpong", &cargs).spawn().unwrap());
     let (ok, out) = { client }.wait(&what, Duration::from_secs(120));
     let (sok, sout) = server.wait(&what, Duration::from_secs(30));
-    // Every size of the series, on both sides.
-    let sizes = |t: &str| t.lines().filter(|l| l.split_whitespace().nth(2).is_some_and(|a| a.starts_with('='))).count();
+    // Every size of the series, on both sides (a result row: "64  10  =10 …").
+    let row = |l: &str| l.split_whitespace().nth(2).is_some_and(|a| a.starts_with('='));
+    let sizes = |t: &str| t.lines().filter(|l| row(l)).count();
     let (n, sn) = (sizes(&out), sizes(&sout));
     // Known: ofi_rxm (libfabric 1.17) crashes now and then when the peer's
     // disconnect is read before its last receive was polled (see
     // `rxm_teardown_crash`). The crashed side's table may be lost with its
     // unflushed stdout; the other side's must be whole.
-    let whole = |t: &str| {
-        t.lines().any(|l| l.starts_with("1m ") && l.split_whitespace().nth(2).is_some_and(|a| a.starts_with('=')))
-    };
+    let whole = |t: &str| t.lines().any(|l| l.starts_with("1m ") && row(l));
     let teardown_crash = args.contains(&"rdm")
         && ((!ok && rxm_teardown_crash(&out) && sok && whole(&sout))
             || (!sok && rxm_teardown_crash(&sout) && ok && whole(&out)));

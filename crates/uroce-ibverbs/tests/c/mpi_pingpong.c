@@ -31,6 +31,22 @@ static void check(const unsigned char *buf, size_t size, int iter, int rank, con
     }
 }
 
+/* Receives `size` bytes from rank `from` into a zeroed `buf` and checks
+ * their length and every byte (exit 2 for a length, 3 for a byte). */
+static void recv_checked(unsigned char *buf, size_t size, int from, int tag, int iter, int rank, const char *what)
+{
+    memset(buf, 0, size);
+    MPI_Status st;
+    MPI_Recv(buf, (int)size, MPI_BYTE, from, tag, MPI_COMM_WORLD, &st);
+    int got;
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    if ((size_t)got != size) {
+        fprintf(stderr, "rank %d: %s of %zu B is %d B\n", rank, what, size, got);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    check(buf, size, iter, rank, what);
+}
+
 int main(int argc, char **argv)
 {
     static const size_t sizes[] = {8, 4096, 1 << 20};
@@ -55,27 +71,9 @@ int main(int argc, char **argv)
                 for (size_t i = 0; i < size; i++)
                     buf[i] = pattern(size, iter, i);
                 MPI_Send(buf, (int)size, MPI_BYTE, 1, tag, MPI_COMM_WORLD);
-                memset(buf, 0, size);
-                MPI_Status st;
-                MPI_Recv(buf, (int)size, MPI_BYTE, 1, tag, MPI_COMM_WORLD, &st);
-                int got;
-                MPI_Get_count(&st, MPI_BYTE, &got);
-                if ((size_t)got != size) {
-                    fprintf(stderr, "rank 0: echo of %zu B is %d B\n", size, got);
-                    MPI_Abort(MPI_COMM_WORLD, 2);
-                }
-                check(buf, size, iter, rank, "echo");
+                recv_checked(buf, size, 1, tag, iter, rank, "echo");
             } else {
-                memset(buf, 0, size);
-                MPI_Status st;
-                MPI_Recv(buf, (int)size, MPI_BYTE, 0, tag, MPI_COMM_WORLD, &st);
-                int got;
-                MPI_Get_count(&st, MPI_BYTE, &got);
-                if ((size_t)got != size) {
-                    fprintf(stderr, "rank 1: message of %zu B is %d B\n", size, got);
-                    MPI_Abort(MPI_COMM_WORLD, 2);
-                }
-                check(buf, size, iter, rank, "message");
+                recv_checked(buf, size, 0, tag, iter, rank, "message");
                 if (corrupt && size == 4096 && iter == ITERS - 1)
                     buf[size / 2] ^= 0x40;
                 MPI_Send(buf, (int)size, MPI_BYTE, 0, tag, MPI_COMM_WORLD);
