@@ -80,39 +80,55 @@ pub(crate) struct Vma {
 /// the caller's to notice).
 pub(crate) fn vmas(start: u64, end: u64) -> std::io::Result<Vec<Vma>> {
     let text = std::fs::read_to_string("/proc/self/maps")?;
+    Ok(parse_vmas(&text, start, end).1)
+}
+
+/// As [`vmas`], with the mapping below the first of them (the nearest one
+/// under `start`, if any: a stack's guard for [`super::stacks`]).
+pub(crate) fn vmas_and_below(start: u64, end: u64) -> std::io::Result<(Option<Vma>, Vec<Vma>)> {
+    let text = std::fs::read_to_string("/proc/self/maps")?;
     Ok(parse_vmas(&text, start, end))
 }
 
-fn parse_vmas(text: &str, start: u64, end: u64) -> Vec<Vma> {
+fn parse_vmas(text: &str, start: u64, end: u64) -> (Option<Vma>, Vec<Vma>) {
     let mut out = Vec::new();
+    let mut below = None;
     for line in text.lines() {
-        let mut f = line.splitn(6, ' ');
-        let (Some(range), Some(perms), Some(off), Some(dev), Some(inode)) = (f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
+        let Some(v) = parse_line(line, |lo, hi| hi > start || lo >= end) else {
+            // Below `start`: only the last such line is parsed whole.
+            below = Some(line);
             continue;
         };
-        let Some((lo, hi)) = range.split_once('-') else { continue };
-        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else { continue };
-        if hi <= start {
-            continue;
-        }
-        if lo >= end {
+        if v.lo >= end {
             break;
         }
-        let p = perms.as_bytes();
-        let bit = |i: usize, c: u8, v: i32| if p.get(i) == Some(&c) { v } else { 0 };
-        out.push(Vma {
-            lo,
-            hi,
-            prot: bit(0, b'r', libc::PROT_READ) | bit(1, b'w', libc::PROT_WRITE) | bit(2, b'x', libc::PROT_EXEC),
-            shared: p.get(3) == Some(&b's'),
-            offset: u64::from_str_radix(off, 16).unwrap_or(0),
-            dev: dev.to_string(),
-            inode: inode.parse().unwrap_or(0),
-            name: f.next().unwrap_or("").trim().to_string(),
-        });
+        out.push(v);
     }
-    out
+    (below.and_then(|l| parse_line(l, |_, _| true)), out)
+}
+
+/// One line of `/proc/self/maps`, parsed past its address range only if
+/// `wanted(lo, hi)`.
+fn parse_line(line: &str, wanted: impl Fn(u64, u64) -> bool) -> Option<Vma> {
+    let mut f = line.splitn(6, ' ');
+    let (range, perms, off, dev, inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+    let (lo, hi) = range.split_once('-')?;
+    let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
+    if !wanted(lo, hi) {
+        return None;
+    }
+    let p = perms.as_bytes();
+    let bit = |i: usize, c: u8, v: i32| if p.get(i) == Some(&c) { v } else { 0 };
+    Some(Vma {
+        lo,
+        hi,
+        prot: bit(0, b'r', libc::PROT_READ) | bit(1, b'w', libc::PROT_WRITE) | bit(2, b'x', libc::PROT_EXEC),
+        shared: p.get(3) == Some(&b's'),
+        offset: u64::from_str_radix(off, 16).unwrap_or(0),
+        dev: dev.to_string(),
+        inode: inode.parse().unwrap_or(0),
+        name: f.next().unwrap_or("").trim().to_string(),
+    })
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -224,13 +240,19 @@ mod tests {
 
     #[test]
     fn vmas_of_a_range() {
-        let v = parse_vmas(MAPS, 0x651000, 0x656000);
+        let v = parse_vmas(MAPS, 0x651000, 0x656000).1;
         assert_eq!(v.len(), 3);
         assert_eq!((v[0].lo, v[0].prot, v[0].shared, v[0].inode), (0x651000, libc::PROT_READ, false, 173521));
         assert_eq!(v[0].name, "/usr/bin/dbus-daemon");
         assert_eq!((v[2].lo, v[2].hi, v[2].prot, v[2].inode), (0x655000, 0x660000, libc::PROT_READ | libc::PROT_WRITE, 0));
         assert_eq!(v[2].name, "");
-        assert_eq!(parse_vmas(MAPS, 0x7ffc_0000, 0x7ffc_1000)[0].name, "[stack]");
+        assert_eq!(parse_vmas(MAPS, 0x7ffc_0000, 0x7ffc_1000).1[0].name, "[stack]");
+        // The mapping below: the nearest under the range, not one inside it.
+        let (below, v) = parse_vmas(MAPS, 0x7ffc_0000, 0x7ffc_1000);
+        assert_eq!(below.map(|b| (b.lo, b.prot)), Some((0x660000, libc::PROT_NONE)));
+        assert_eq!(v.len(), 1);
+        assert_eq!(parse_vmas(MAPS, 0x655800, 0x656000).0.map(|b| b.lo), Some(0x652000));
+        assert_eq!(parse_vmas(MAPS, 0x300000, 0x400100).0, None);
     }
 
     #[test]

@@ -30,6 +30,7 @@ mod pin;
 mod rangeset;
 pub(crate) mod safe;
 mod span;
+mod stacks;
 
 pub use indirect::{IndirectKey, InterleavedEntry, Layout, LayoutKind, MAX_DEPTH};
 pub use keys::{os_random_u64, KeyRng, KeyTable};

@@ -343,7 +343,7 @@ fn populate(addr: u64, len: u64, write: bool) -> Result<(), libc::c_int> {
 
 /// Runs of pages of `addr..addr+len` that are resident now (mincore),
 /// skipping unmapped holes.
-fn resident_runs(addr: u64, len: u64) -> Vec<(u64, u64)> {
+pub(super) fn resident_runs(addr: u64, len: u64) -> Vec<(u64, u64)> {
     let p = page_size();
     let (first, end) = pages(addr, len);
     let mut runs: Vec<(u64, u64)> = Vec::new();

@@ -8,7 +8,8 @@
 //! or `MAP_FIXED` over its own range then change nothing for the device):
 //! - a shared mapping (a file, shmem, a memfd, SysV shm) is mapped a second
 //!   time with `mremap(old_size = 0)`: the same pages, no copy;
-//! - private anonymous memory (heap, stacks, anonymous `mmap`) has no second
+//! - private anonymous memory (heap, anonymous `mmap`; never a stack:
+//!   [`super::stacks`]) has no second
 //!   name, so registration gives it one: its pages are copied into a memfd,
 //!   which is mapped `MAP_SHARED | MAP_FIXED` over the application's range
 //!   and at uroce's address. Writes of other threads are held meanwhile
@@ -233,22 +234,22 @@ fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EFAULT)
 }
 
-/// Private anonymous memory uroce may move into a memfd. Never a stack: the
-/// main thread's (`[stack]`) nor the one this thread runs on — while the
-/// range is read-only for the copy, the thread's own next push would fault,
-/// and the fault handler itself needs that stack (the process died with
-/// SIGSEGV registering a buffer on the stack). Such a region is not owned:
-/// it follows the application's address space, as before. Another
-/// thread's stack is not told apart (docs/architecture.md): it has no name
-/// in `/proc/self/maps`, and its guard page below is what any buffer with
-/// guard pages around it looks like.
-fn movable(v: &Vma) -> bool {
+/// Private anonymous memory uroce may move into a memfd, `from` up (`below`:
+/// the mapping under `v`, if any). Never a stack: the main thread's
+/// (`[stack]`), the one this thread runs on, nor another thread's
+/// ([`super::stacks`]) — while the range is read-only for the copy, the
+/// thread's next push would fault, and the fault handler itself needs that
+/// stack (the process died with SIGSEGV registering a buffer on the stack).
+/// Such a region is not owned: it follows the application's address space,
+/// as before.
+fn movable(v: &Vma, below: Option<&Vma>, from: u64) -> bool {
     let here = 0u8;
     let sp = std::ptr::addr_of!(here) as u64;
     !v.shared
         && v.inode == 0
         && !(v.lo..v.hi).contains(&sp)
         && (v.name.is_empty() || v.name == "[heap]" || v.name.starts_with("[anon:"))
+        && !super::stacks::is_thread_stack(v, below, from)
 }
 
 /// Takes ownership of the pages of `addr..addr + len` (see the module
@@ -261,11 +262,13 @@ pub(crate) fn take(addr: usize, len: u64) -> Result<Option<Owned>> {
     let end = addr.checked_add(len).ok_or_else(|| Error::inval("reg_mr: range wraps"))?.div_ceil(page) * page;
     let n = end - app;
     let _fork = ForkLock::take();
-    let Ok(vmas) = maps::vmas(app as u64, end as u64) else { return Ok(None) };
+    // With the mapping under the first: a thread stack's guard, if it is one.
+    let Ok((below, vmas)) = maps::vmas_and_below(app as u64, end as u64) else { return Ok(None) };
     // Everything must be ownable, without holes, before anything changes.
     let mut at = app as u64;
-    for v in &vmas {
-        if v.lo > at || !(v.shared || movable(v)) {
+    for (i, v) in vmas.iter().enumerate() {
+        let under = if i == 0 { below.as_ref() } else { vmas.get(i - 1) };
+        if v.lo > at || !(v.shared || movable(v, under, at)) {
             return Ok(None);
         }
         at = v.hi;
@@ -607,6 +610,46 @@ mod tests {
         }
         // SAFETY: our mapping.
         unsafe { libc::munmap(a as *mut libc::c_void, n) };
+    }
+
+    /// A buffer on another thread's stack, which that thread keeps writing
+    /// (its frames below the buffer share the buffer's first page): never
+    /// moved, so the thread never faults where it has no stack for the
+    /// handler. Before `mem::stacks`, `take` moved it.
+    #[test]
+    fn another_threads_stack_is_not_moved() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        #[inline(never)]
+        fn push(i: u64) -> u64 {
+            let mut frame = [i; 64];
+            std::hint::black_box(&mut frame)[7] ^= 1;
+            frame[7]
+        }
+        super::super::safe::install();
+        let (addr, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+        let t = {
+            let (addr, stop) = (addr.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 3 * 4096];
+                addr.store(buf.as_mut_ptr() as usize, Ordering::Release);
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i = push(i);
+                    std::hint::black_box(&mut buf)[5000] = i as u8;
+                }
+                i
+            })
+        };
+        let a = loop {
+            match addr.load(Ordering::Acquire) {
+                0 => std::thread::yield_now(),
+                a => break a,
+            }
+        };
+        let moved = (0..100).filter(|_| take(a, 3 * 4096).unwrap().is_some()).count();
+        stop.store(true, Ordering::Relaxed);
+        t.join().unwrap();
+        assert_eq!(moved, 0, "a thread's stack was moved");
     }
 
     /// `rereg` onto a new range: the new range's pages are owned, the old
