@@ -717,3 +717,13 @@ fn xserver_xclient(kind: &str, saddr: &str, caddr: &str, port: &str) {
 fn rdma_xclient_rc_sends_inline_beyond_max_inline_data() {
     xserver_xclient("r", "127.0.0.171", "127.0.0.172", "7481");
 }
+
+/// `-c x`: XRC through the CM (RDMA_PS_IB). The server's id is an
+/// XRC_RECV one: rdma_get_request makes its XRC target QP in the device's
+/// XRC domain, rdma_create_srq an XRC SRQ on the id's receive CQ, and the
+/// REP carries the SRQ number as private data; the client's XRC_SEND QP
+/// sends to that SRQ, the server reads the message from the SRQ's CQ.
+#[test]
+fn rdma_xclient_xrc_connects_through_the_cm() {
+    xserver_xclient("x", "127.0.0.188", "127.0.0.189", "7485");
+}

@@ -126,6 +126,12 @@ impl QpType {
     pub fn is_reliable(self) -> bool {
         matches!(self, QpType::Rc | QpType::XrcSend | QpType::XrcRecv)
     }
+
+    /// A connected type, which the connection manager connects: every
+    /// type but UD.
+    pub fn is_connected(self) -> bool {
+        self != QpType::Ud
+    }
 }
 
 c_enum! {

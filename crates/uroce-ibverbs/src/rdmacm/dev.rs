@@ -25,6 +25,10 @@ pub struct Dev {
     pub ctx: usize,
     pub pd: usize,
     pub ep: Arc<CmEndpoint>,
+    /// The XRC domain of the device's XRC_RECV ids and their SRQs, opened
+    /// on first use and never closed (librdmacm's `ucma_get_xrcd`); 0 until
+    /// then.
+    pub xrcd: usize,
 }
 
 pub struct Global {
@@ -70,7 +74,27 @@ fn open_device(dev: *mut ibv_device) -> Result<Dev, i32> {
     if pd.is_null() {
         return Err(crate::errno::last());
     }
-    Ok(Dev { ip, ctx: ctx as usize, pd: pd as usize, ep })
+    Ok(Dev { ip, ctx: ctx as usize, pd: pd as usize, ep, xrcd: 0 })
+}
+
+/// Device `d`'s XRC domain (see [`Dev::xrcd`]).
+pub fn xrcd(g: &mut Global, d: usize) -> Result<*mut ibv_xrcd, i32> {
+    let dev = &mut g.devs[d];
+    if dev.xrcd == 0 {
+        let mut a = ibv_xrcd_init_attr {
+            comp_mask: ibv_xrcd_init_attr_mask_IBV_XRCD_INIT_ATTR_FD
+                | ibv_xrcd_init_attr_mask_IBV_XRCD_INIT_ATTR_OFLAGS,
+            fd: -1,
+            oflags: libc::O_CREAT,
+        };
+        // SAFETY: our context; attributes on our stack.
+        let x = unsafe { crate::xrcd::open_xrcd(dev.ctx as *mut ibv_context, &mut a) };
+        if x.is_null() {
+            return Err(crate::errno::last());
+        }
+        dev.xrcd = x as usize;
+    }
+    Ok(dev.xrcd as *mut ibv_xrcd)
 }
 
 /// The device whose address is `ip` (any address: the default device),

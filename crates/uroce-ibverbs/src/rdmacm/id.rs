@@ -525,7 +525,9 @@ pub unsafe extern "C" fn uroce_cm_rdma_listen(id: *mut rdma_cm_id, backlog: c_in
         // SAFETY: a live id.
         let ps = ps_of(unsafe { (*u).id.ps }).ok_or(libc::EINVAL)?;
         let addr = Some(a.ip()).filter(|i| !i.is_unspecified());
-        let p = ListenParams { ps, addr, port: a.port(), backlog: backlog.max(0) as u32 };
+        // SAFETY: a live id.
+        let xrc = unsafe { (*u).id.qp_type } == ibv_qp_type_IBV_QPT_XRC_RECV;
+        let p = ListenParams { ps, addr, port: a.port(), backlog: backlog.max(0) as u32, xrc };
         let l = ep.with_cm(|cm, _| cm.listen(p)).map_err(|e| e.errno.0)?;
         g.ids.get_mut(&(u as usize)).expect("live").listen = Some(l);
         g.by_listen.insert((d, l), u as usize);
@@ -584,11 +586,10 @@ pub unsafe extern "C" fn uroce_cm_rdma_connect(id: *mut rdma_cm_id, conn_param: 
         let (dst, mut src, qp, ps) =
             unsafe { (dst_of(u).ok_or(libc::EINVAL)?, src_of(u).ok_or(libc::EINVAL)?, (*u).id.qp, (*u).id.ps) };
         let ps = ps_of(ps).ok_or(libc::EINVAL)?;
-        let (qp_uc, qp_srq) = if qp.is_null() {
-            (false, false)
-        } else {
+        let (qp_type, qp_srq) = match qp.is_null() {
+            true => (0, false),
             // SAFETY: the id's QP, not NULL.
-            unsafe { ((*qp).qp_type == ibv_qp_type_IBV_QPT_UC, !(*qp).srq.is_null()) }
+            false => unsafe { ((*qp).qp_type, !(*qp).srq.is_null()) },
         };
         let ep = g.devs[d].ep.clone();
         if src.port() == 0 {
@@ -607,7 +608,12 @@ pub unsafe extern "C" fn uroce_cm_rdma_connect(id: *mut rdma_cm_id, conn_param: 
             }
             // SAFETY: the id's QP.
             let qpn = if qp.is_null() { p.map_or(0, |p| p.qp_num) } else { unsafe { (*qp).qp_num } };
-            let transport = if qp_uc { uroce::cm::mad::TransportType::Uc } else { uroce::cm::mad::TransportType::Rc };
+            use uroce::cm::mad::TransportType;
+            let transport = match qp_type {
+                t if t == ibv_qp_type_IBV_QPT_UC => TransportType::Uc,
+                t if t == ibv_qp_type_IBV_QPT_XRC_SEND => TransportType::Xrc,
+                _ => TransportType::Rc,
+            };
             valid_param(ps, p, !qp.is_null())?;
             // As librdmacm: "the most", or no parameter, asks for the device's limit.
             let lim = |v: Option<u8>| match v {
@@ -847,7 +853,26 @@ pub unsafe extern "C" fn uroce_cm_rdma_create_qp(
                 (*u).id.send_cq = a.send_cq;
                 (*u).id.recv_cq = a.recv_cq;
             }
-            let qp = crate::objects::ibv_create_qp(pd, a);
+            let xrc_recv = a.qp_type == ibv_qp_type_IBV_QPT_XRC_RECV;
+            // As librdmacm: the id's SRQ unless the caller names one (an
+            // XRC target has none: its requests name their SRQ).
+            if a.srq.is_null() && !xrc_recv {
+                a.srq = (*u).id.srq;
+            }
+            let qp = if xrc_recv {
+                // An XRC target lives in the device's XRC domain.
+                let d = g.ids[&(u as usize)].dev.ok_or(libc::EINVAL)?;
+                let mut ex: ibv_qp_init_attr_ex = std::mem::zeroed();
+                ex.qp_context = a.qp_context;
+                ex.qp_type = a.qp_type;
+                ex.cap = a.cap;
+                ex.comp_mask = ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD | ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_XRCD;
+                ex.pd = pd;
+                ex.xrcd = dev::xrcd(g, d)?;
+                crate::qp_ex::create_qp_ex((*u).id.verbs, &mut ex)
+            } else {
+                crate::objects::ibv_create_qp(pd, a)
+            };
             if qp.is_null() {
                 return Err(crate::errno::last());
             }
@@ -901,29 +926,49 @@ pub unsafe extern "C" fn uroce_cm_rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rdma_destroy_qp(id: *mut rdma_cm_id) {
     let _ = with_id(id, |g, u| {
-        let own = g.ids[&(u as usize)].own_cqs;
-        // SAFETY: a live id and the objects rdma_create_qp made.
+        // SAFETY: a live id and the QP rdma_create_qp made.
         unsafe {
             if !(*u).id.qp.is_null() {
                 crate::objects::ibv_destroy_qp((*u).id.qp);
                 (*u).id.qp = std::ptr::null_mut();
             }
-            if own {
-                for cq in [(*u).id.send_cq, (*u).id.recv_cq] {
-                    crate::objects::ibv_destroy_cq(cq);
-                }
-                for ch in [(*u).id.send_cq_channel, (*u).id.recv_cq_channel] {
-                    crate::objects::ibv_destroy_comp_channel(ch);
-                }
-                (*u).id.send_cq = std::ptr::null_mut();
-                (*u).id.recv_cq = std::ptr::null_mut();
-                (*u).id.send_cq_channel = std::ptr::null_mut();
-                (*u).id.recv_cq_channel = std::ptr::null_mut();
+            // As librdmacm: an XRC target's CQs serve its XRC SRQ, and go
+            // with it (rdma_destroy_srq).
+            if (*u).id.qp_type != ibv_qp_type_IBV_QPT_XRC_RECV || (*u).id.srq.is_null() {
+                destroy_own_cqs(g, u);
             }
         }
-        g.ids.get_mut(&(u as usize)).expect("live").own_cqs = false;
         Ok(())
     });
+}
+
+/// Destroys the CQs and channels rdma_create_qp or rdma_create_srq made
+/// for id `u`, if they did.
+///
+/// # Safety
+/// `u` is a live id, its QP and SRQ (that use them) gone.
+unsafe fn destroy_own_cqs(g: &mut Global, u: *mut UId) {
+    let s = g.ids.get_mut(&(u as usize)).expect("live");
+    if !std::mem::take(&mut s.own_cqs) {
+        return;
+    }
+    // SAFETY: the caller's promise.
+    unsafe {
+        for cq in [(*u).id.send_cq, (*u).id.recv_cq] {
+            if !cq.is_null() {
+                crate::objects::ibv_destroy_cq(cq);
+            }
+        }
+        for ch in [(*u).id.send_cq_channel, (*u).id.recv_cq_channel] {
+            if !ch.is_null() {
+                crate::objects::ibv_destroy_comp_channel(ch);
+            }
+        }
+        (*u).id.send_cq = std::ptr::null_mut();
+        (*u).id.recv_cq = std::ptr::null_mut();
+        (*u).id.send_cq_channel = std::ptr::null_mut();
+        (*u).id.recv_cq_channel = std::ptr::null_mut();
+    }
 }
 
 #[no_mangle]
@@ -1157,16 +1202,96 @@ pub unsafe extern "C" fn uroce_cm_rdma_create_srq(
     pd: *mut ibv_pd,
     attr: *mut ibv_srq_init_attr,
 ) -> c_int {
-    rc(with_id(id, |_, u| {
+    if id.is_null() || attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // As librdmacm: an XRC SRQ for an XRC_RECV id, else a basic one.
+    // SAFETY: the caller's id (checked live below) and attributes.
+    let mut ex: ibv_srq_init_attr_ex = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe {
+        ex.srq_context = (*attr).srq_context;
+        ex.attr = (*attr).attr;
+        ex.srq_type = match (*id).qp_type == ibv_qp_type_IBV_QPT_XRC_RECV {
+            true => ibv_srq_type_IBV_SRQT_XRC,
+            false => ibv_srq_type_IBV_SRQT_BASIC,
+        };
+    }
+    ex.comp_mask = ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_TYPE | ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_PD;
+    ex.pd = pd;
+    // SAFETY: forwarded.
+    let r = unsafe { uroce_cm_rdma_create_srq_ex(id, &mut ex) };
+    // SAFETY: the caller's attributes: the granted sizes.
+    unsafe { (*attr).attr = ex.attr };
+    r
+}
+
+/// `rdma_create_srq_ex`: the attributes must say the SRQ's type. The id's
+/// PD where none is given; an XRC SRQ gets the device's XRC domain and the
+/// id's receive CQ (made here if the id has none, with its channel) where
+/// the caller names none (librdmacm).
+#[no_mangle]
+pub unsafe extern "C" fn uroce_cm_rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut ibv_srq_init_attr_ex) -> c_int {
+    if attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    rc(with_id(id, |g, u| {
         // SAFETY: a live id; the caller's attributes.
         unsafe {
-            let pd = if pd.is_null() { (*u).id.pd } else { pd };
-            if pd.is_null() || attr.is_null() {
+            let a = &mut *attr;
+            let has = |a: &ibv_srq_init_attr_ex, bit: u32| a.comp_mask & bit != 0;
+            if !has(a, ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_TYPE) || !(*u).id.srq.is_null() {
                 return Err(libc::EINVAL);
             }
-            let srq = crate::srq::ibv_create_srq(pd, attr);
+            if !has(a, ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_PD) || a.pd.is_null() {
+                a.pd = (*u).id.pd;
+                a.comp_mask |= ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_PD;
+            }
+            if a.pd.is_null() {
+                return Err(libc::EINVAL);
+            }
+            let d = g.ids[&(u as usize)].dev.ok_or(libc::EINVAL)?;
+            if a.srq_type == ibv_srq_type_IBV_SRQT_XRC {
+                if !has(a, ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_XRCD) || a.xrcd.is_null() {
+                    a.xrcd = dev::xrcd(g, d)?;
+                }
+                if !has(a, ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_CQ) || a.cq.is_null() {
+                    if (*u).id.recv_cq.is_null() {
+                        let ch = crate::objects::ibv_create_comp_channel((*u).id.verbs);
+                        if ch.is_null() {
+                            return Err(crate::errno::last());
+                        }
+                        let cq = crate::objects::ibv_create_cq(
+                            (*u).id.verbs,
+                            a.attr.max_wr.max(1) as c_int,
+                            std::ptr::null_mut(),
+                            ch,
+                            0,
+                        );
+                        if cq.is_null() {
+                            let e = crate::errno::last();
+                            crate::objects::ibv_destroy_comp_channel(ch);
+                            return Err(e);
+                        }
+                        (*u).id.recv_cq_channel = ch;
+                        (*u).id.recv_cq = cq;
+                        g.ids.get_mut(&(u as usize)).expect("live").own_cqs = true;
+                    }
+                    a.cq = (*u).id.recv_cq;
+                }
+                a.comp_mask |=
+                    ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_XRCD | ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_CQ;
+            }
+            let srq = crate::srq::create_srq_ex((*u).id.verbs, a);
             if srq.is_null() {
-                return Err(crate::errno::last());
+                let e = crate::errno::last();
+                if (*u).id.qp.is_null() {
+                    destroy_own_cqs(g, u);
+                }
+                return Err(e);
+            }
+            if (*u).id.pd.is_null() {
+                (*u).id.pd = a.pd;
             }
             (*u).id.srq = srq;
         }
@@ -1174,30 +1299,19 @@ pub unsafe extern "C" fn uroce_cm_rdma_create_srq(
     }))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn uroce_cm_rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut ibv_srq_init_attr_ex) -> c_int {
-    if attr.is_null() {
-        return fail(libc::EINVAL);
-    }
-    // SAFETY: the caller's attributes.
-    let a = unsafe { &*attr };
-    if a.srq_type != ibv_srq_type_IBV_SRQT_BASIC {
-        return fail(libc::EOPNOTSUPP);
-    }
-    let mut b = ibv_srq_init_attr { srq_context: a.srq_context, attr: a.attr };
-    let pd = if a.comp_mask & ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_PD != 0 { a.pd } else { std::ptr::null_mut() };
-    // SAFETY: forwarded.
-    unsafe { uroce_cm_rdma_create_srq(id, pd, &mut b) }
-}
-
+/// `rdma_destroy_srq`: the SRQ, then the CQs made for it when the id has
+/// no QP left (an XRC target's; librdmacm's `ucma_destroy_cqs`).
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rdma_destroy_srq(id: *mut rdma_cm_id) {
-    let _ = with_id(id, |_, u| {
+    let _ = with_id(id, |g, u| {
         // SAFETY: a live id and its SRQ.
         unsafe {
             if !(*u).id.srq.is_null() {
                 crate::srq::ibv_destroy_srq((*u).id.srq);
                 (*u).id.srq = std::ptr::null_mut();
+            }
+            if (*u).id.qp.is_null() {
+                destroy_own_cqs(g, u);
             }
         }
         Ok(())

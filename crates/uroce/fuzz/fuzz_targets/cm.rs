@@ -15,8 +15,8 @@ fuzz_target!(|data: &[u8]| {
     let (ia, ib) = (IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)));
     let mut a = Cm::new(CmConfig::new(ia, 1, 1));
     let mut b = Cm::new(CmConfig::new(ib, 2, 2));
-    let _ = b.listen(ListenParams { ps: PortSpace::Tcp, addr: None, port: 1, backlog: 4 });
-    let _ = b.listen(ListenParams { ps: PortSpace::Udp, addr: None, port: 1, backlog: 4 });
+    let _ = b.listen(ListenParams { ps: PortSpace::Tcp, addr: None, port: 1, backlog: 4, xrc: false });
+    let _ = b.listen(ListenParams { ps: PortSpace::Udp, addr: None, port: 1, backlog: 4, xrc: false });
     let mut now = Instant::now();
     let mut ids = Vec::new();
     for chunk in data.chunks(257) {

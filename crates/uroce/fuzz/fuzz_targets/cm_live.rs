@@ -39,7 +39,7 @@ fuzz_target!(|data: &[u8]| {
     let mut now = Instant::now();
     let mut a = Cm::new(CmConfig::new(ia, 1, 1));
     let mut b = Cm::new(CmConfig::new(ib, 2, 2));
-    b.listen(ListenParams { ps: PortSpace::Tcp, addr: None, port: 1, backlog: 4 }).unwrap();
+    b.listen(ListenParams { ps: PortSpace::Tcp, addr: None, port: 1, backlog: 4, xrc: false }).unwrap();
     let p = ConnectParams {
         ps: PortSpace::Tcp,
         src_port: 2,

@@ -82,6 +82,10 @@ pub struct ListenParams {
     pub port: u16,
     /// Pending connection requests allowed; 0 or over 1024 means 1024.
     pub backlog: u32,
+    /// An XRC listener (`IBV_QPT_XRC_RECV` ids): it takes XRC REQs only,
+    /// and the others only RC and UC REQs, as the kernel matches a REQ's
+    /// QP type against the listening id's (`cma_check_req_qp_type`).
+    pub xrc: bool,
 }
 
 /// `rdma_connect` for RC/UC.
@@ -95,7 +99,8 @@ pub struct ConnectParams {
     pub dst: SocketAddr,
     /// The number of the QP to connect (1 to 0xFF_FFFF).
     pub qpn: u32,
-    /// RC or UC.
+    /// RC, UC, or XRC (an XRC_SEND QP: the REQ offers no responder
+    /// resources, retry counts or SRQ, as `k/cm.c` `cm_format_req`).
     pub transport: TransportType,
     /// The REQ's Responder Resources: RDMA Reads and atomics this side
     /// offers to serve at once.
@@ -409,9 +414,10 @@ impl Cm {
         if p.private_data.len() > REQ_USER_PRIVATE {
             return Err(inval("rdma_connect: private data over 56 bytes"));
         }
-        if p.ps.is_ud() || !matches!(p.transport, TransportType::Rc | TransportType::Uc) {
+        if p.ps.is_ud() || !matches!(p.transport, TransportType::Rc | TransportType::Uc | TransportType::Xrc) {
             return Err(inval("rdma_connect: not a connected QP type"));
         }
+        let xrc = p.transport == TransportType::Xrc;
         if p.qpn == 0 || p.qpn > 0xFF_FFFF || p.dst.port() == 0 || p.dst.is_ipv4() != self.cfg.local_ip.is_ipv4() {
             return Err(inval("rdma_connect: bad QP number or destination"));
         }
@@ -424,8 +430,9 @@ impl Cm {
         info.traffic_class = p.traffic_class;
         info.flow_label = service::roce_flow_label(p.src_port, p.dst.port());
         info.ack_timeout = timer::ack_timeout(self.cfg.ca_ack_delay, self.cfg.packet_life_time);
-        info.responder_resources = p.responder_resources;
+        info.responder_resources = if xrc { 0 } else { p.responder_resources };
         info.initiator_depth = p.initiator_depth;
+        info.xrc = xrc;
 
         let mut private = [0u8; private_len::REQ];
         let hdr = CmaHdr { src_port: p.src_port, src: self.cfg.local_ip, dst: p.dst.ip() };
@@ -439,7 +446,7 @@ impl Cm {
             local_ca_guid: self.cfg.ca_guid,
             local_qkey: 0,
             local_qpn: p.qpn,
-            responder_resources: p.responder_resources,
+            responder_resources: info.responder_resources,
             local_eecn: 0,
             initiator_depth: p.initiator_depth,
             remote_eecn: 0,
@@ -448,14 +455,15 @@ impl Cm {
             flow_control: p.flow_control,
             starting_psn: info.local_psn,
             local_cm_response_timeout: timer::CM_RESPONSE_TIMEOUT,
-            retry_count: info.retry_count,
+            retry_count: if xrc { 0 } else { info.retry_count },
             pkey: 0xFFFF,
             path_mtu: self.cfg.path_mtu,
             rdc_exists: false,
-            rnr_retry_count: info.rnr_retry_count,
+            rnr_retry_count: if xrc { 0 } else { info.rnr_retry_count },
             max_cm_retries: timer::MAX_CM_RETRIES,
-            srq: p.srq,
-            ext_transport: 0,
+            srq: p.srq && !xrc,
+            // XRC: extended transport type 1 (`cm_req_set_qp_type`).
+            ext_transport: xrc as u8,
             primary: Path {
                 local_lid: 0xFFFF,
                 remote_lid: 0xFFFF,
@@ -505,21 +513,25 @@ impl Cm {
         c.info.initiator_depth = p.initiator_depth;
         c.info.flow_control = p.flow_control;
         c.info.srq = p.srq;
+        // An XRC target's REP names its QP in the Local EE Context Number
+        // field, says SRQ, and offers no initiator depth or flow control
+        // (`k/cm.c` `cm_format_rep`).
+        let xrc = c.info.xrc;
         let rep = Rep {
             local_comm_id: c.local_comm_id,
             remote_comm_id: c.remote_comm_id,
             local_qkey: 0,
-            local_qpn: p.qpn,
+            local_qpn: if xrc { 0 } else { p.qpn },
             vendor_id: 0,
-            local_eecn: 0,
+            local_eecn: if xrc { p.qpn } else { 0 },
             starting_psn: c.info.local_psn,
             responder_resources: p.responder_resources,
-            initiator_depth: p.initiator_depth,
+            initiator_depth: if xrc { 0 } else { p.initiator_depth },
             target_ack_delay: ack_delay,
             failover_accepted: 0,
-            flow_control: p.flow_control,
+            flow_control: p.flow_control && !xrc,
             rnr_retry_count: p.rnr_retry_count.min(7),
-            srq: p.srq,
+            srq: p.srq || xrc,
             local_ca_guid: cfg_guid,
             private_data: private,
         };
@@ -936,7 +948,15 @@ impl Cm {
                 return true;
             }
         };
-        if ps.is_ud() || !matches!(r.transport, TransportType::Rc | TransportType::Uc) {
+        // The REQ's QP type must be the listener's: XRC (extended type 1)
+        // for an XRC listener, RC or UC for the others.
+        let xrc = r.transport == TransportType::Xrc && r.ext_transport == 1;
+        let xrc_listener = self.listeners.get(&lid).is_some_and(|l| l.params.xrc);
+        let fits = match xrc_listener {
+            true => xrc,
+            false => matches!(r.transport, TransportType::Rc | TransportType::Uc),
+        };
+        if ps.is_ud() || !fits {
             self.issue_rej(now, src, tid, 0, r.local_comm_id, MsgRef::Req, rej_reason::CONSUMER_DEFINED);
             return true;
         }
@@ -957,6 +977,7 @@ impl Cm {
         info.srq = r.srq;
         info.retry_count = r.retry_count;
         info.rnr_retry_count = r.rnr_retry_count;
+        info.xrc = xrc;
         info.path_mtu = r.path_mtu.min(self.cfg.path_mtu);
         info.flow_label = r.primary.flow_label;
         info.hop_limit = r.primary.hop_limit;
@@ -1012,10 +1033,12 @@ impl Cm {
             }
             _ => return false,
         }
+        // An XRC target names its QP in the Local EECN field.
+        let qpn = if c.info.xrc { r.local_eecn } else { r.local_qpn };
         let known = self.remote_ids.get(&(r.local_comm_id, r.local_ca_guid)).is_some_and(|&o| o != id);
-        if known || self.find_live_qpn(r.local_qpn, r.local_ca_guid, id).is_some() {
+        if known || self.find_live_qpn(qpn, r.local_ca_guid, id).is_some() {
             self.issue_rej(now, src, tid, r.remote_comm_id, r.local_comm_id, MsgRef::Rep, rej_reason::STALE_CONN);
-            if let Some(old) = self.find_live_qpn(r.local_qpn, r.local_ca_guid, id) {
+            if let Some(old) = self.find_live_qpn(qpn, r.local_ca_guid, id) {
                 if self.conns.get(&old).is_some_and(|c| c.state == State::Established) {
                     self.send_dreq(now, old, true);
                 }
@@ -1029,7 +1052,7 @@ impl Cm {
         c.state = State::RepRcvd;
         c.peer_ip = src;
         let i = &mut c.info;
-        i.remote_qpn = r.local_qpn;
+        i.remote_qpn = qpn;
         i.remote_psn = r.starting_psn;
         i.remote_ca_guid = r.local_ca_guid;
         i.responder_resources = r.initiator_depth;
@@ -1045,7 +1068,7 @@ impl Cm {
             retry_count: i.retry_count,
             rnr_retry_count: r.rnr_retry_count,
             srq: r.srq,
-            qp_num: r.local_qpn,
+            qp_num: qpn,
         };
         self.remote_ids.insert((r.local_comm_id, r.local_ca_guid), id);
         self.event(id, EventKind::ConnectResponse, 0, Param::Conn(param), r.private_data.0.to_vec());

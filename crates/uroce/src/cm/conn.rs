@@ -100,6 +100,8 @@ pub struct ConnInfo {
     pub ack_timeout: u8,
     /// UD: the peer's Q_Key from SIDR_REP.
     pub qkey: u32,
+    /// XRC: this side's QP is an XRC initiator (active) or target (passive).
+    pub xrc: bool,
 }
 
 impl ConnInfo {
@@ -126,6 +128,7 @@ impl ConnInfo {
             traffic_class: 0,
             ack_timeout: 0,
             qkey: 0,
+            xrc: false,
         }
     }
 }

@@ -432,8 +432,8 @@ fn move_gsi_to_rts(qp: &QueuePair) -> Result<()> {
 /// (`k/cm.c` `cm_init_qp_*_attr`).
 fn move_qp(qp: &QueuePair, info: &ConnInfo, dev_mtu: Mtu) -> Result<()> {
     let t = qp.qp_type();
-    if !matches!(t, QpType::Rc | QpType::Uc) {
-        return Err(Error::inval("cm: only RC and UC QPs are connected by the CM"));
+    if !t.is_connected() {
+        return Err(Error::inval("cm: only RC, UC and XRC QPs are connected by the CM"));
     }
     let required = |cur, next| QpAttrMask::STATE | crate::proto::qp::required_attributes(t, cur, next);
     let mut access = Access::REMOTE_WRITE;
@@ -535,8 +535,8 @@ impl CmEndpoint {
     /// receives can be posted before connecting.
     pub fn init_qp(qp: &QueuePair) -> Result<()> {
         let t = qp.qp_type();
-        if !matches!(t, QpType::Rc | QpType::Uc) {
-            return Err(Error::inval("cm: only RC and UC QPs are connected by the CM"));
+        if !t.is_connected() {
+            return Err(Error::inval("cm: only RC, UC and XRC QPs are connected by the CM"));
         }
         let a = QpAttr { qp_state: QpState::Init, pkey_index: 0, port_num: 1, ..QpAttr::default() };
         let mask = QpAttrMask::STATE | crate::proto::qp::required_attributes(t, QpState::Reset, QpState::Init);
@@ -558,12 +558,12 @@ impl CmEndpoint {
 
     /// `rdma_listen` on `port` of RDMA_PS_TCP, any address of the device.
     pub fn listen(&self, port: u16, backlog: u32) -> Result<ListenId> {
-        self.inner.lock().cm.listen(ListenParams { ps: PortSpace::Tcp, addr: None, port, backlog })
+        self.inner.lock().cm.listen(ListenParams { ps: PortSpace::Tcp, addr: None, port, backlog, xrc: false })
     }
 
     /// `rdma_listen` on `port` of RDMA_PS_UDP: answers SIDR requests.
     pub fn listen_ud(&self, port: u16, backlog: u32) -> Result<ListenId> {
-        self.inner.lock().cm.listen(ListenParams { ps: PortSpace::Udp, addr: None, port, backlog })
+        self.inner.lock().cm.listen(ListenParams { ps: PortSpace::Udp, addr: None, port, backlog, xrc: false })
     }
 
     /// Waits for a connection request on `listen` (RC, or UD: then

@@ -77,7 +77,7 @@ impl Net {
         self.b.handle_timeout(self.now);
     }
     pub(super) fn listen(&mut self) -> ListenId {
-        self.b.listen(ListenParams { ps: PortSpace::Tcp, addr: None, port: PORT, backlog: 0 }).unwrap()
+        self.b.listen(ListenParams { ps: PortSpace::Tcp, addr: None, port: PORT, backlog: 0, xrc: false }).unwrap()
     }
     pub(super) fn connect(&mut self) -> ConnId {
         self.a.connect(self.now, connect_params(0x11, b"hello")).unwrap()
@@ -212,6 +212,56 @@ fn connect_accept_rtu_carries_what_rxe_carries() {
     assert_eq!(n.a.stats().retransmits + n.b.stats().retransmits, 0);
 }
 
+/// XRC as `k/cm.c` carries it: the REQ says transport 3 with extended
+/// type 1 and offers no responder resources, retry counts or SRQ; the REP
+/// names the target QP in the Local EECN field and says SRQ; each side's
+/// QP gets the other's number. A listener takes only its own kind.
+#[test]
+fn xrc_connects_an_initiator_to_a_target_and_listeners_take_their_kind() {
+    let mut n = Net::new();
+    n.b.listen(ListenParams { ps: PortSpace::Ib, addr: None, port: PORT, backlog: 0, xrc: true }).unwrap();
+    let xrc =
+        ConnectParams { ps: PortSpace::Ib, transport: TransportType::Xrc, srq: true, ..connect_params(0x11, b"") };
+    let a = n.a.connect(n.now, xrc.clone()).unwrap();
+    n.collect();
+    let CmMsg::Req(r) = CmMad::parse(&n.wire[0].1).unwrap().msg else { panic!() };
+    assert_eq!((r.transport, r.ext_transport, r.local_qpn), (TransportType::Xrc, 1, 0x11));
+    assert_eq!(
+        (r.responder_resources, r.initiator_depth, r.retry_count, r.rnr_retry_count, r.srq),
+        (0, 2, 0, 0, false)
+    );
+    n.run();
+    let ev = events(&mut n.b);
+    assert_eq!((ev.len(), ev[0].kind), (1, EventKind::ConnectRequest));
+    let b = ev[0].id;
+    n.b.accept(n.now, b, AcceptParams { flow_control: true, ..accept_params(0x22) }).unwrap();
+    n.collect();
+    let CmMsg::Rep(r) = CmMad::parse(&n.wire[0].1).unwrap().msg else { panic!() };
+    assert_eq!((r.local_qpn, r.local_eecn, r.srq, r.initiator_depth, r.flow_control), (0, 0x22, true, 0, false));
+    n.run();
+    let ev = events(&mut n.a);
+    assert_eq!(ev[0].kind, EventKind::ConnectResponse);
+    let Param::Conn(p) = ev[0].param else { panic!() };
+    assert_eq!(p.qp_num, 0x22);
+    let (ai, bi) = (n.a.conn_info(a).unwrap().clone(), n.b.conn_info(b).unwrap().clone());
+    assert_eq!((ai.xrc, ai.remote_qpn, ai.initiator_depth, ai.retry_count), (true, 0x22, 2, 7));
+    assert_eq!((bi.xrc, bi.remote_qpn, bi.responder_resources), (true, 0x11, 2));
+    n.a.establish(n.now, a).unwrap();
+    n.run();
+    assert_eq!(kinds(&mut n.b), [(EventKind::Established, 0)]);
+
+    // An RC REQ to the XRC listener, and an XRC REQ to an RC listener: REJ 28.
+    // (Other QPs: a REQ naming the connected QP would be a stale one.)
+    n.a.connect(n.now, ConnectParams { transport: TransportType::Rc, qpn: 0x12, ..xrc.clone() }).unwrap();
+    n.run();
+    assert_eq!(kinds(&mut n.a), [(EventKind::Rejected, 28)]);
+    n.b.listen(ListenParams { ps: PortSpace::Tcp, addr: None, port: PORT, backlog: 0, xrc: false }).unwrap();
+    n.a.connect(n.now, ConnectParams { ps: PortSpace::Tcp, qpn: 0x13, ..xrc }).unwrap();
+    n.run();
+    assert_eq!(kinds(&mut n.a), [(EventKind::Rejected, 28)]);
+    assert!(events(&mut n.b).is_empty());
+}
+
 #[test]
 fn no_listener_is_rej_8_and_the_active_sees_rejected_8() {
     let mut n = Net::new();
@@ -230,12 +280,15 @@ fn no_listener_is_rej_8_and_the_active_sees_rejected_8() {
 #[test]
 fn listener_refusals_wrong_address_and_port_space() {
     let mut n = Net::new();
-    n.b.listen(ListenParams { ps: PortSpace::Tcp, addr: Some(ip("10.0.0.9")), port: PORT, backlog: 1 }).unwrap();
+    n.b.listen(ListenParams { ps: PortSpace::Tcp, addr: Some(ip("10.0.0.9")), port: PORT, backlog: 1, xrc: false })
+        .unwrap();
     n.connect();
     n.run();
     assert_eq!(kinds(&mut n.a), [(EventKind::Rejected, 28)]);
     assert_eq!(
-        n.b.listen(ListenParams { ps: PortSpace::Tcp, addr: None, port: PORT, backlog: 1 }).unwrap_err().errno,
+        n.b.listen(ListenParams { ps: PortSpace::Tcp, addr: None, port: PORT, backlog: 1, xrc: false })
+            .unwrap_err()
+            .errno,
         crate::ib::Errno::EADDRINUSE
     );
 }
@@ -532,7 +585,7 @@ fn stale_qpn_gets_rej_10_and_the_old_connection_a_dreq() {
 #[test]
 fn backlog_full_drops_the_req_without_rej() {
     let mut n = Net::new();
-    n.b.listen(ListenParams { ps: PortSpace::Tcp, addr: None, port: PORT, backlog: 1 }).unwrap();
+    n.b.listen(ListenParams { ps: PortSpace::Tcp, addr: None, port: PORT, backlog: 1, xrc: false }).unwrap();
     n.connect();
     n.run();
     assert_eq!(events(&mut n.b).len(), 1);
@@ -575,7 +628,7 @@ fn unmatched_and_malformed_mads_are_counted_not_fatal() {
 #[test]
 fn sidr_resolves_a_ud_listener() {
     let mut n = Net::new();
-    n.b.listen(ListenParams { ps: PortSpace::Udp, addr: None, port: 7471, backlog: 0 }).unwrap();
+    n.b.listen(ListenParams { ps: PortSpace::Udp, addr: None, port: 7471, backlog: 0, xrc: false }).unwrap();
     let p = SidrParams {
         ps: PortSpace::Udp,
         src_port: 40000,
@@ -763,7 +816,7 @@ fn ipv6_connection_carries_ipv6_header_and_gids() {
     let mut a = Cm::new(CmConfig::new(ia, A_GUID, 3));
     let mut b = Cm::new(CmConfig::new(ib, B_GUID, 4));
     let now = Instant::now();
-    b.listen(ListenParams { ps: PortSpace::Tcp, addr: Some(ib), port: PORT, backlog: 0 }).unwrap();
+    b.listen(ListenParams { ps: PortSpace::Tcp, addr: Some(ib), port: PORT, backlog: 0, xrc: false }).unwrap();
     let mut p = connect_params(0x11, b"v6");
     p.dst = SocketAddr::new(ib, PORT);
     // An IPv4 destination from an IPv6 device is refused.
