@@ -343,7 +343,7 @@ pub unsafe extern "C" fn uroce_cm_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int 
                 g.by_conn.remove(&(d, c));
             }
             if let Some(l) = listen {
-                ep.with_cm(|cm, _| cm.unlisten(l).ok());
+                ep.with_cm(|cm, now| cm.unlisten(now, l).ok());
                 g.by_listen.remove(&(d, l));
             }
         }

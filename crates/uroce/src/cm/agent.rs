@@ -183,6 +183,9 @@ pub struct CmStats {
     pub duplicates: u64,
     /// REQs and SIDR_REQs dropped because the listener's backlog was full.
     pub backlog_drops: u64,
+    /// REQs held for a listener that had closed moments before
+    /// (`cm::park`).
+    pub reqs_parked: u64,
     /// MADs queued to send, retransmissions included.
     pub sent: u64,
     /// Retransmissions of an unanswered MAD.
@@ -223,6 +226,8 @@ pub struct Cm {
     stats: CmStats,
     /// Answers to peers with no record.
     answers: AnswerBudget,
+    /// REQs waiting for a listener that was there a moment ago.
+    park: super::park::Park,
 }
 
 fn inval(what: &'static str) -> Error {
@@ -253,6 +258,7 @@ impl Cm {
             events: VecDeque::new(),
             stats: CmStats::default(),
             answers: AnswerBudget::default(),
+            park: Default::default(),
         }
     }
 
@@ -283,7 +289,7 @@ impl Cm {
     }
     /// When `handle_timeout` must next be called.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
-        self.conns.next_deadline()
+        [self.conns.next_deadline(), self.park.next_deadline()].into_iter().flatten().min()
     }
 
     /// What a connection negotiated (for its QP's transitions).
@@ -392,13 +398,17 @@ impl Cm {
         let backlog = if p.backlog == 0 || p.backlog > MAX_BACKLOG { MAX_BACKLOG } else { p.backlog };
         let id = ListenId(self.next_listen);
         self.next_listen = self.next_listen.wrapping_add(1).max(1);
+        self.park.opened(p.ps, p.port);
         self.listeners.insert(id, Listener { params: ListenParams { backlog, ..p } });
         Ok(id)
     }
 
-    /// Stops a listener; connection requests it already reported stay.
-    pub fn unlisten(&mut self, id: ListenId) -> Result<(), Error> {
-        self.listeners.remove(&id).map(|_| ()).ok_or_else(|| inval("cm unlisten: no such listener"))
+    /// Stops a listener; connection requests it already reported stay. For
+    /// a while, REQs for its port wait for a new listener (`cm::park`).
+    pub fn unlisten(&mut self, now: Instant, id: ListenId) -> Result<(), Error> {
+        let l = self.listeners.remove(&id).ok_or_else(|| inval("cm unlisten: no such listener"))?;
+        self.park.closed(now, l.params.ps, l.params.port);
+        Ok(())
     }
 
     fn base_info(&mut self, role: Role, ps: PortSpace, src_port: u16, dst: SocketAddr) -> ConnInfo {
@@ -759,6 +769,14 @@ impl Cm {
             self.timeout_one(now, id);
             self.conns.touch(id);
         }
+        for p in self.park.due(now) {
+            let listened = self.match_listener(p.req.service_id, p.req.private_data.as_slice()).is_ok();
+            if listened || p.at + super::park::HOLD <= now {
+                self.take_req(now, p.src, p.tid, &p.req, false);
+            } else {
+                self.park.keep(p);
+            }
+        }
     }
 
     fn timeout_one(&mut self, now: Instant, id: u32) {
@@ -912,6 +930,11 @@ impl Cm {
     }
 
     fn on_req(&mut self, now: Instant, src: IpAddr, tid: u64, r: &Req) -> bool {
+        self.take_req(now, src, tid, r, true)
+    }
+
+    /// A REQ, arrived or (`may_park` false) done waiting for a listener.
+    fn take_req(&mut self, now: Instant, src: IpAddr, tid: u64, r: &Req, may_park: bool) -> bool {
         if let Some(&id) = self.remote_ids.get(&(r.local_comm_id, r.local_ca_guid)) {
             self.stats.duplicates += 1;
             let Some(c) = self.conns.get(&id) else { return false };
@@ -944,7 +967,17 @@ impl Cm {
         let (lid, ps, port, hdr) = match self.match_listener(r.service_id, r.private_data.as_slice()) {
             Ok(m) => m,
             Err(reason) => {
-                self.issue_rej(now, src, tid, 0, r.local_comm_id, MsgRef::Req, reason);
+                let parked = match service::from_service_id(r.service_id) {
+                    Some((ps, port)) if may_park && reason == rej_reason::INVALID_SERVICE_ID => {
+                        self.park.park(now, ps, port, src, tid, r)
+                    }
+                    _ => None,
+                };
+                match parked {
+                    Some(true) => self.stats.reqs_parked += 1,
+                    Some(false) => self.stats.duplicates += 1,
+                    None => self.issue_rej(now, src, tid, 0, r.local_comm_id, MsgRef::Req, reason),
+                }
                 return true;
             }
         };

@@ -59,7 +59,7 @@ fn own_connection(n: &mut Net) -> u32 {
             c.establish(n.now, cid).unwrap();
         }
     }
-    n.b.unlisten(l).unwrap();
+    n.b.unlisten(n.now, l).unwrap();
     b_id.expect("B answered the attacker's REQ")
 }
 

@@ -11,6 +11,7 @@ mod agent;
 mod conn;
 mod endpoint;
 pub mod event;
+mod park;
 mod records;
 pub mod timer;
 

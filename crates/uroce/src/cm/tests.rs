@@ -2,6 +2,7 @@
 //! the test controls (drop, duplicate, hold), with time advanced by hand.
 
 use super::mad::{attr, rej_reason, CmMad, CmMsg, MsgRef, TransportType};
+use super::park;
 use super::*;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -260,6 +261,74 @@ fn xrc_connects_an_initiator_to_a_target_and_listeners_take_their_kind() {
     n.run();
     assert_eq!(kinds(&mut n.a), [(EventKind::Rejected, 28)]);
     assert!(events(&mut n.b).is_empty());
+}
+
+/// A REQ for a port whose listener closed a moment ago (perftest `-R`'s
+/// server listening anew) waits for the new listener instead of a REJ 8.
+#[test]
+fn a_req_for_a_port_closed_a_moment_ago_waits_for_its_new_listener() {
+    let mut n = Net::new();
+    let l = n.listen();
+    n.b.unlisten(n.now, l).unwrap();
+    n.advance(Duration::from_secs(2));
+    let a = n.connect();
+    n.run();
+    assert_eq!(n.b.stats().reqs_parked, 1);
+    assert!(events(&mut n.a).is_empty() && events(&mut n.b).is_empty(), "no REJ, no request yet");
+    n.advance(Duration::from_millis(300));
+    assert_eq!(n.drop_all(), 0);
+    n.listen();
+    assert!(n.b.poll_timeout().is_some_and(|t| t <= n.now), "due at once");
+    n.advance(Duration::ZERO);
+    let ev = events(&mut n.b);
+    assert_eq!((ev.len(), ev[0].kind), (1, EventKind::ConnectRequest));
+    n.b.accept(n.now, ev[0].id, accept_params(0x22)).unwrap();
+    n.run();
+    assert_eq!(kinds(&mut n.a), [(EventKind::ConnectResponse, 0)]);
+    n.a.establish(n.now, a).unwrap();
+    n.run();
+    assert_eq!(kinds(&mut n.b), [(EventKind::Established, 0)]);
+    assert_eq!(n.b.poll_timeout(), None, "nothing waits");
+}
+
+/// Without a new listener a waiting REQ gets its REJ 8 when its hold ends;
+/// a retransmission meanwhile is not held twice; a port closed longer ago
+/// than the grace, or beyond the number held, is refused at once.
+#[test]
+fn waiting_reqs_are_rejected_after_their_hold_and_bounded() {
+    let mut n = Net::new();
+    let l = n.listen();
+    n.b.unlisten(n.now, l).unwrap();
+    n.connect();
+    n.collect();
+    let req = n.wire[0].1;
+    n.run();
+    n.b.handle_mad(n.now, ip(A_IP), &req);
+    assert_eq!((n.b.stats().reqs_parked, n.drop_all()), (1, 0));
+    n.advance(park::HOLD - Duration::from_millis(1));
+    assert!(events(&mut n.a).is_empty());
+    n.advance(Duration::from_millis(1));
+    n.run();
+    assert_eq!(kinds(&mut n.a), [(EventKind::Rejected, 8)]);
+    assert_eq!(n.b.poll_timeout(), None);
+
+    // More than MAX at once: the rest at once.
+    for qpn in 0..park::MAX as u32 + 1 {
+        n.a.connect(n.now, connect_params(0x100 + qpn, b"")).unwrap();
+    }
+    n.run();
+    assert_eq!(n.b.stats().reqs_parked, 1 + park::MAX as u64);
+    assert_eq!(kinds(&mut n.a), [(EventKind::Rejected, 8)]);
+    n.advance(park::HOLD);
+    n.run();
+    assert_eq!(kinds(&mut n.a).len(), park::MAX);
+
+    // Past the grace: refused at once.
+    n.advance(park::GRACE);
+    n.a.connect(n.now, connect_params(0x300, b"")).unwrap();
+    n.run();
+    assert_eq!(kinds(&mut n.a), [(EventKind::Rejected, 8)]);
+    assert_eq!(n.b.stats().reqs_parked, 1 + park::MAX as u64);
 }
 
 #[test]
