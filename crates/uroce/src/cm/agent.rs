@@ -88,7 +88,7 @@ pub struct ListenParams {
     pub xrc: bool,
 }
 
-/// `rdma_connect` for RC/UC.
+/// `rdma_connect` for RC, UC and XRC.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectParams {
     /// The rdma_cm port space.
@@ -418,7 +418,7 @@ impl Cm {
         info
     }
 
-    /// `rdma_connect` (RC/UC): sends a REQ, retransmitted every
+    /// `rdma_connect` (RC, UC, XRC): sends a REQ, retransmitted every
     /// 2·PLT + 4096 ms (4.6 s) up to 15 times.
     pub fn connect(&mut self, now: Instant, p: ConnectParams) -> Result<ConnId, Error> {
         if p.private_data.len() > REQ_USER_PRIVATE {
