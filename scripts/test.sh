@@ -129,7 +129,8 @@ link_tests=(two_devices_of_one_process_link_and_captures_see_every_packet two_pr
             one_device_uses_memory_to_a_same_host_peer_and_udp_to_a_namespace_peer_at_once
             a_claim_of_another_devices_address_is_refused_both_ways a_doorbell_that_would_block_does_not_freeze_the_victim
             a_fake_socket_that_never_accepts_and_a_stopped_peer_do_not_stall_traffic
-            link_attempts_beyond_the_cap_are_refused_and_reaped a_socket_file_left_by_a_killed_process_is_reaped)
+            link_attempts_beyond_the_cap_are_refused_and_reaped links_from_many_owned_addresses_stop_at_the_device_cap
+            a_socket_file_left_by_a_killed_process_is_reaped)
 # (And tests where no packet travels between two live devices run once: a
 # client of a dead server waits 74 s for the CM's 16 tries either way.)
 # The kernel-rxe VM test (crates/uroce-ibverbs/tests/kernel_rxe.rs) has no

@@ -135,7 +135,16 @@ struct Attacker {
 
 impl Attacker {
     fn start(spec: &str) -> Attacker {
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        Attacker::start_in(spec, None)
+    }
+
+    /// As `start`, with `UROCE_RUNTIME_DIR` set to `runtime` if given.
+    fn start_in(spec: &str, runtime: Option<&std::path::Path>) -> Attacker {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        if let Some(r) = runtime {
+            cmd.env("UROCE_RUNTIME_DIR", r);
+        }
+        let mut child = cmd
             .args(["--ignored", "--exact", "attacker", "--nocapture", "--test-threads=1"])
             .env("UROCE_TEST_ATTACK", spec)
             .stdin(Stdio::piped())
@@ -302,6 +311,14 @@ fn a_fake_socket_that_never_accepts_and_a_stopped_peer_do_not_stall_traffic() {
         assert!(t.elapsed() < Duration::from_secs(10), "the peer did not stop");
         std::thread::sleep(Duration::from_millis(5));
     }
+    // Its backlog filled (connections nobody accepts), as a stopped peer's
+    // fills with time: a connect that waited would wait for good.
+    let (dir, s_name) = links_dir_name(s_addr);
+    let mut filler = Vec::new();
+    while let Ok(c) = discovery::connect(&dir, &s_name, Duration::from_secs(1)) {
+        filler.push(c);
+        assert!(filler.len() < 1000, "the stopped peer's backlog never filled");
+    }
     // Its own CQ: its WRITE ends in RETRY_EXC_ERR, away from the stream's.
     let s_cq = v.ctx.create_cq(16, None).unwrap();
     let to_s = v.pd.create_qp(&QpInitAttr::rc(&s_cq, &s_cq)).unwrap();
@@ -367,7 +384,11 @@ fn link_attempts_beyond_the_cap_are_refused_and_reaped() {
     let links = total(&v.ctx, "links");
     assert!(links <= max && links <= per_peer + ok, "{links} links (cap {max}; {ok} with the attacker)");
     let not_connected = field(&answers, "connect_failed");
-    let refused = || total(&v.ctx, "links_refused_cap") + total(&v.ctx, "links_refused_bad");
+    // (A claim refused: the victim's read of the UDP table missed the
+    // attacker's bound socket three times; see `discovery::owns_udp`.)
+    let refused = || {
+        ["links_refused_cap", "links_refused_bad", "links_refused_claim"].iter().map(|k| total(&v.ctx, k)).sum::<u64>()
+    };
     // Every attempt that connected was refused or linked by the victim
     // (one the attacker gave up on included).
     let t = Instant::now();
@@ -390,21 +411,66 @@ fn link_attempts_beyond_the_cap_are_refused_and_reaped() {
     stream(&v, &qp, &w, 10);
 }
 
+/// The device-wide cap: an attacker that owns many addresses, two links
+/// each (the per-address cap), asks for more links than the device takes.
+#[test]
+fn links_from_many_owned_addresses_stop_at_the_device_cap() {
+    if link_off() {
+        skip!("UROCE_LINK=udp turns the link off");
+    }
+    let (v, w, qp) = linked_pair(86);
+    let max = total(&v.ctx, "max_links");
+    let per_peer = uroce::io::link::PER_PEER as u64;
+    let addrs = (max / per_peer + 8) as u8;
+    let a = Attacker::start(&format!("spread,{},{},{addrs},{per_peer}", v.ctx.local_addr(), addr(86, 100)));
+    let t = Instant::now();
+    let answers = loop {
+        stream(&v, &qp, &w, 2);
+        assert!(total(&v.ctx, "links") <= max, "over the cap: {:?}", v.ctx.medium_counters());
+        if let Ok(l) = a.lines.try_recv() {
+            if let Some(at) = l.find("attacker-answers") {
+                break l[at..].to_string();
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "the attacker never finished");
+    };
+    eprintln!("attacker: {answers}; victim: {:?}", v.ctx.medium_counters());
+    let ok = field(&answers, "ok");
+    // (The legitimate pair holds one at least.)
+    assert!(ok < max, "{ok} links for the attacker, the device's cap is {max}: {answers}");
+    assert!(total(&v.ctx, "links") <= max);
+    // Every attempt that reached the victim and was not linked was refused.
+    let reached = addrs as u64 * per_peer - field(&answers, "connect_failed") - field(&answers, "silent");
+    let refused = || {
+        ["links_refused_cap", "links_refused_bad", "links_refused_claim"].iter().map(|k| total(&v.ctx, k)).sum::<u64>()
+    };
+    let t = Instant::now();
+    while refused() + ok < reached {
+        assert!(t.elapsed() < Duration::from_secs(10), "{answers}: {:?}", v.ctx.medium_counters());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(total(&v.ctx, "links_refused_cap") > 0, "{:?}", v.ctx.medium_counters());
+    stream(&v, &qp, &w, 10);
+    a.finish();
+}
+
+/// In a process of its own with a runtime directory of its own: in the
+/// shared one, any other device of the namespace that starts meanwhile
+/// sweeps the file too, and the test would pass without the sweep.
 #[test]
 fn a_socket_file_left_by_a_killed_process_is_reaped() {
     if link_off() {
         skip!("UROCE_LINK=udp turns the link off");
     }
-    // A socket file nobody listens on (its process was killed).
-    let (dir, name) = links_dir_name(addr(85, 9));
-    drop(discovery::listen(&dir, &name).unwrap());
-    assert!(dir.contains(&name));
-    let _v = open(85, 1); // its hub sweeps the directory when it starts
-    let t = Instant::now();
-    while dir.contains(&name) {
-        assert!(t.elapsed() < Duration::from_secs(10), "the stale socket file {name} stays");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let rt = std::env::temp_dir().join(format!("uroce-sweep-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&rt);
+    std::fs::create_dir(&rt).unwrap();
+    std::fs::set_permissions(&rt, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let a = Attacker::start_in(&format!("sweep,{},{}", addr(85, 9), addr(85, 1)), Some(&rt));
+    let said = a.said("attacker-sweep");
+    a.finish();
+    let _ = std::fs::remove_dir_all(&rt);
+    assert_eq!(said, "attacker-sweep swept", "the stale socket file stays");
 }
 
 // ----- the attacking process -----
@@ -472,32 +538,49 @@ fn links_dir_name(a: SocketAddr) -> (uroce::runtime::SafeDir, String) {
 }
 
 /// `link,<victim>,<claimed>,<doorbell>,<bind 0|1>,<count>`: `count` hellos
-/// to the victim claiming `claimed` (bound first if `bind`), then
+/// to the victim claiming each of `claims` (bound first if `bind`), `batch`
+/// at a time (each batch's answers awaited before the next), then
 /// `answers ok=N refused=N silent=N connect_failed=N`.
-fn attack_link(victim: SocketAddr, claimed: SocketAddr, bell: &str, bind: bool, count: usize) {
-    let _udp = bind.then(|| std::net::UdpSocket::bind(claimed).unwrap());
+fn attack_links(victim: SocketAddr, claims: &[SocketAddr], bell: &str, bind: bool, count: usize, batch: usize) {
+    let _udp: Vec<_> = claims.iter().filter(|_| bind).map(|&c| std::net::UdpSocket::bind(c).unwrap()).collect();
     let (dir, name) = links_dir_name(victim);
-    let mut socks = Vec::new();
-    let mut keep = Vec::new();
-    let mut connect_failed = 0;
-    for _ in 0..count {
-        // Made before connecting: the victim waits for a hello only so long.
-        let (bell_fd, mine) = doorbell(bell);
-        let mfd = rings_memfd();
-        let (my_mark, their_mark) = discovery::mark_pair(claimed.ip()).unwrap();
-        let Ok(s) = discovery::connect(&dir, &name, Duration::from_secs(1)) else {
-            connect_failed += 1;
-            continue;
-        };
-        let fds = [mfd.as_raw_fd(), bell_fd.as_raw_fd(), their_mark.as_raw_fd()];
-        if discovery::send_with_fds(&s, &hello(b"UROCELK2", claimed), &fds).is_err() {
-            connect_failed += 1;
-            continue;
+    // Everything of a link the attacker made stays open until it goes.
+    let (mut keep, mut held) = (Vec::new(), Vec::new());
+    let (mut ok, mut refused, mut silent, mut connect_failed) = (0, 0, 0, 0);
+    let all: Vec<SocketAddr> = claims.iter().flat_map(|&c| std::iter::repeat_n(c, count)).collect();
+    for part in all.chunks(batch.max(1)) {
+        let mut socks = Vec::new();
+        for &claimed in part {
+            // Made before connecting: the victim waits for a hello only so long.
+            let (bell_fd, mine) = doorbell(bell);
+            let mfd = rings_memfd();
+            let (my_mark, their_mark) = discovery::mark_pair(claimed.ip()).unwrap();
+            let Ok(s) = discovery::connect(&dir, &name, Duration::from_secs(1)) else {
+                connect_failed += 1;
+                continue;
+            };
+            let fds = [mfd.as_raw_fd(), bell_fd.as_raw_fd(), their_mark.as_raw_fd()];
+            if discovery::send_with_fds(&s, &hello(b"UROCELK2", claimed), &fds).is_err() {
+                connect_failed += 1;
+                continue;
+            }
+            keep.push((mine, bell_fd, my_mark));
+            socks.push(s);
         }
-        keep.push((mine, bell_fd, my_mark));
-        socks.push(s);
+        let (o, r, q) = answers(&socks);
+        (ok, refused, silent) = (ok + o, refused + r, silent + q);
+        held.extend(socks);
     }
-    let (mut ok, mut refused, mut silent) = (0, 0, 0);
+    println!("attacker-answers ok={ok} refused={refused} silent={silent} connect_failed={connect_failed}");
+    std::io::stdout().flush().unwrap();
+    wait_for_stdin_eof();
+    drop((keep, held));
+}
+
+/// The victim's answers to the hellos sent on `socks` (10 s at most):
+/// (linked, refused, no answer).
+fn answers(socks: &[OwnedFd]) -> (usize, usize, usize) {
+    let (mut ok, mut refused) = (0, 0);
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut undecided: Vec<&OwnedFd> = socks.iter().collect();
     while !undecided.is_empty() && Instant::now() < deadline {
@@ -519,11 +602,7 @@ fn attack_link(victim: SocketAddr, claimed: SocketAddr, bell: &str, bind: bool, 
         }
         undecided = next;
     }
-    silent += undecided.len();
-    println!("attacker-answers ok={ok} refused={refused} silent={silent} connect_failed={connect_failed}");
-    std::io::stdout().flush().unwrap();
-    wait_for_stdin_eof();
-    drop((socks, keep));
+    (ok, refused, undecided.len())
 }
 
 #[test]
@@ -540,7 +619,10 @@ fn attacker() {
         libc::setrlimit(libc::RLIMIT_NOFILE, &r);
     }
     match p[0] {
-        "link" => attack_link(a(1), a(2), p[3], p[4] == "1", p[5].parse().unwrap()),
+        "link" => {
+            let n = p[5].parse().unwrap();
+            attack_links(a(1), &[a(2)], p[3], p[4] == "1", n, n)
+        }
         "listen" => {
             // Advertised, never accepting.
             let (dir, name) = links_dir_name(a(1));
@@ -573,6 +655,38 @@ fn attacker() {
                 }
             }
             let _ = dir.remove(&name);
+        }
+        "sweep" => {
+            // A socket file nobody listens on (its process was killed),
+            // then a device that starts: its hub sweeps the directory.
+            let (dir, name) = links_dir_name(a(1));
+            drop(discovery::listen(&dir, &name).unwrap());
+            assert!(dir.contains(&name));
+            let x = a(2);
+            let _ctx = Context::open(&DeviceConfig::at("atk-sweep", x.ip(), x.port())).unwrap();
+            let t = Instant::now();
+            while dir.contains(&name) && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            println!("attacker-sweep {}", if dir.contains(&name) { "stays" } else { "swept" });
+            std::io::stdout().flush().unwrap();
+            wait_for_stdin_eof();
+        }
+        "spread" => {
+            // `spread,<victim>,<first claimed>,<addresses>,<hellos each>`:
+            // the claimed address's last byte counts up.
+            let first = a(2);
+            let IpAddr::V4(ip) = first.ip() else { panic!("IPv4 only") };
+            let claims: Vec<SocketAddr> = (0..p[3].parse::<u8>().unwrap())
+                .map(|i| {
+                    let [x, y, z, w] = ip.octets();
+                    SocketAddr::new(Ipv4Addr::new(x, y, z, w + i).into(), first.port())
+                })
+                .collect();
+            // One address's hellos at a time: the victim takes 16 hellos
+            // in flight at most, a bound that would refuse first.
+            let each = p[4].parse().unwrap();
+            attack_links(a(1), &claims, "dgram", true, each, each);
         }
         "device" => {
             // A real device, advertised (the test stops this process).
