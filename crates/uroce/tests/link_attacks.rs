@@ -59,6 +59,13 @@ fn total(ctx: &Context, key: &str) -> u64 {
         .map_or(0, |(_, v)| v)
 }
 
+/// Link attempts `ctx` refused, for any reason (a claim refused too: the
+/// victim's reads of the UDP table can miss the attacker's bound socket, see
+/// `discovery::owns_udp`).
+fn refused(ctx: &Context) -> u64 {
+    ["links_refused_cap", "links_refused_bad", "links_refused_claim"].iter().map(|k| total(ctx, k)).sum()
+}
+
 /// Waits (10 s at most) until `ctx`'s link counter `key` is at least `min`
 /// (the victim counts a refusal just after the attacker sees it).
 fn wait_total(ctx: &Context, key: &str, min: u64) -> bool {
@@ -384,11 +391,7 @@ fn link_attempts_beyond_the_cap_are_refused_and_reaped() {
     let links = total(&v.ctx, "links");
     assert!(links <= max && links <= per_peer + ok, "{links} links (cap {max}; {ok} with the attacker)");
     let not_connected = field(&answers, "connect_failed");
-    // (A claim refused: the victim's read of the UDP table missed the
-    // attacker's bound socket three times; see `discovery::owns_udp`.)
-    let refused = || {
-        ["links_refused_cap", "links_refused_bad", "links_refused_claim"].iter().map(|k| total(&v.ctx, k)).sum::<u64>()
-    };
+    let refused = || refused(&v.ctx);
     // Every attempt that connected was refused or linked by the victim
     // (one the attacker gave up on included).
     let t = Instant::now();
@@ -441,9 +444,7 @@ fn links_from_many_owned_addresses_stop_at_the_device_cap() {
     assert!(total(&v.ctx, "links") <= max);
     // Every attempt that reached the victim and was not linked was refused.
     let reached = addrs as u64 * per_peer - field(&answers, "connect_failed") - field(&answers, "silent");
-    let refused = || {
-        ["links_refused_cap", "links_refused_bad", "links_refused_claim"].iter().map(|k| total(&v.ctx, k)).sum::<u64>()
-    };
+    let refused = || refused(&v.ctx);
     let t = Instant::now();
     while refused() + ok < reached {
         assert!(t.elapsed() < Duration::from_secs(10), "{answers}: {:?}", v.ctx.medium_counters());
