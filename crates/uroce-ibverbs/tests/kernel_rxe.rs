@@ -11,9 +11,9 @@
 //! (target/rxe-vm/pcap/).
 //!
 //! The matrix: ibv_rc/uc/srq/ud_pingpong (4 KiB, 64 KiB), perftest
-//! write/read/send bw at 64 B, 64 KiB and 1 MiB, atomic bw, UD send bw,
-//! write/read/send lat, write/read/send/atomic bw and (uroce server only)
-//! write/read/send/atomic lat over rdma_cm (-R), ucmatose,
+//! write/read/send bw and lat at 64 B, 64 KiB and 1 MiB, atomic bw and lat,
+//! UD send bw, the same over rdma_cm (-R; its latency programs, and its
+//! bandwidth ones at 64 B, with a uroce server only), ucmatose,
 //! udaddy, rstream (-T v), rping -V, and path MTU 4096 (the tap and eth0 at
 //! 4200). perftest -R with a kernel rxe server loses its own race about
 //! half the time (`second_connection_refused`): new pairs are started, and
@@ -616,34 +616,42 @@ fn matrix() -> Vec<Case> {
     ));
     for (prog, tag) in [("ib_write_lat", "write_lat"), ("ib_read_lat", "read_lat"), ("ib_send_lat", "send_lat")] {
         m.push(Case::new(tag, prog, "-F -x {gid} -s 64 -n 200", "-F -x {gid} -s 64 -n 200 {peer}"));
+        for (size, n) in [(65536, 50), (1048576, 10)] {
+            let a = format!("-F -x {{gid}} -u 18 -s {size} -n {n}");
+            m.push(Case::new(format!("{tag}_{size}"), prog, &a, &format!("{a} {{peer}}")));
+        }
     }
+    m.push(Case::new("atomic_lat", "ib_atomic_lat", "-F -x {gid} -n 200", "-F -x {gid} -n 200 {peer}"));
     // Connected by rdma_cm (-R), both ways. With a kernel rxe server
     // perftest 4.5-0.17 loses its own race about half the time (its second
     // connection refused, `second_connection_refused`): a new pair is
     // started, up to PAIR_TRIES. (They hung before: the test started the
     // client alone again, whose first REQ the waiting server took for its
     // second connection.) With a uroce server the second REQ waits for the
-    // server's new listener (`cm::park`). The latency programs with -R run
-    // with a uroce server only: with a kernel one they passed too, but lost
-    // the race in most pairs (write_lat 16 of 17, read_lat 18 of 19,
-    // atomic_lat 13 of 14, send_lat 1 of 2), and would skip now and then.
-    for (prog, tag, args) in [
-        ("ib_write_bw", "write_bw_cm", "-F -R -u 18 -s 65536 -n 20"),
-        ("ib_read_bw", "read_bw_cm", "-F -R -u 18 -s 65536 -n 20"),
-        ("ib_send_bw", "send_bw_cm", "-F -R -u 18 -s 65536 -n 20"),
-        ("ib_atomic_bw", "atomic_bw_cm", "-F -R -u 18 -n 200"),
+    // server's new listener (`cm::park`). The latency programs with -R, and
+    // the bandwidth ones at 64 B, run with a uroce server only: with a
+    // kernel one they passed too, but lost the race in most pairs
+    // (write_lat 16 of 17, read_lat 18 of 19, atomic_lat 13 of 14, send_lat
+    // 1 of 2; read_bw at 64 B 20 of 21, write_bw 6 of 7), and would skip
+    // now and then.
+    for (prog, tag, lat) in [
+        ("ib_write_bw", "write_bw_cm", false),
+        ("ib_read_bw", "read_bw_cm", false),
+        ("ib_send_bw", "send_bw_cm", false),
+        ("ib_write_lat", "write_lat_cm", true),
+        ("ib_read_lat", "read_lat_cm", true),
+        ("ib_send_lat", "send_lat_cm", true),
     ] {
-        m.push(Case::new(tag, prog, args, &format!("{args} {{peer}}")));
+        for (size, n) in [(64, 200), (65536, 20), (1048576, 5)] {
+            let args = format!("-F -R -u 18 -s {size} -n {n}");
+            let c = Case::new(format!("{tag}_{size}"), prog, &args, &format!("{args} {{peer}}"));
+            m.push(Case { rxe_server: !lat && size != 64, ..c });
+        }
     }
-    for (prog, tag) in [
-        ("ib_write_lat", "write_lat_cm"),
-        ("ib_read_lat", "read_lat_cm"),
-        ("ib_send_lat", "send_lat_cm"),
-        ("ib_atomic_lat", "atomic_lat_cm"),
-    ] {
-        // (Atomics take no message size.)
-        let args = if prog == "ib_atomic_lat" { "-F -R -u 18 -n 200" } else { "-F -R -u 18 -s 64 -n 200" };
-        m.push(Case { rxe_server: false, ..Case::new(tag, prog, args, &format!("{args} {{peer}}")) });
+    // (Atomics take no message size.)
+    for (prog, tag, lat) in [("ib_atomic_bw", "atomic_bw_cm", false), ("ib_atomic_lat", "atomic_lat_cm", true)] {
+        let args = "-F -R -u 18 -n 200";
+        m.push(Case { rxe_server: !lat, ..Case::new(tag, prog, args, &format!("{args} {{peer}}")) });
     }
     m.push(Case::new("ucmatose", "ucmatose", "-b {own} -c 2 -C 10", "-s {peer} -b {own} -c 2 -C 10"));
     // udaddy and rstream (uroce's rsockets against rdma-core's, data
