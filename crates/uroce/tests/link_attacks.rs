@@ -186,6 +186,21 @@ impl Attacker {
         }
     }
 
+    /// Its `attacker-answers` line (within 120 s), running `meanwhile`
+    /// (the legitimate pair streams while the attempts come) until it comes.
+    fn answers_while(&self, mut meanwhile: impl FnMut()) -> String {
+        let t = Instant::now();
+        loop {
+            meanwhile();
+            if let Ok(l) = self.lines.try_recv() {
+                if let Some(at) = l.find("attacker-answers") {
+                    return l[at..].to_string();
+                }
+            }
+            assert!(t.elapsed() < Duration::from_secs(120), "the attacker never finished");
+        }
+    }
+
     fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -365,19 +380,11 @@ fn link_attempts_beyond_the_cap_are_refused_and_reaped() {
     // pair's own count may still grow: w may link to v as v did to w).
     let links_with = |peer: SocketAddr| view(&v.ctx, peer).map_or(0, |(_, c)| c["links"]);
     let a = Attacker::start(&format!("link,{},{own},dgram,1,1500", v.ctx.local_addr()));
-    // The legitimate pair streams while the attempts come.
-    let t = Instant::now();
     let mut most = 0;
-    let answers = loop {
+    let answers = a.answers_while(|| {
         stream(&v, &qp, &w, 2);
         most = most.max(links_with(own));
-        if let Ok(l) = a.lines.try_recv() {
-            if let Some(at) = l.find("attacker-answers") {
-                break l[at..].to_string();
-            }
-        }
-        assert!(t.elapsed() < Duration::from_secs(120), "the attacker never finished");
-    };
+    });
     eprintln!("attacker: {answers}; victim: {:?}", v.ctx.medium_counters());
     let ok = field(&answers, "ok");
     let per_peer = uroce::io::link::PER_PEER as u64;
@@ -426,17 +433,10 @@ fn links_from_many_owned_addresses_stop_at_the_device_cap() {
     let per_peer = uroce::io::link::PER_PEER as u64;
     let addrs = (max / per_peer + 8) as u8;
     let a = Attacker::start(&format!("spread,{},{},{addrs},{per_peer}", v.ctx.local_addr(), addr(86, 100)));
-    let t = Instant::now();
-    let answers = loop {
+    let answers = a.answers_while(|| {
         stream(&v, &qp, &w, 2);
         assert!(total(&v.ctx, "links") <= max, "over the cap: {:?}", v.ctx.medium_counters());
-        if let Ok(l) = a.lines.try_recv() {
-            if let Some(at) = l.find("attacker-answers") {
-                break l[at..].to_string();
-            }
-        }
-        assert!(t.elapsed() < Duration::from_secs(120), "the attacker never finished");
-    };
+    });
     eprintln!("attacker: {answers}; victim: {:?}", v.ctx.medium_counters());
     let ok = field(&answers, "ok");
     // (The legitimate pair holds one at least.)
@@ -463,10 +463,11 @@ fn a_socket_file_left_by_a_killed_process_is_reaped() {
     if link_off() {
         skip!("UROCE_LINK=udp turns the link off");
     }
-    let rt = std::env::temp_dir().join(format!("uroce-sweep-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&rt);
-    std::fs::create_dir(&rt).unwrap();
-    std::fs::set_permissions(&rt, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    // A new directory, 0700 from its creation (mkdir fails on anything
+    // already at that path in the shared /tmp).
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let rt = std::env::temp_dir().join(format!("uroce-sweep-test-{}-{nanos}", std::process::id()));
+    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700).create(&rt).unwrap();
     let a = Attacker::start_in(&format!("sweep,{},{}", addr(85, 9), addr(85, 1)), Some(&rt));
     let said = a.said("attacker-sweep");
     a.finish();
