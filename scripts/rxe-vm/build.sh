@@ -4,7 +4,7 @@
 # `dpkg -x` into a cache directory: never installed as the host's kernel) and an initramfs
 # assembled from Debian packages: busybox-static as init, the RDMA and NIC modules with their
 # dependencies, and the host's Debian rdma-core, ibverbs-providers (librxe), ibverbs-utils,
-# rdmacm-utils, perftest and iproute2 binaries with every library they load (ldd, plus
+# rdmacm-utils, perftest and iproute2 binaries (ip, tc) with every library they load (ldd, plus
 # libgcc_s.so.1, which pthread_exit loads at run time), and uroce-mw (mw.c), built here, which
 # the host runs too (it is left in CACHE_DIR).
 #
@@ -50,8 +50,10 @@ cp "$here/init" "$root/init"
 chmod 755 "$root/init"
 
 # Modules in load order (each after what it depends on, from its .modinfo `depends=`; the
-# package ships no modules.dep, which its postinst makes with depmod).
-mods=(crc32_generic udp_tunnel ip6_udp_tunnel ib_core ib_uverbs ib_cm iw_cm rdma_cm rdma_ucm rdma_rxe e1000)
+# package ships no modules.dep, which its postinst makes with depmod). The last five let the
+# test hold back CM REQs on their way in (tc: ingress, u32, mirred to an ifb with netem).
+mods=(crc32_generic udp_tunnel ip6_udp_tunnel ib_core ib_uverbs ib_cm iw_cm rdma_cm rdma_ucm rdma_rxe e1000
+      sch_ingress cls_u32 act_mirred ifb sch_netem)
 declare -A seen=()
 order=()
 add_mod() {
@@ -87,7 +89,7 @@ done
 # Userspace from the host's Debian packages, with their libraries.
 bins=(/usr/bin/ibv_rc_pingpong /usr/bin/ibv_uc_pingpong /usr/bin/ibv_ud_pingpong /usr/bin/ibv_srq_pingpong
       /usr/bin/ibv_devinfo /usr/bin/ibv_devices /usr/bin/rping /usr/bin/ucmatose /usr/bin/udaddy /usr/bin/rstream
-      /usr/bin/rdma /sbin/ip /usr/bin/ib_write_bw /usr/bin/ib_read_bw /usr/bin/ib_send_bw /usr/bin/ib_atomic_bw
+      /usr/bin/rdma /sbin/ip /sbin/tc /usr/bin/ib_write_bw /usr/bin/ib_read_bw /usr/bin/ib_send_bw /usr/bin/ib_atomic_bw
       /usr/bin/ib_write_lat /usr/bin/ib_read_lat /usr/bin/ib_send_lat /usr/bin/ib_atomic_lat)
 libs=()
 for b in "${bins[@]}"; do

@@ -545,6 +545,18 @@ fn perftest_client_of_a_killed_server_flushes() {
         eprintln!("a client rejected (the server did not listen yet), both started again: {out}");
     }
     let (s, c) = pair.expect("the client never connected");
+    // Killed only once the client's data flows: the header comes before
+    // the pair's last exchange of keys, and a server killed after the
+    // client's half of it was acknowledged but before its own was sent
+    // leaves the client waiting for a receive with no send outstanding,
+    // which no RC device can fail (seen under load: a client still
+    // waiting 40 s later).
+    let pid = s.0.as_ref().unwrap().id();
+    let t = Instant::now();
+    while rx_packets(pid) < 2000 {
+        assert!(t.elapsed() < Duration::from_secs(60), "the server received no data in 60 s: {}", c.text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let mut s = s.into_inner_killed();
     let _ = s.wait();
     let t = Instant::now();
@@ -557,6 +569,15 @@ fn perftest_client_of_a_killed_server_flushes() {
         "{out}"
     );
     assert!(t.elapsed() < Duration::from_secs(20), "{:?}: {out}", t.elapsed());
+}
+
+/// The packets a drop-in process's devices received, from the statistics
+/// it publishes (`<runtime dir>/<pid>/stats.json`); 0 before the first.
+fn rx_packets(pid: u32) -> u64 {
+    let path = uroce::runtime::runtime_dir().join(pid.to_string()).join("stats.json");
+    let Ok(text) = std::fs::read_to_string(path) else { return 0 };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else { return 0 };
+    v["devices"].as_array().into_iter().flatten().filter_map(|d| d["stats"]["rx_packets"].as_u64()).sum()
 }
 
 /// 100 rping connections in a row, each a new client process, to one
