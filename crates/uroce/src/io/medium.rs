@@ -84,18 +84,23 @@ pub trait Medium: Send + Sync + std::fmt::Debug {
     fn count_elsewhere(&self, _pkts: &mut dyn Iterator<Item = (SocketAddr, usize)>) {}
 
     /// A descriptor that is readable when this medium has something for
-    /// the sleeping progress thread.
+    /// a sleeping thread.
     fn poll_fd(&self) -> RawFd;
 
-    /// Before the progress thread sleeps (nobody else polls): returns
-    /// whether packets already wait (then it must not sleep).
+    /// Before a thread sleeps on [`Medium::poll_fd`] (the progress thread,
+    /// or an application thread waiting on a completion channel; both may
+    /// at once): returns whether packets already wait (then it must not
+    /// sleep). Always paired with [`Medium::woke`].
     fn sleep(&self) -> bool {
         false
     }
 
-    /// After a sleep, or instead of one; `rung`: its [`Medium::poll_fd`]
-    /// was readable.
+    /// After a sleep; `rung`: its [`Medium::poll_fd`] was readable.
     fn woke(&self, _rung: bool) {}
+
+    /// An application thread polls and finds what arrives: no thread need
+    /// be woken for it (unless one sleeps on [`Medium::poll_fd`]).
+    fn polled(&self) {}
 
     /// Per-peer state and counters (empty for a medium that keeps none).
     fn peer_stats(&self) -> Vec<PeerStats> {

@@ -530,8 +530,8 @@ impl Runtime {
 
     /// Waits, in an application thread, until `fd` (a completion channel's)
     /// is readable, receiving for the device meanwhile: the thread sleeps
-    /// on the socket beside `fd` and runs a receive pass when a datagram
-    /// comes or a timer is due, so a completion it produces wakes nobody
+    /// on the media (the socket, the same-host link's doorbells) beside
+    /// `fd` and runs a receive pass when a packet comes or a timer is due, so a completion it produces wakes nobody
     /// else, and the progress thread leaves the socket to it
     /// (`proto::presence`). Returns true once `fd` is readable (or `ready`
     /// says so after a pass) or the device shuts down, false at `deadline`;
@@ -545,8 +545,12 @@ impl Runtime {
     ) -> io::Result<bool> {
         self.presence.waiter_enters();
         let mut slept = false;
-        // A busy-polling progress thread reads the socket itself.
-        let nfds = if self.busy_poll { 1 } else { 2 };
+        // A busy-polling progress thread reads the media itself.
+        let media = !self.busy_poll;
+        let mut fds: SmallVec<[libc::pollfd; 4]> = std::iter::once(fd)
+            .chain(self.media.iter().map(|m| m.poll_fd()).filter(|_| media))
+            .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
+            .collect();
         let r = loop {
             if self.shutdown.load(Ordering::SeqCst) {
                 break Ok(true);
@@ -560,13 +564,23 @@ impl Runtime {
                 timeout = timeout.min(d - now);
             }
             self.presence.waiter_sleeps_until(now + timeout + TICK);
-            let mut fds = [
-                libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
-                libc::pollfd { fd: self.udp_fd(), events: libc::POLLIN, revents: 0 },
-            ];
+            // Announced to the media as the progress thread's sleep is (a
+            // same-host peer then rings the doorbell); packets already
+            // waiting cancel it.
+            if media && self.media.iter().fold(false, |w, m| m.sleep() | w) {
+                timeout = Duration::ZERO;
+            }
+            for p in fds.iter_mut() {
+                p.revents = 0;
+            }
             let ts = libc::timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
-            // SAFETY: fds is a valid array of at least `nfds` pollfd; ts a valid timespec.
-            let n = unsafe { libc::ppoll(fds.as_mut_ptr(), nfds, &ts, std::ptr::null()) };
+            // SAFETY: fds is a valid array of `fds.len()` pollfd; ts a valid timespec.
+            let n = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
+            if media {
+                for (m, p) in self.media.iter().zip(&fds[1..]) {
+                    m.woke(p.revents != 0);
+                }
+            }
             if n < 0 {
                 break Err(io::Error::last_os_error());
             }
@@ -593,11 +607,6 @@ impl Runtime {
         };
         self.presence.waiter_leaves(Instant::now(), slept);
         r
-    }
-
-    /// The UDP socket's descriptor: UDP is always the last medium.
-    fn udp_fd(&self) -> std::os::fd::RawFd {
-        self.media.last().expect("UDP is always a medium").poll_fd()
     }
 
     /// Whether some shard's timer is due at `now`.
@@ -779,21 +788,20 @@ impl Runtime {
                 self.sleeping_until.store(Some(now + timeout), Ordering::SeqCst);
             }
         }
-        // A sleep that nobody else's polling covers is announced to the
+        // A sleep that nobody else's receiving covers is announced to the
         // media (a peer then rings its doorbell); packets already waiting
         // cancel it. An application thread that polls a CQ drains every
-        // medium; one that waits on the socket (`wait_receiving`) reads
-        // only UDP: the other media's doorbells stay this thread's.
-        let app_polls = self.presence.app_polls(now);
-        let media_sleep = !self.busy_poll && !app_polls;
+        // medium; one that waits on a completion channel
+        // (`wait_receiving`) sleeps on every medium itself.
+        let media_sleep = !self.busy_poll && !app_polling;
         if media_sleep {
             let waiting = self.media.iter().fold(false, |w, m| m.sleep() | w);
             if waiting {
                 timeout = Duration::ZERO;
             }
-        } else {
+        } else if self.presence.app_polls(now) {
             for m in self.media.iter() {
-                m.woke(false); // a poller finds the packets: no doorbell
+                m.polled(); // a poller finds the packets: no doorbell
             }
         }
         if !self.busy_poll {
@@ -801,13 +809,9 @@ impl Runtime {
                 .chain(self.media.iter().map(|m| m.poll_fd()))
                 .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
                 .collect();
-            // The wake eventfd, then the media (UDP last: left out while an
-            // application thread receives from it).
-            let nfds = match (app_polls, app_polling) {
-                (true, _) => 1,
-                (false, true) => fds.len() - 1,
-                (false, false) => fds.len(),
-            };
+            // The wake eventfd, then the media, unless an application
+            // thread receives from them.
+            let nfds = if media_sleep { fds.len() } else { 1 };
             let ts = libc::timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
             // SAFETY: fds is a valid array of at least `nfds` pollfd; ts a valid timespec.
             unsafe { libc::ppoll(fds.as_mut_ptr(), nfds as libc::nfds_t, &ts, std::ptr::null()) };

@@ -10,9 +10,9 @@
 //!   [`POLL_GRACE`] and no CQ is armed, the progress thread leaves the
 //!   socket to it rather than wake on every packet and fight over the locks;
 //! - an application thread blocked in `ibv_get_cq_event` is a *waiter*: it
-//!   waits on the socket beside its channel and receives when a datagram
-//!   comes (one wake-up per message, as a blocking `recv`), so the progress
-//!   thread leaves the socket to it too, and, for [`POLL_GRACE`] after a
+//!   waits on the socket (and the same-host link's doorbells) beside its
+//!   channel and receives when a packet comes (one wake-up per message, as
+//!   a blocking `recv`), so the progress thread leaves them to it too, and, for [`POLL_GRACE`] after a
 //!   waiter that slept left, to its coming back (an application that waits
 //!   in `ibv_get_cq_event` re-arms, polls and posts between two waits);
 //! - otherwise an armed CQ means an application waits for a completion

@@ -69,6 +69,10 @@ impl Medium for Links {
         Links::woke(self, rung)
     }
 
+    fn polled(&self) {
+        Links::polled(self)
+    }
+
     fn peer_stats(&self) -> Vec<PeerStats> {
         self.stats()
     }

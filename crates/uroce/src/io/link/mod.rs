@@ -50,7 +50,7 @@ use smallvec::SmallVec;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -346,6 +346,12 @@ struct Inner {
     /// The last drain found a held link with packets (see
     /// [`Links::holding`]): kept so that a pass without one costs no lock.
     holding: AtomicBool,
+    /// Threads asleep on [`Links::poll_fd`] (between [`Links::sleep`] and
+    /// [`Links::woke`]): the progress thread, and an application thread
+    /// waiting on a completion channel. A ring's flag is set or cleared
+    /// under its lock from this count, so the first to wake never silences
+    /// the doorbell for the other.
+    sleepers: AtomicUsize,
 }
 
 /// An `Instant` in an atomic (nanoseconds since a process-wide origin).
@@ -478,6 +484,7 @@ impl Links {
             warned: Mutex::default(),
             rx_at: AtomicInstant::default(),
             holding: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
         });
         let i = inner.clone();
         let thread = std::thread::Builder::new().name("uroce-link".into()).spawn(move || i.hub_loop());
@@ -627,41 +634,62 @@ impl Links {
         }
     }
 
-    /// Before the progress thread sleeps: marks this side asleep in every
-    /// ring (producers then ring the doorbell, the runtime's wake eventfd);
+    /// Before a thread sleeps on [`Links::poll_fd`] (the progress thread,
+    /// or an application thread waiting on a completion channel): marks
+    /// this side asleep in every ring (producers then ring the doorbell);
     /// returns whether packets already wait (then it must not sleep).
+    /// Always paired with [`Links::woke`].
     pub fn sleep(&self) -> bool {
+        self.inner.sleepers.fetch_add(1, Ordering::SeqCst);
         let links = self.inner.links.read();
         if links.is_empty() {
             return false;
         }
+        let mut waiting = false;
         if self.inner.rx_at.load(Ordering::Relaxed).elapsed() < SPIN_AFTER_RX {
             // Packets came by memory just now: more are likely within
             // microseconds. Looking for them costs no system call, where
             // sleeping costs the peer a doorbell and us a wake-up each.
             let t = Instant::now();
-            while t.elapsed() < SPIN {
-                if links.iter().any(|l| l.rx.lock().pending().map_or(true, |n| n > 0)) {
-                    return true;
-                }
+            while t.elapsed() < SPIN && !waiting {
+                waiting = links.iter().any(|l| l.rx.lock().pending().map_or(true, |n| n > 0));
                 std::hint::spin_loop();
             }
         }
-        let mut waiting = false;
         for l in links.iter() {
             waiting |= l.rx.lock().sleep();
         }
         waiting
     }
 
-    /// After the sleep: producers stop ringing; `rung`: the doorbells
-    /// (see [`Links::poll_fd`]) woke us, and are emptied.
+    /// After the sleep: producers stop ringing once no thread sleeps;
+    /// `rung`: the doorbells (see [`Links::poll_fd`]) woke us, and are
+    /// emptied.
     pub fn woke(&self, rung: bool) {
+        self.inner.sleepers.fetch_sub(1, Ordering::SeqCst);
         for l in self.inner.links.read().iter() {
-            l.rx.lock().wake();
+            self.awake_if_nobody_sleeps(l);
             if rung {
                 discovery::drain_doorbell(l.my_bell.as_raw_fd());
             }
+        }
+    }
+
+    /// An application thread polls (it finds the packets): producers stop
+    /// ringing, unless a thread sleeps on the doorbells.
+    pub fn polled(&self) {
+        for l in self.inner.links.read().iter() {
+            self.awake_if_nobody_sleeps(l);
+        }
+    }
+
+    /// Clears `l`'s sleeping flag unless a thread sleeps: decided under the
+    /// ring's lock, under which [`Links::sleep`] sets it after counting
+    /// itself in.
+    fn awake_if_nobody_sleeps(&self, l: &Link) {
+        let rx = l.rx.lock();
+        if self.inner.sleepers.load(Ordering::SeqCst) == 0 {
+            rx.wake();
         }
     }
 
@@ -1302,6 +1330,36 @@ mod tests {
         assert!(!buf.is_empty() || b.holding(), "a held ring makes the pass read the socket");
         b.count_udp_rx(udp_from.iter().map(|&f| (f, 40)));
         buf.len()
+    }
+
+    /// Whether `fd` becomes readable within `limit`.
+    fn readable(fd: RawFd, limit: Duration) -> bool {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, limit.as_millis() as i32) == 1 }
+    }
+
+    /// The progress thread and an application thread waiting on a
+    /// completion channel may sleep on the doorbells at once: the first to
+    /// wake must not silence them for the other (it did: the waiter then
+    /// slept through the peer's packets until a timer).
+    #[test]
+    fn the_doorbell_rings_while_any_thread_sleeps() {
+        let (a, b, _udp, _wake) = linked_pair();
+        let pb = b.inner.local;
+        assert!(!b.sleep(), "nothing sent yet");
+        b.woke(true);
+        assert!(!b.sleep() && !b.sleep(), "two threads go to sleep");
+        b.woke(false);
+        assert!(a.send(&[one_packet(pb)]));
+        assert!(readable(b.poll_fd(), Duration::from_secs(10)), "one still sleeps: rung");
+        b.woke(true);
+        assert!(!readable(b.poll_fd(), Duration::ZERO), "the doorbell was emptied");
+        b.polled();
+        assert!(a.send(&[one_packet(pb)]));
+        assert!(!readable(b.poll_fd(), Duration::from_millis(50)), "nobody sleeps: not rung");
+        assert!(b.sleep(), "two packets wait");
+        b.woke(false);
     }
 
     #[test]
