@@ -12,6 +12,7 @@ use uroce_ibverbs::ffi::*;
 
 extern "C" {
     fn ibv_get_device_list(n: *mut i32) -> *mut *mut ibv_device;
+    fn ibv_free_device_list(l: *mut *mut ibv_device);
     fn ibv_open_device(d: *mut ibv_device) -> *mut ibv_context;
     fn ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd;
     fn ibv_create_cq(c: *mut ibv_context, n: i32, ctx: *mut std::ffi::c_void, ch: *mut ibv_comp_channel, v: i32) -> *mut ibv_cq;
@@ -33,6 +34,9 @@ fn dev() -> &'static Dev {
     D.get_or_init(|| unsafe {
         let list = ibv_get_device_list(std::ptr::null_mut());
         let ctx = ibv_open_device(*list);
+        // The context outlives the list, as in rdma-core (LeakSanitizer
+        // reported the list when it was kept).
+        ibv_free_device_list(list);
         let pd = ibv_alloc_pd(ctx);
         let cq = ibv_create_cq(ctx, 4096, std::ptr::null_mut(), std::ptr::null_mut(), 0);
         assert!(!pd.is_null() && !cq.is_null());
