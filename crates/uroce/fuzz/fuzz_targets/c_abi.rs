@@ -15,7 +15,13 @@ extern "C" {
     fn ibv_free_device_list(l: *mut *mut ibv_device);
     fn ibv_open_device(d: *mut ibv_device) -> *mut ibv_context;
     fn ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd;
-    fn ibv_create_cq(c: *mut ibv_context, n: i32, ctx: *mut std::ffi::c_void, ch: *mut ibv_comp_channel, v: i32) -> *mut ibv_cq;
+    fn ibv_create_cq(
+        c: *mut ibv_context,
+        n: i32,
+        ctx: *mut std::ffi::c_void,
+        ch: *mut ibv_comp_channel,
+        v: i32,
+    ) -> *mut ibv_cq;
     fn ibv_create_qp(pd: *mut ibv_pd, a: *mut ibv_qp_init_attr) -> *mut ibv_qp;
     fn ibv_destroy_qp(qp: *mut ibv_qp) -> i32;
     fn ibv_modify_qp(qp: *mut ibv_qp, a: *mut ibv_qp_attr, mask: i32) -> i32;
@@ -60,7 +66,8 @@ fuzz_target!(|data: &[u8]| {
         let mut ia: ibv_qp_init_attr = std::mem::zeroed();
         ia.send_cq = cq;
         ia.recv_cq = cq;
-        ia.qp_type = [ibv_qp_type_IBV_QPT_RC, ibv_qp_type_IBV_QPT_UC, ibv_qp_type_IBV_QPT_UD][next().unwrap_or(0) as usize % 3];
+        ia.qp_type =
+            [ibv_qp_type_IBV_QPT_RC, ibv_qp_type_IBV_QPT_UC, ibv_qp_type_IBV_QPT_UD][next().unwrap_or(0) as usize % 3];
         ia.cap.max_send_wr = next().unwrap_or(8) as u32;
         ia.cap.max_recv_wr = next().unwrap_or(8) as u32;
         ia.cap.max_send_sge = next().unwrap_or(2) as u32 % 40;
@@ -99,7 +106,9 @@ fuzz_target!(|data: &[u8]| {
                     let mut gid: ibv_gid = std::mem::zeroed();
                     gid.raw = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, next().unwrap_or(1)];
                     a.ah_attr.grh.dgid = gid;
-                    let mask = (next().unwrap_or(0) as i32) | ((next().unwrap_or(0) as i32) << 8) | ((next().unwrap_or(0) as i32) << 16);
+                    let mask = (next().unwrap_or(0) as i32)
+                        | ((next().unwrap_or(0) as i32) << 8)
+                        | ((next().unwrap_or(0) as i32) << 16);
                     let _ = ibv_modify_qp(qp, &mut a, mask);
                 }
                 3 | 4 if !qp.is_null() => {
@@ -107,8 +116,13 @@ fuzz_target!(|data: &[u8]| {
                     let mut sges: Vec<ibv_sge> = (0..n)
                         .map(|_| {
                             let off = next().unwrap_or(0) as usize * 32 % LEN;
-                            let key = mrs.get(next().unwrap_or(0) as usize % (mrs.len() + 1)).map_or(0x1234, |m| (**m).lkey);
-                            ibv_sge { addr: base as u64 + off as u64, length: next().unwrap_or(0) as u32 * 64, lkey: key }
+                            let key =
+                                mrs.get(next().unwrap_or(0) as usize % (mrs.len() + 1)).map_or(0x1234, |m| (**m).lkey);
+                            ibv_sge {
+                                addr: base as u64 + off as u64,
+                                length: next().unwrap_or(0) as u32 * 64,
+                                lkey: key,
+                            }
                         })
                         .collect();
                     if op % 6 == 3 {
