@@ -531,9 +531,9 @@ impl Runtime {
     /// Waits, in an application thread, until `fd` (a completion channel's)
     /// is readable, receiving for the device meanwhile: the thread sleeps
     /// on the media (the socket, the same-host link's doorbells) beside
-    /// `fd` and runs a receive pass when a packet comes or a timer is due, so a completion it produces wakes nobody
-    /// else, and the progress thread leaves the socket to it
-    /// (`proto::presence`). Returns true once `fd` is readable (or `ready`
+    /// `fd` and runs a receive pass when a packet comes or a timer is due,
+    /// so a completion it produces wakes nobody else, and the progress
+    /// thread leaves the media to it (`proto::presence`). Returns true once `fd` is readable (or `ready`
     /// says so after a pass) or the device shuts down, false at `deadline`;
     /// fails as `ppoll` does (EINTR: a signal came, as a blocking `read` of
     /// `fd` would report it).
