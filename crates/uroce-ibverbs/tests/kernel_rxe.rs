@@ -504,7 +504,6 @@ impl Sides<'_> {
     /// Runs `case` with a kernel rxe server and a uroce client; the failure.
     fn rxe_server(&mut self, case: &Case) -> Option<String> {
         let tag = self.tag();
-        let mut failed = None;
         let hold = case.prog.starts_with("ib_") && case.by_rdma_cm();
         if hold {
             self.vm.hold_cm_reqs(true);
@@ -529,9 +528,6 @@ impl Sides<'_> {
             let wait = if cok { Duration::from_secs(60) } else { Duration::from_secs(5) };
             let (sok, sout) = self.vm.wait_bg("srv", if lost { Duration::ZERO } else { wait });
             if !lost || pairs == PAIR_TRIES {
-                if hold {
-                    self.vm.hold_cm_reqs(false);
-                }
                 break (cok, cout, sok, sout);
             }
             eprintln!(
@@ -539,23 +535,28 @@ impl Sides<'_> {
                 case.name
             );
         };
+        if hold {
+            self.vm.hold_cm_reqs(false);
+        }
         let lost = !cok && second_connection_refused(&cout);
-        if cok && sok {
+        let failed = if cok && sok {
             let _ = std::fs::remove_file(&pcap);
             report(&case.name, tag, "rxe server, uroce client", &cout);
+            None
         } else if lost {
             skip::part(format!(
                 "{}{tag}, rxe server / uroce client: perftest 4.5-0.17 refused its own second connection in \
              {pairs} pairs of {pairs} (REJ 8 before its server listened anew; it cannot retry)",
                 case.name
             ));
+            None
         } else {
-            failed = Some(format!(
+            Some(format!(
             "{}{tag}, rxe server / uroce client (capture {}):\n  uroce client: {cargs}\n{cout}\n  rxe server: {srv}\n{sout}",
             case.name,
             pcap.display()
-        ));
-        }
+        ))
+        };
         let word = match (cok && sok, lost) {
             (true, _) => "ok",
             (false, true) => "perftest's own race lost every time (part skip)",
@@ -573,7 +574,6 @@ impl Sides<'_> {
     /// Runs `case` with a uroce server and a kernel rxe client; the failure.
     fn uroce_server(&mut self, case: &Case) -> Option<String> {
         let tag = self.tag();
-        let mut failed = None;
         let t = Instant::now();
         let pcap = self.pcaps.join(format!("{}{tag}-uroce-server.pcap", case.name));
         let sargs = format!("{} {}", case.prog, Case::args(&case.server, 0, self.host_addr(), ""));
@@ -587,16 +587,17 @@ impl Sides<'_> {
         let (rc, cout) = self.vm.sh(&cli, CASE_LIMIT + Duration::from_secs(30));
         let (sok, sout) =
             wait_output(server, &sargs, if rc == 0 { Duration::from_secs(60) } else { Duration::from_secs(5) });
-        if rc == 0 && sok {
+        let failed = if rc == 0 && sok {
             let _ = std::fs::remove_file(&pcap);
             report(&case.name, tag, "uroce server, rxe client", &cout);
+            None
         } else {
-            failed = Some(format!(
+            Some(format!(
                 "{}{tag}, uroce server / rxe client (capture {}):\n  rxe client: {cli}\n{cout}\n  uroce server: {sargs}\n{sout}",
                 case.name,
                 pcap.display()
-            ));
-        }
+            ))
+        };
         eprintln!(
             "kernel_rxe: {}{tag} uroce server: {} in {:.1} s",
             case.name,
