@@ -2,7 +2,7 @@
 //! and what the QP has learned about whether its application answers.
 //!
 //! A requester sets AckReq on the last packet of every message (and on
-//! every [`MAX_PKT_PER_ACK`](super::requester::MAX_PKT_PER_ACK)-th packet of
+//! every [`MAX_PKT_PER_ACK`](super::requester_state::MAX_PKT_PER_ACK)-th packet of
 //! a long one); rxe answers each at once. uroce honours every AckReq too,
 //! but may hold the positive ACK of a message's *last* packet for a short
 //! while, as a NIC coalesces ACKs: when the application answers the
@@ -46,12 +46,12 @@ pub const ACK_HOLD_FRACTION: u32 = 8;
 /// one value to both). The peer's timer runs from its send, so an ACK held
 /// for `T / 8` leaves `7/8 T` for both trips and the scheduling at both
 /// ends. uroce's smallest timeout is exponent 1, 8.192 µs (no floor: see
-/// [`super::requester::ack_timeout`]), held for 1 µs; rxe rounds its timer up
+/// [`super::requester_state::ack_timeout`]), held for 1 µs; rxe rounds its timer up
 /// to whole jiffies (≥ 1 ms), so an rxe peer's timeout is ≥ 50 × the cap.
 /// The cap binds from exponent 6 (262 µs) on; the default of rdma_cm
 /// (17, 537 ms) and perftest (14, 67 ms) hold 20 µs.
 pub fn ack_hold_limit(timeout: u8) -> Duration {
-    match super::requester::ack_timeout(timeout) {
+    match super::requester_state::ack_timeout(timeout) {
         Some(t) => (t / ACK_HOLD_FRACTION).min(ACK_HOLD_CAP),
         None => ACK_HOLD_CAP,
     }
@@ -141,7 +141,7 @@ mod tests {
         assert_eq!(ack_hold_limit(6), ACK_HOLD_CAP);
         assert_eq!(ack_hold_limit(14), ACK_HOLD_CAP);
         for t in 1..=31 {
-            assert!(ack_hold_limit(t) * ACK_HOLD_FRACTION <= super::super::requester::ack_timeout(t).unwrap());
+            assert!(ack_hold_limit(t) * ACK_HOLD_FRACTION <= super::super::requester_state::ack_timeout(t).unwrap());
         }
     }
 

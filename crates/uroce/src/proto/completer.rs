@@ -6,7 +6,7 @@
 use super::copy::{CopyError, Fingerprint, Site};
 use super::memory::{sge_spans, Want};
 use super::qp::Qp;
-use super::requester::ack_timeout;
+use super::requester_state::ack_timeout;
 use super::wr::WrOpcode;
 use super::{psn, Ctx};
 use crate::ib::{QpState, Wc, WcStatus};

@@ -93,8 +93,8 @@ pub struct Qp {
     pub attr: QpAttr,
     pub(crate) sq: VecDeque<SendWqe>,
     pub(crate) rq: VecDeque<RecvWqe>,
-    pub(crate) req: super::requester::Requester,
-    pub(crate) resp: super::responder::Responder,
+    pub(crate) req: super::requester_state::Requester,
+    pub(crate) resp: super::responder_state::Responder,
     /// In the engine's list of QPs with something to send.
     pub(crate) queued: bool,
     /// The engine's timer-heap entry of this QP: its deadline and
@@ -105,7 +105,7 @@ pub struct Qp {
     /// Unreliable sends' completions that wait for packets to reach the
     /// kernel (see [`super::AfterSend`]); made by the first packet an
     /// unreliable QP sends in place (boxed: other QPs pay one word).
-    pub(crate) after_send: Option<Box<super::requester::AfterSendState>>,
+    pub(crate) after_send: Option<Box<super::requester_state::AfterSendState>>,
     /// A receive WQE taken by a packet that then waited for a copy job
     /// (`proto::copy`): that packet's, when it runs again.
     pub(crate) parked_recv: Option<RecvWqe>,

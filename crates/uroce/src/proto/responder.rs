@@ -9,161 +9,21 @@
 //! its XRC domain: receives come from it and complete on its CQ, and its PD
 //! guards the memory RDMA requests touch.
 
-use super::ack::{ack_hold_limit, DelayedAck};
+use super::ack::ack_hold_limit;
 use super::cq::{InlineRecv, MAX_INLINE_RECV};
 use super::copy::{CopyError, Fingerprint, Site, AHEAD_MAX};
 use super::memory::{sge_spans, Atomic, Want};
 use super::qp::Qp;
-use super::srq::{RecvWqe, SharedRecvQueue};
+use super::requester_state::{num_packets, DEFAULT_PKEY};
+pub use super::responder_state::GRH_LEN;
+use super::responder_state::{Out, RdKind, RdResource, ReadJob, RecvProgress, WriteProgress};
+use super::srq::SharedRecvQueue;
 use super::{psn, Ctx, Transmit};
 use crate::ib::{AsyncEventType, QpState, QpType, Wc, WcFlags, WcOpcode, WcStatus};
 use crate::mem::sge_total;
 use crate::wire::{Aeth, AethKind, Bth, Headers, IpInfo, NakCode, OpFlags as F, Opcode, Packet};
-use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::sync::Arc;
-
-/// Bytes of the GRH area at the start of a UD receive buffer.
-pub const GRH_LEN: usize = 40;
-
-/// A READ or atomic the responder executed, kept for duplicates.
-#[derive(Debug, Clone, Copy)]
-struct RdResource {
-    first_psn: u32,
-    last_psn: u32,
-    kind: RdKind,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum RdKind {
-    Read,
-    Atomic { orig: u64 },
-    AtomicWrite,
-}
-
-/// A READ being answered, one packet per poll.
-#[derive(Debug, Clone, Copy)]
-struct ReadJob {
-    start_psn: u32,
-    psn: u32,
-    va: u64,
-    /// The PD `rkey` is checked against.
-    pd: u32,
-    rkey: u32,
-    len: u64,
-    off: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Out {
-    Ack {
-        psn: u32,
-        aeth: Aeth,
-    },
-    AtomicAck {
-        psn: u32,
-        orig: u64,
-    },
-    /// A READ RESPONSE ONLY without payload: the acknowledgement of an
-    /// ATOMIC WRITE.
-    EmptyReadResponse {
-        psn: u32,
-    },
-    Read(ReadJob),
-}
-
-/// A SEND being received into a receive WQE.
-#[derive(Debug)]
-struct RecvProgress {
-    wqe: RecvWqe,
-    off: u64,
-}
-
-/// A WRITE being received.
-#[derive(Debug, Clone, Copy)]
-struct WriteProgress {
-    va: u64,
-    rkey: u32,
-    total: u64,
-    off: u64,
-}
-
-#[derive(Debug, Default)]
-pub(crate) struct Responder {
-    /// Expected PSN.
-    epsn: u32,
-    msn: u32,
-    /// A PSN-sequence NAK was sent for the current gap.
-    nak_sent: bool,
-    recv: Option<RecvProgress>,
-    write: Option<WriteProgress>,
-    resources: VecDeque<RdResource>,
-    max_resources: usize,
-    out: VecDeque<Out>,
-    /// UC: the current message was lost; drop until a FIRST/ONLY.
-    uc_resync: bool,
-    /// A request was refused with a NAK that ends the connection: the QP
-    /// goes to ERR (with this event) once the NAK is sent, after the READ
-    /// responses owed for earlier requests, as a responder answers in
-    /// order. Later requests are dropped meanwhile.
-    failing: Option<AsyncEventType>,
-    /// A request met an on-demand-paging fault (a copy job faults its pages
-    /// in) and was answered with an RNR NAK, as mlx5 answers a responder
-    /// page fault: its PSN and the RNR timer sent. Its retransmissions
-    /// that arrive while the job runs get RNR NAKs with a longer wait each
-    /// (see [`Qp::fault_rnr_again`]).
-    fault: Option<(u32, u8)>,
-    /// XRC target: the SRQ the request being executed named.
-    pub(crate) xrc_srq: Option<Arc<SharedRecvQueue>>,
-    /// The ACK held for the application's answer (see `proto::ack`).
-    pub(crate) ack: DelayedAck,
-}
-
-impl Responder {
-    pub fn reset(&mut self, rq_psn: u32, max_dest_rd_atomic: usize) {
-        *self = Responder { epsn: rq_psn, max_resources: max_dest_rd_atomic, ..Default::default() };
-    }
-
-    /// Queues the held ACK (if any) ahead of everything else queued: it
-    /// is older than what follows it.
-    pub(crate) fn release_held_ack(&mut self) -> bool {
-        let Some((psn, aeth)) = self.ack.take() else { return false };
-        self.out.push_front(Out::Ack { psn, aeth });
-        true
-    }
-
-    /// Whether responses are queued.
-    pub(crate) fn has_out(&self) -> bool {
-        !self.out.is_empty()
-    }
-
-    pub fn debug_state(&self) -> String {
-        let res: Vec<String> = self.resources.iter().map(|r| format!("{}..{}", r.first_psn, r.last_psn)).collect();
-        format!("epsn {} msn {} resources [{}] out {}", self.epsn, self.msn, res.join(","), self.out.len())
-    }
-
-    pub fn take_current_recv(&mut self) -> Option<RecvWqe> {
-        self.recv.take().map(|r| r.wqe)
-    }
-
-    pub fn drop_reads(&mut self) {
-        self.out.retain(|o| !matches!(o, Out::Read(_)));
-    }
-
-    fn push_ack(&mut self, psn: u32, aeth: Aeth) {
-        // Coalesce: a newer ACK replaces an older one still queued.
-        if let (Some(Out::Ack { psn: p, aeth: a }), crate::wire::AethKind::Ack { .. }) =
-            (self.out.back_mut(), aeth.kind())
-        {
-            if matches!(a.kind(), crate::wire::AethKind::Ack { .. }) {
-                *p = psn;
-                *a = aeth;
-                return;
-            }
-        }
-        self.out.push_back(Out::Ack { psn, aeth });
-    }
-}
 
 /// Why a request is refused.
 enum Refuse {
@@ -427,7 +287,7 @@ impl Qp {
             mig_req: false,
             pad_count: 0,
             tver: 0,
-            pkey: super::requester::DEFAULT_PKEY,
+            pkey: DEFAULT_PKEY,
             fecn: false,
             becn: false,
             dest_qp: self.attr.dest_qp_num,
@@ -662,7 +522,7 @@ impl Qp {
                 }
             }
         }
-        let n = super::requester::num_packets(len, self.mtu());
+        let n = num_packets(len, self.mtu());
         self.add_resource(RdResource { first_psn: p, last_psn: psn::add(p, n - 1), kind: RdKind::Read });
         self.resp.msn = psn::add(self.resp.msn, 1);
         let job = ReadJob { start_psn: p, psn: p, va: reth.va, pd, rkey: reth.rkey, len, off: 0 };

@@ -3,6 +3,12 @@
 use crate::ib::Mtu;
 use crate::proto::qp::{MAX_INLINE, MAX_QP_WR, MAX_SGE};
 
+/// Largest CQ: mlx5's (ConnectX) 2^22 - 1 rather than rxe's 32767. A uroce
+/// CQ is memory that grows with the completions it holds, not a ring sized
+/// up front, so a large CQ costs nothing until it fills; libfabric's
+/// ofi_rxm sizes its CQ (384 + 384) × 256 = 196608 by default.
+pub const MAX_CQE: u32 = 4_194_303;
+
 /// The most RDMA READ and atomic requests a QP may have outstanding as
 /// requester (`max_qp_init_rd_atom`) and accept as responder
 /// (`max_qp_rd_atom`), as rxe's.
@@ -133,7 +139,7 @@ impl DeviceAttr {
             max_sge: MAX_SGE,
             max_sge_rd: MAX_SGE,
             max_cq: 0x10000,
-            max_cqe: crate::verbs::cq::MAX_CQE,
+            max_cqe: MAX_CQE,
             max_mr: 0x40000,
             max_pd: 0x10000,
             max_qp_rd_atom: MAX_RD_ATOM,

@@ -1,21 +1,25 @@
 //! Completion queues (`ibv_cq`).
 
-use super::context::{ChannelInner, CompletionChannel, Context};
+use super::attr::MAX_CQE;
+use super::context::{CompletionChannel, Context};
+use super::device::ChannelInner;
 use crate::ib::{Errno, Error, Result, Wc};
 use crate::proto::cq::CompletionQueue as Ring;
 use std::sync::Arc;
-
-/// Largest CQ: mlx5's (ConnectX) 2^22 - 1 rather than rxe's 32767. A uroce
-/// CQ is memory that grows with the completions it holds, not a ring sized
-/// up front, so a large CQ costs nothing until it fills; libfabric's
-/// ofi_rxm sizes its CQ (384 + 384) × 256 = 196608 by default.
-pub const MAX_CQE: u32 = 4_194_303;
 
 /// A completion queue (`ibv_cq`).
 pub struct CompletionQueue {
     pub(crate) ctx: Context,
     pub(crate) ring: Arc<Ring>,
     channel: Option<Arc<ChannelInner>>,
+}
+
+impl Context {
+    /// A completion queue of `cqe` entries, 1 to 2^22 − 1
+    /// (`ibv_create_cq`); its events go to `channel`, if given.
+    pub fn create_cq(&self, cqe: u32, channel: Option<&CompletionChannel>) -> Result<CompletionQueue> {
+        CompletionQueue::new(self.clone(), cqe, channel)
+    }
 }
 
 impl CompletionQueue {

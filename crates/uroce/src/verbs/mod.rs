@@ -19,6 +19,7 @@ mod attr;
 mod config;
 mod context;
 mod cq;
+mod device;
 mod mr;
 mod mw;
 mod pd;

@@ -1,8 +1,7 @@
 //! Protection domains (`ibv_pd`) and address handles (`ibv_ah`).
 
 use super::context::Context;
-use super::mr::MemoryRegion;
-use crate::ib::{Access, Errno, Error, Result};
+use crate::ib::{Errno, Error, Result};
 use crate::proto::wr::AddressVector;
 use std::sync::Arc;
 
@@ -16,6 +15,13 @@ pub(crate) struct PdInner {
 #[derive(Clone)]
 pub struct ProtectionDomain {
     pub(crate) inner: Arc<PdInner>,
+}
+
+impl Context {
+    /// A new protection domain (`ibv_alloc_pd`).
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        ProtectionDomain::new(self.clone())
+    }
 }
 
 impl ProtectionDomain {
@@ -32,41 +38,6 @@ impl ProtectionDomain {
     /// The context the PD was allocated on.
     pub fn context(&self) -> &Context {
         &self.inner.ctx
-    }
-
-    /// Registers an owned buffer; the region owns it until dropped.
-    pub fn register(&self, buf: Vec<u8>, access: Access) -> Result<MemoryRegion> {
-        MemoryRegion::register_owned(self, buf, access)
-    }
-
-    /// Registers `len` bytes at `addr`, addressed by the device as `iova`.
-    ///
-    /// # Safety
-    /// The memory must stay valid until the region is dropped.
-    pub unsafe fn register_raw(&self, addr: *mut u8, len: usize, iova: u64, access: Access) -> Result<MemoryRegion> {
-        // SAFETY: forwarded contract.
-        unsafe { MemoryRegion::register_raw(self, addr, len, iova, access) }
-    }
-
-    /// `ibv_reg_dmabuf_mr`: registers `offset..offset+len` of the file
-    /// behind `fd` (see [`MemoryRegion`]'s notes on dma-buf regions).
-    pub fn register_dmabuf(&self, offset: u64, len: usize, iova: u64, fd: i32, access: Access) -> Result<MemoryRegion> {
-        MemoryRegion::register_dmabuf(self, offset, len, iova, fd, access)
-    }
-
-    /// Explicit on-demand paging over `addr..addr+len`: nothing is pinned
-    /// and the pages need not be mapped (see `mem::odp`).
-    pub fn register_odp(&self, addr: u64, len: u64, access: Access) -> Result<MemoryRegion> {
-        if addr == 0 {
-            return Err(Error::inval("reg_mr: NULL address (use register_implicit_odp)"));
-        }
-        MemoryRegion::register_odp(self, addr, len, access)
-    }
-
-    /// Implicit on-demand paging: one key over the whole address space
-    /// (`ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND | …)`).
-    pub fn register_implicit_odp(&self, access: Access) -> Result<MemoryRegion> {
-        MemoryRegion::register_odp(self, 0, crate::mem::IMPLICIT_ODP_LEN, access)
     }
 
     /// `ibv_advise_mr`: prefetches ODP pages named by `sges` (see

@@ -21,7 +21,7 @@
 //!
 //! Device start also loads the configured peer-memory clients.
 
-use super::context::DeviceShared;
+use super::device::DeviceShared;
 use crate::config::ConfigFile;
 use crate::proto::Stats;
 use serde_json::{json, Map, Value};

@@ -382,3 +382,11 @@ fn until_refused<'a, W>(
         }
     })
 }
+
+impl Xrcd {
+    /// `ibv_create_qp_ex` with IBV_QPT_XRC_RECV: an XRC target QP of this
+    /// domain. Connect it like an RC QP ([`QueuePair::connect_rc`]).
+    pub fn create_recv_qp(&self) -> Result<QueuePair> {
+        QueuePair::new_xrc_recv(self)
+    }
+}

@@ -160,3 +160,19 @@ impl std::fmt::Debug for SharedReceiveQueue {
         f.debug_struct("SharedReceiveQueue").field("handle", &self.queue.handle).finish()
     }
 }
+
+impl Xrcd {
+    /// `ibv_create_srq_ex` with IBV_SRQT_XRC: an SRQ of this domain whose
+    /// buffers are checked against `pd` and whose receives complete on
+    /// `cq`. Requests name it by [`SharedReceiveQueue::srq_num`].
+    pub fn create_srq(
+        &self,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        max_wr: u32,
+        max_sge: u32,
+        limit: u32,
+    ) -> Result<SharedReceiveQueue> {
+        SharedReceiveQueue::new_xrc(pd, self, cq, max_wr, max_sge, limit)
+    }
+}

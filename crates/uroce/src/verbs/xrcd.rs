@@ -10,24 +10,15 @@
 //! cannot be closed while SRQs or QPs created through it exist (EBUSY).
 
 use super::context::Context;
-use super::cq::CompletionQueue;
-use super::pd::ProtectionDomain;
-use super::qp::QueuePair;
-use super::srq::SharedReceiveQueue;
+use super::device::XrcDomain;
 use crate::ib::{Errno, Error, Result};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-/// An XRC domain; its device-wide number is what SRQs and QPs record.
-#[derive(Debug)]
-pub(crate) struct Domain {
-    pub number: u32,
-}
-
 /// One open handle: what the SRQs and QPs created through it hold.
 pub(crate) struct XrcdInner {
     pub ctx: Context,
-    pub domain: Arc<Domain>,
+    pub domain: Arc<XrcDomain>,
 }
 
 /// An open XRC domain (`ibv_xrcd`).
@@ -38,7 +29,7 @@ pub struct Xrcd {
 impl Context {
     /// `ibv_open_xrcd` without a file: a new XRC domain.
     pub fn open_xrcd(&self) -> Result<Xrcd> {
-        Ok(self.xrcd_handle(Arc::new(Domain { number: self.dev.next_handle() })))
+        Ok(self.xrcd_handle(Arc::new(XrcDomain { number: self.dev.next_handle() })))
     }
 
     /// `ibv_open_xrcd` with a file: the domain of the file's inode on this
@@ -62,7 +53,7 @@ impl Context {
                 return Err(Error::new(Errno::EAGAIN, "open_xrcd: the file has no XRC domain and O_CREAT is not set"))
             }
             None => {
-                let d = Arc::new(Domain { number: self.dev.next_handle() });
+                let d = Arc::new(XrcDomain { number: self.dev.next_handle() });
                 table.retain(|_, w| w.strong_count() > 0);
                 table.insert(key, Arc::downgrade(&d));
                 d
@@ -71,7 +62,7 @@ impl Context {
         Ok(self.xrcd_handle(domain))
     }
 
-    fn xrcd_handle(&self, domain: Arc<Domain>) -> Xrcd {
+    fn xrcd_handle(&self, domain: Arc<XrcDomain>) -> Xrcd {
         Xrcd { inner: Arc::new(XrcdInner { ctx: self.clone(), domain }) }
     }
 }
@@ -80,26 +71,6 @@ impl Xrcd {
     /// The domain's device-wide number (equal for handles of one domain).
     pub fn number(&self) -> u32 {
         self.inner.domain.number
-    }
-
-    /// `ibv_create_srq_ex` with IBV_SRQT_XRC: an SRQ of this domain whose
-    /// buffers are checked against `pd` and whose receives complete on
-    /// `cq`. Requests name it by [`SharedReceiveQueue::srq_num`].
-    pub fn create_srq(
-        &self,
-        pd: &ProtectionDomain,
-        cq: &CompletionQueue,
-        max_wr: u32,
-        max_sge: u32,
-        limit: u32,
-    ) -> Result<SharedReceiveQueue> {
-        SharedReceiveQueue::new_xrc(pd, self, cq, max_wr, max_sge, limit)
-    }
-
-    /// `ibv_create_qp_ex` with IBV_QPT_XRC_RECV: an XRC target QP of this
-    /// domain. Connect it like an RC QP ([`QueuePair::connect_rc`]).
-    pub fn create_recv_qp(&self) -> Result<QueuePair> {
-        QueuePair::new_xrc_recv(self)
     }
 
     /// Closes the handle (`ibv_close_xrcd`), or fails with EBUSY while SRQs
