@@ -189,7 +189,8 @@ fn no_files_name_each_other_in_a_circle() {
         .collect();
     assert!(graph.iter().map(Vec::len).sum::<usize>() > 100, "too few arrows found: the reader is broken");
     if let Some(c) = a_circle(&graph) {
-        let names: Vec<String> = c.iter().map(|&i| files[i].strip_prefix(&src).unwrap().display().to_string()).collect();
+        let names: Vec<String> =
+            c.iter().map(|&i| files[i].strip_prefix(&src).unwrap().display().to_string()).collect();
         panic!("files name each other in a circle: {} → back to the first", names.join(" → "));
     }
 }

@@ -29,7 +29,7 @@ fn link_off() -> bool {
 /// `ctx`'s counters for its peer `peer`, and whether it is linked.
 fn counters(ctx: &Context, peer: &Context) -> Option<(bool, BTreeMap<&'static str, u64>)> {
     let s = ctx.link_stats().into_iter().find(|s| s.peer == peer.local_addr())?;
-    Some((s.medium == "shm", s.counters.into_iter().collect()))
+    Some((s.medium == uroce::verbs::LinkMedium::Shm, s.counters.into_iter().collect()))
 }
 
 /// WRITEs `len` bytes a -> b and checks them.

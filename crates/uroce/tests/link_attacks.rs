@@ -46,7 +46,7 @@ fn open(net: u8, host: u8) -> End {
 /// `ctx`'s per-peer view of `peer`: linked (pid) or not, and counters.
 fn view(ctx: &Context, peer: SocketAddr) -> Option<(Option<u32>, std::collections::BTreeMap<&'static str, u64>)> {
     let s = ctx.link_stats().into_iter().find(|s| s.peer == peer)?;
-    Some((s.pid.filter(|_| s.medium == "shm"), s.counters.into_iter().collect()))
+    Some((s.pid.filter(|_| s.medium == uroce::verbs::LinkMedium::Shm), s.counters.into_iter().collect()))
 }
 
 /// The link's device-wide counter `key` of `ctx`.

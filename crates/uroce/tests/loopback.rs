@@ -19,11 +19,9 @@ fn settle(a: &End, b: &End) {
         return;
     }
     let from_ring = |x: &End, y: &End| {
-        x.ctx
-            .link_stats()
-            .into_iter()
-            .find(|s| s.peer == y.ctx.local_addr())
-            .is_some_and(|s| s.medium == "shm" && s.counters.iter().any(|&(k, v)| k == "shm_rx_packets" && v > 0))
+        x.ctx.link_stats().into_iter().find(|s| s.peer == y.ctx.local_addr()).is_some_and(|s| {
+            s.medium == uroce::verbs::LinkMedium::Shm && s.counters.iter().any(|&(k, v)| k == "shm_rx_packets" && v > 0)
+        })
     };
     let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
     let (am, bm) = (a.pd.register(vec![1u8; 8], rw).unwrap(), b.pd.register(vec![0u8; 8], rw).unwrap());

@@ -21,15 +21,43 @@ use std::time::Instant;
 /// (see `runtime::gso_runs`).
 pub type Runs = smallvec::SmallVec<[Range<usize>; 8]>;
 
+/// How a peer's packets travel now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LinkMedium {
+    /// The same-host shared-memory link (`io::link`).
+    Shm,
+    /// UDP datagrams.
+    Udp,
+}
+
+impl LinkMedium {
+    /// The name `uroce stat --links` and `stats.json` show: `shm` or `udp`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkMedium::Shm => "shm",
+            LinkMedium::Udp => "udp",
+        }
+    }
+}
+
+impl std::fmt::Display for LinkMedium {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One peer's state and counters on the media that count per peer, as
 /// `uroce stat --links` shows them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerStats {
+    /// The peer's UDP address (its device's).
     pub peer: SocketAddr,
-    /// `shm` while linked, else `udp`.
-    pub medium: &'static str,
+    /// How its packets travel now: by the link while linked, else by UDP.
+    pub medium: LinkMedium,
     /// The peer process (while linked).
     pub pid: Option<u32>,
+    /// Packets and bytes each way on each medium, by name
+    /// (`shm_tx_packets`, `udp_rx_bytes`, …).
     pub counters: Vec<(&'static str, u64)>,
 }
 

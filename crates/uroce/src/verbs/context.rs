@@ -4,6 +4,7 @@
 use super::attr::{DeviceAttr, PortAttr};
 use super::config::DeviceConfig;
 use super::device::{is_nonblocking, read_eventfd, write_eventfd, ChannelInner, DeviceShared};
+use super::LinkStats;
 use crate::ib::{Errno, Error, Gid, Mtu, Result};
 use crate::io::{EventSink, Runtime, RuntimeConfig};
 use crate::mem::Memory;
@@ -143,7 +144,7 @@ impl Context {
 
     /// Per peer: whether it is reached by the same-host shared-memory link
     /// or by UDP, and the packets and bytes each carried (see `io::link`).
-    pub fn link_stats(&self) -> Vec<crate::io::link::LinkStats> {
+    pub fn link_stats(&self) -> Vec<LinkStats> {
         self.dev.rt.link_stats()
     }
 

@@ -23,12 +23,17 @@ mod device;
 mod mr;
 mod mw;
 mod pd;
+/// Live statistics for `uroce stat` (internal: public with `unstable`).
+#[cfg(feature = "unstable")]
 pub mod publish;
+#[cfg(not(feature = "unstable"))]
+mod publish;
 mod qp;
 mod srq;
 mod xrcd;
 
 pub use crate::ib::{Access, Gid, Mtu, QpAttrMask, QpState, QpType, SendFlags, Sge, Wc, WcFlags, WcOpcode, WcStatus};
+pub use crate::io::medium::{LinkMedium, PeerStats as LinkStats};
 pub use crate::mem::odp::{Advice, OdpStats};
 pub use crate::mem::{InterleavedEntry, Layout, MwType};
 pub use crate::proto::wr::{AddressVector, QpAttr, QpCap, QueueLimits, RecvWr, SendWr, SgList, UdDest, WrOpcode};

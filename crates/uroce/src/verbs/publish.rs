@@ -113,7 +113,7 @@ fn links_json(links: &[crate::io::link::LinkStats]) -> Value {
             .map(|l| {
                 let mut m: Map<String, Value> = l.counters.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
                 m.insert("peer".into(), json!(l.peer.to_string()));
-                m.insert("medium".into(), json!(l.medium));
+                m.insert("medium".into(), json!(l.medium.as_str()));
                 m.insert("pid".into(), json!(l.pid));
                 Value::Object(m)
             })
@@ -189,7 +189,9 @@ fn header(devices: Value) -> Value {
     })
 }
 
-/// The counters of every open device of this process, with per-QP detail.
+/// The counters of every open device of this process, with per-QP detail
+/// (for uroce's own benchmarks: `unstable`).
+#[cfg(feature = "unstable")]
 pub fn snapshot() -> Value {
     let mut devs = devices_json();
     for (d, q) in devs.as_array_mut().into_iter().flatten().zip(detail_json().as_array().into_iter().flatten()) {

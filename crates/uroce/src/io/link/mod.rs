@@ -137,6 +137,7 @@ fn add(c: &AtomicU64, n: u64) {
 
 /// One peer's link state and counters, as `uroce stat --links` shows them.
 pub type LinkStats = super::medium::PeerStats;
+use super::medium::LinkMedium;
 
 /// Device-wide link counters, as `uroce stat --links` shows them.
 #[derive(Debug, Default)]
@@ -706,8 +707,8 @@ impl Links {
             .iter()
             .map(|(a, p)| {
                 let (medium, pid) = match &*p.state.lock() {
-                    State::Link(l) => ("shm", Some(l.pid)),
-                    _ => ("udp", None),
+                    State::Link(l) => (LinkMedium::Shm, Some(l.pid)),
+                    _ => (LinkMedium::Udp, None),
                 };
                 let c = &p.c;
                 let f = |x: &AtomicU64| x.load(Ordering::Relaxed);
