@@ -16,7 +16,7 @@
 
 // Every item of the public API is documented (the internal modules, public
 // only with `unstable`, are not held to it).
-#![cfg_attr(not(feature = "unstable"), warn(missing_docs))]
+#![cfg_attr(not(feature = "unstable"), warn(missing_docs, unnameable_types))]
 
 /// A scatter/gather list ([`verbs::SgList`]) from its entries, as `vec!`
 /// makes a `Vec`: `sgl![mr.sge(0, 64)]`, `sgl![sge; 3]`.

@@ -245,7 +245,7 @@ impl Cm {
 
     /// An agent drawing its IDs and PSNs from `rng` (a device's: seeded from
     /// the OS).
-    pub fn with_rng(cfg: CmConfig, rng: KeyRng) -> Cm {
+    pub(crate) fn with_rng(cfg: CmConfig, rng: KeyRng) -> Cm {
         Cm {
             cfg,
             rng,

@@ -35,8 +35,8 @@ mod xrcd;
 pub use crate::ib::{Access, Gid, Mtu, QpAttrMask, QpState, QpType, SendFlags, Sge, Wc, WcFlags, WcOpcode, WcStatus};
 pub use crate::io::medium::{LinkMedium, PeerStats as LinkStats};
 pub use crate::mem::odp::{Advice, OdpStats};
-pub use crate::mem::{InterleavedEntry, Layout, MwType};
-pub use crate::proto::wr::{AddressVector, QpAttr, QpCap, QueueLimits, RecvWr, SendWr, SgList, UdDest, WrOpcode};
+pub use crate::mem::{BindRequest, InterleavedEntry, Layout, LayoutKind, MwType};
+pub use crate::proto::wr::{AddressVector, QpAttr, QpCap, QueueLimits, RecvWr, SendWr, SgList, UdDest, Umr, WrOpcode};
 pub use crate::proto::{AsyncEvent, EventElement, Stats};
 pub use attr::{cap, DeviceAttr, PortAttr, MAX_RD_ATOM};
 pub use config::DeviceConfig;
@@ -48,3 +48,20 @@ pub use pd::{AddressHandle, IndirectKey, ProtectionDomain};
 pub use qp::{QpInitAttr, QueuePair};
 pub use srq::SharedReceiveQueue;
 pub use xrcd::Xrcd;
+
+// Every handle may be shared between threads and sent to another, as
+// libibverbs' objects may (their calls are thread-safe): checked here.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Context>();
+    send_sync::<CompletionChannel>();
+    send_sync::<CompletionQueue>();
+    send_sync::<ProtectionDomain>();
+    send_sync::<MemoryRegion>();
+    send_sync::<MemoryWindow>();
+    send_sync::<AddressHandle>();
+    send_sync::<IndirectKey>();
+    send_sync::<QueuePair>();
+    send_sync::<SharedReceiveQueue>();
+    send_sync::<Xrcd>();
+};

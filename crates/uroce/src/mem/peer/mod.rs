@@ -53,9 +53,21 @@
 
 pub mod loader;
 pub mod nv_mem;
-pub mod service;
 pub mod storage;
+// Internal (public with `unstable`, for the `uroce` command): they name
+// the runtime directory's types.
+/// `uroce peers start|stop`: which clients are stopped.
+#[cfg(feature = "unstable")]
+pub mod service;
+#[cfg(not(feature = "unstable"))]
+pub(crate) mod service;
+/// Host-wide totals kept in the runtime directory (the totals themselves:
+/// [`host_totals`]).
+#[cfg(feature = "unstable")]
 pub mod totals;
+#[cfg(not(feature = "unstable"))]
+pub(crate) mod totals;
+pub use totals::{host as host_totals, Host as HostTotals};
 
 use super::AccessError;
 use std::collections::HashMap;

@@ -24,6 +24,7 @@ use std::sync::{Mutex, OnceLock};
 
 /// The state file, in the runtime directory.
 pub const STATE_FILE: &str = "memory_peers.state";
+#[cfg(feature = "unstable")]
 const LOCK: &str = "memory_peers.lock";
 
 fn configured() -> &'static Mutex<BTreeSet<String>> {
@@ -77,12 +78,14 @@ pub fn stopped_now() -> BTreeSet<String> {
 }
 
 /// Whether `name` is a valid client name (1..63 bytes, no '/', no space).
+#[cfg(feature = "unstable")]
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= 63 && !name.contains(['/', ' ', '\n']) && name != "." && name != ".."
 }
 
 /// Records `names` as started or stopped in the state file of the runtime
 /// directory `rt` (under the peer-memory lock; written atomically).
+#[cfg(feature = "unstable")]
 pub fn set_state(rt: &SafeDir, names: &[String], started: bool, file_mode: u32) -> std::io::Result<()> {
     if let Some(n) = names.iter().find(|n| !valid_name(n)) {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("invalid client name {n:?}")));
