@@ -24,7 +24,7 @@
 //! `/sys/kernel/mm/memory_peers/<name>/`, published as files
 //! `<runtime dir>/<pid>/memory_peers/<name>/<counter>` (see
 //! `runtime::dir`), folded into the user's host-wide totals when the
-//! process exits ([`totals`]) and shown by `uroce peers`. They change
+//! process exits ([`host_totals`]) and shown by `uroce peers`. They change
 //! together, under one lock, at these moments, so that at every moment
 //! `num_alloc_mrs - num_dealloc_mrs` is the number of regions on the peer
 //! and `num_reg_pages - num_dereg_pages` / `num_reg_bytes -
