@@ -59,10 +59,10 @@ macro_rules! internal {
     )*};
 }
 
-/// The lock order, checked in debug builds.
-mod lock_order;
-
 internal! {
+    /// The lock order, checked in debug builds (uroce-ibverbs' rdmacm
+    /// state takes part).
+    lock_order;
     /// UDP sockets, the progress thread, capture and fault injection.
     io;
     /// Protection domains, keys, regions, windows, ODP and peer memory.

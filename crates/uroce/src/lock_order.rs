@@ -1,8 +1,9 @@
 //! The lock order of docs/architecture.md ("Locks"), checked in debug
 //! builds.
 //!
-//! The runtime's and the same-host link's locks are [`Ordered`]: a mutex or
-//! read-write lock with a [`Rank`]. A thread may block on a lock only if
+//! The locks of the runtime, the same-host link, the CM endpoint and
+//! librdmacm's process-wide state (uroce-ibverbs) are [`Ordered`]: a mutex
+//! or read-write lock with a [`Rank`]. A thread may block on a lock only if
 //! every lock it holds ranks lower; a debug build panics at the `lock`
 //! call that breaks the order, before it can wait, so a test that takes
 //! two locks the wrong way round fails at once instead of deadlocking one
@@ -11,11 +12,20 @@
 //! is the lock itself and its guard the lock's guard.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
+use std::sync::{
+    Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError, WaitTimeoutResult,
+};
+use std::time::Duration;
 
 /// The locks in the order a thread may take them (docs/architecture.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Rank {
+    /// `rdmacm::STATE` (uroce-ibverbs): librdmacm's ids, listeners and
+    /// connections, process-wide.
+    #[cfg(feature = "unstable")]
+    RdmacmState,
+    /// `cm::CmEndpoint`'s state: the CM agent and QP 1's receive slots.
+    CmEndpoint,
     /// `Runtime::rx`: the receive buffers.
     Rx,
     /// `Shard::tx`: one shard's drain and send.
@@ -85,6 +95,26 @@ impl<T> Ordered<Mutex<T>> {
         self.hold(g)
     }
 
+    /// Locks; a lock poisoned by a panic elsewhere is taken as it is (for
+    /// state that stays consistent at every unlock, where one thread's
+    /// panic must not stop every other).
+    pub fn lock_unpoisoned(&self) -> Held<MutexGuard<'_, T>> {
+        self.before_wait();
+        let g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.hold(g)
+    }
+
+    /// Locks if nobody holds the lock, a poisoned one as it is (see
+    /// [`Self::lock_unpoisoned`]).
+    #[cfg(feature = "unstable")]
+    pub fn try_lock_unpoisoned(&self) -> Option<Held<MutexGuard<'_, T>>> {
+        match self.lock.try_lock() {
+            Ok(g) => Some(self.hold(g)),
+            Err(TryLockError::WouldBlock) => None,
+            Err(TryLockError::Poisoned(p)) => Some(self.hold(p.into_inner())),
+        }
+    }
+
     /// Locks if nobody holds the lock.
     pub fn try_lock(&self) -> Option<Held<MutexGuard<'_, T>>> {
         match self.lock.try_lock() {
@@ -119,6 +149,50 @@ impl<G: Deref> Deref for Held<G> {
 impl<G: DerefMut> DerefMut for Held<G> {
     fn deref_mut(&mut self) -> &mut G::Target {
         &mut self.guard
+    }
+}
+
+impl<'a, T> Held<MutexGuard<'a, T>> {
+    /// `Condvar::wait`: releases the lock while it waits (checked as a new
+    /// `lock`: no lock of this rank or higher may be held meanwhile).
+    /// Poisoning is ignored, as by [`Ordered::lock_unpoisoned`].
+    #[cfg(feature = "unstable")]
+    pub fn wait(self, cv: &Condvar) -> Self {
+        self.wait_with(|g| cv.wait(g).unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// `Condvar::wait_timeout`, as [`Self::wait`].
+    pub fn wait_timeout(self, cv: &Condvar, dur: Duration) -> (Self, WaitTimeoutResult) {
+        let mut res = None;
+        let held = self.wait_with(|g| {
+            let (g, r) = cv.wait_timeout(g, dur).unwrap_or_else(|p| p.into_inner());
+            res = Some(r);
+            g
+        });
+        (held, res.expect("the wait ran"))
+    }
+
+    fn wait_with(self, f: impl FnOnce(MutexGuard<'a, T>) -> MutexGuard<'a, T>) -> Self {
+        #[cfg(debug_assertions)]
+        let rank = self.rank;
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped after this read, so the
+        // guard is moved out exactly once (Held has a Drop impl in debug
+        // builds, which forbids moving a field out by destructuring).
+        let guard = unsafe { std::ptr::read(&this.guard) };
+        #[cfg(debug_assertions)]
+        {
+            held::pop(rank);
+            held::check(rank);
+        }
+        let guard = f(guard);
+        #[cfg(debug_assertions)]
+        held::push(rank);
+        Held {
+            guard,
+            #[cfg(debug_assertions)]
+            rank,
+        }
     }
 }
 
@@ -193,6 +267,42 @@ mod tests {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(tx.lock())));
         let msg = *r.expect_err("tx under engine").downcast::<String>().unwrap();
         assert!(msg.contains("ShardTx taken while ShardEngine is held"), "{msg}");
+    }
+
+    #[test]
+    fn a_condvar_wait_releases_the_rank_and_is_checked_like_a_lock() {
+        let cm = Ordered::new(Rank::CmEndpoint, Mutex::new(0));
+        let cv = Condvar::new();
+        let g = cm.lock_unpoisoned();
+        let (g, r) = g.wait_timeout(&cv, Duration::from_millis(1));
+        assert!(r.timed_out());
+        // Still held after the wait: a lock of a lower rank may not be taken.
+        let state = Ordered::new(Rank::RdmacmState, Mutex::new(()));
+        assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(state.lock()))).is_err());
+        drop(g);
+        drop(state.lock());
+        // Waiting on the CM's condvar while a runtime lock is held is a
+        // blocking wait under that lock.
+        let rx = Ordered::new(Rank::Rx, Mutex::new(()));
+        let g = cm.lock_unpoisoned();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _rx = rx.try_lock().unwrap();
+            drop(g.wait_timeout(&cv, Duration::from_millis(1)));
+        }));
+        let msg = *r.expect_err("a wait under rx").downcast::<String>().unwrap();
+        assert!(msg.contains("CmEndpoint taken while Rx is held"), "{msg}");
+    }
+
+    #[test]
+    fn a_poisoned_lock_is_taken_as_it_is() {
+        let m = std::sync::Arc::new(Ordered::new(Rank::CmEndpoint, Mutex::new(7)));
+        let m2 = m.clone();
+        let _ = std::thread::spawn(move || {
+            let _g = m2.lock_unpoisoned();
+            panic!("poison it");
+        })
+        .join();
+        assert_eq!(*m.lock_unpoisoned(), 7);
     }
 
     #[test]

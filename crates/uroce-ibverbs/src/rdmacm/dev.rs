@@ -167,12 +167,9 @@ extern "C" fn destroy_all_at_exit() {
     }
     let mut eps: Vec<Arc<CmEndpoint>> = Vec::new();
     for _ in 0..100 {
-        match super::STATE.try_lock() {
-            Ok(g) => eps = g.devs.iter().map(|d| d.ep.clone()).collect(),
-            Err(std::sync::TryLockError::Poisoned(p)) => {
-                eps = p.into_inner().devs.iter().map(|d| d.ep.clone()).collect()
-            }
-            Err(std::sync::TryLockError::WouldBlock) => {
+        match super::STATE.try_lock_unpoisoned() {
+            Some(g) => eps = g.devs.iter().map(|d| d.ep.clone()).collect(),
+            None => {
                 std::thread::sleep(Duration::from_millis(2));
                 continue;
             }

@@ -356,7 +356,7 @@ pub unsafe extern "C" fn uroce_cm_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int 
     // The kernel's rule: wait until every event reported for the id is acked.
     let mut g = super::lock();
     while g.ids.get(&(u as usize)).is_some_and(|s| s.unacked > 0) {
-        g = super::ACKED.wait(g).unwrap_or_else(|p| p.into_inner());
+        g = g.wait(&super::ACKED);
     }
     g.ids.remove(&(u as usize));
     drop(g);
@@ -992,7 +992,7 @@ pub unsafe extern "C" fn uroce_cm_rdma_migrate_id(id: *mut rdma_cm_id, ch: *mut 
     }
     let mut g = super::lock();
     while g.ids.get(&(id as usize)).is_some_and(|s| s.unacked > 0) {
-        g = super::ACKED.wait(g).unwrap_or_else(|p| p.into_inner());
+        g = g.wait(&super::ACKED);
     }
     let Some(s) = g.ids.get_mut(&(id as usize)) else { return fail(libc::EINVAL) };
     let new = if ch.is_null() { channel::create() as *mut rdma_event_channel } else { ch };

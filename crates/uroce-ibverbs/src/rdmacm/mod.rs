@@ -19,13 +19,16 @@ mod other;
 mod rsocket;
 
 use std::sync::{Condvar, LazyLock, Mutex, MutexGuard};
+use uroce::lock_order::{Held, Ordered, Rank};
 
 /// All CM state of the process: one lock (then an agent's lock inside it;
-/// a channel's queue lock is taken last).
-pub(crate) static STATE: LazyLock<Mutex<dev::Global>> = LazyLock::new(|| Mutex::new(dev::Global::new()));
+/// a channel's queue lock is taken last), first in the lock order
+/// (`uroce::lock_order`, checked in debug builds).
+pub(crate) static STATE: LazyLock<Ordered<Mutex<dev::Global>>> =
+    LazyLock::new(|| Ordered::new(Rank::RdmacmState, Mutex::new(dev::Global::new())));
 /// Signalled when an event is acked (destroy and migrate wait for it).
 pub(crate) static ACKED: Condvar = Condvar::new();
 
-pub(crate) fn lock() -> MutexGuard<'static, dev::Global> {
-    STATE.lock().unwrap_or_else(|p| p.into_inner())
+pub(crate) fn lock() -> Held<MutexGuard<'static, dev::Global>> {
+    STATE.lock_unpoisoned()
 }

@@ -23,6 +23,7 @@ use super::mad::{rej_reason, TransportType, MAD_LEN};
 use super::service::PortSpace;
 use super::{GSI_QKEY, GSI_QPN};
 use crate::ib::{Access, Errno, Error, Gid, Mtu, QpAttrMask, QpState, QpType, Result, WcOpcode, WcStatus};
+use crate::lock_order::{Held, Ordered, Rank};
 use crate::mem::KeyRng;
 use crate::proto::wr::{AddressVector, QpAttr, QpCap, RecvWr, SendWr, UdDest, WrOpcode};
 use crate::verbs::{
@@ -202,7 +203,7 @@ struct Inner {
     chan: CompletionChannel,
     _pd: ProtectionDomain,
     ctx: Context,
-    st: Mutex<State>,
+    st: Ordered<Mutex<State>>,
     cond: Condvar,
     stop: AtomicBool,
 }
@@ -230,8 +231,8 @@ fn grh_source(g: &[u8]) -> Option<IpAddr> {
 }
 
 impl Inner {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> Held<MutexGuard<'_, State>> {
+        self.st.lock_unpoisoned()
     }
 
     fn post_recv_slot(&self, slot: usize) -> Result<()> {
@@ -413,7 +414,7 @@ impl Inner {
             }
             // Every pass that queues events notifies (`kick`): no need to
             // wake before the deadline to look.
-            st = self.cond.wait_timeout(st, left).unwrap_or_else(|p| p.into_inner()).0;
+            st = st.wait_timeout(&self.cond, left).0;
         }
     }
 }
@@ -508,14 +509,17 @@ impl CmEndpoint {
             chan,
             _pd: pd,
             ctx: ctx.clone(),
-            st: Mutex::new(State {
-                cm: Cm::with_rng(cfg, KeyRng::from_os()),
-                events: VecDeque::new(),
-                next_port,
-                sends_in_flight: 0,
-                qp1_checked: Instant::now(),
-                sleeps_until: None,
-            }),
+            st: Ordered::new(
+                Rank::CmEndpoint,
+                Mutex::new(State {
+                    cm: Cm::with_rng(cfg, KeyRng::from_os()),
+                    events: VecDeque::new(),
+                    next_port,
+                    sends_in_flight: 0,
+                    qp1_checked: Instant::now(),
+                    sleeps_until: None,
+                }),
+            ),
             cond: Condvar::new(),
             stop: AtomicBool::new(false),
         });
