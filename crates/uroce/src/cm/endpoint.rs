@@ -49,16 +49,16 @@ const PASS_BUDGET: usize = RECV_DEPTH;
 /// Passes of one pump; what is still queued after them is dropped (and
 /// counted): the agent retransmits what matters.
 const PASSES: usize = 4;
-/// How often the agent checks that QP 1 is still in RTS when nothing
-/// suggested otherwise.
-const QP1_CHECK: Duration = Duration::from_secs(1);
 /// One receive: the 40-byte GRH area, then the MAD.
 const SLOT: usize = 40 + MAD_LEN;
-/// Longest sleep of the agent's thread, for the QP 1 check: it wakes for
+/// Longest sleep of the agent's thread when nothing is due. It wakes for
 /// MADs (QP 1's CQ is armed), for its next deadline, and when a call of
 /// another thread makes an earlier one or the endpoint stops (both
-/// interrupt its sleep).
-const MAX_SLEEP: Duration = QP1_CHECK;
+/// interrupt its sleep); after each wake it checks that QP 1 is in RTS. Every
+/// way out of RTS known here leaves a completion (the failed work request,
+/// or the flush of the posted receives), which wakes it; this bound is the
+/// safety net for one that would not (an idle agent wakes once a minute).
+const MAX_SLEEP: Duration = Duration::from_secs(60);
 
 /// What a side asks of a connection (`struct rdma_conn_param`); the
 /// default is rping's (1, 1, 7, 7, no private data).
@@ -188,8 +188,6 @@ struct State {
     next_port: u16,
     /// Sends posted on QP 1 whose completions are not polled yet.
     sends_in_flight: usize,
-    /// When QP 1's state was last checked.
-    qp1_checked: Instant,
     /// Until when the agent's thread sleeps (`None`: it is not asleep); a
     /// call that makes an earlier deadline interrupts it.
     sleeps_until: Option<Instant>,
@@ -311,8 +309,7 @@ impl Inner {
     /// QP 1 back to RTS if it left it (a bug or an overrun we did not
     /// foresee must not end the CM for good): RESET, INIT, RTR, RTS, and
     /// every receive posted again.
-    fn restart_qp1(&self, st: &mut State, now: Instant) {
-        st.qp1_checked = now;
+    fn restart_qp1(&self, st: &mut State) {
         if self.qp.state() == QpState::Rts {
             return;
         }
@@ -351,8 +348,8 @@ impl Inner {
         while st.cm.poll_transmit().is_some() {
             st.cm.stats_mut().send_drops += 1;
         }
-        if failed || now.saturating_duration_since(st.qp1_checked) >= QP1_CHECK {
-            self.restart_qp1(st, now);
+        if failed {
+            self.restart_qp1(st);
         }
         let mut any = false;
         while let Some(e) = st.cm.poll_event() {
@@ -379,12 +376,14 @@ impl Inner {
     /// The agent's thread: a pass, then sleep until a MAD arrives on QP 1
     /// (its CQ armed, and polled once more to close the race), the next
     /// deadline (an earlier one made meanwhile interrupts the sleep, see
-    /// `kick`), `stop` (which interrupts it too) or `MAX_SLEEP`.
+    /// `kick`), `stop` (which interrupts it too) or `MAX_SLEEP`; after each
+    /// wake, QP 1's state is checked.
     fn run(&self) {
         while !self.stop.load(Ordering::SeqCst) {
             let sleep = {
                 let mut st = self.lock();
                 st.sleeps_until = None;
+                self.restart_qp1(&mut st);
                 self.kick(&mut st);
                 let _ = self.cq.req_notify(false);
                 self.kick(&mut st);
@@ -516,7 +515,6 @@ impl CmEndpoint {
                     events: VecDeque::new(),
                     next_port,
                     sends_in_flight: 0,
-                    qp1_checked: Instant::now(),
                     sleeps_until: None,
                 }),
             ),
