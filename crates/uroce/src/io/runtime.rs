@@ -55,8 +55,16 @@ pub struct RuntimeConfig {
     pub faults: Option<super::faults::FaultConfig>,
 }
 
-/// Longest the progress thread sleeps without re-checking its timers.
-const MAX_SLEEP: Duration = Duration::from_millis(200);
+/// Longest the progress thread sleeps when nothing is due: every new
+/// deadline earlier than its sleep wakes it (`sleeping_until`), as do
+/// shutdown, an armed CQ while it sleeps blind, and the media's packets,
+/// so an idle device's thread wakes once a minute (was every 200 ms).
+const MAX_SLEEP: Duration = Duration::from_secs(60);
+/// Longest one sleep of an application thread waiting on a completion
+/// channel (`wait_receiving`): its lease as the receiver ends with it, so a
+/// waiter cancelled in its sleep (`pthread_cancel` in `ibv_get_cq_event`)
+/// leaves the media to the progress thread at most this long.
+const WAIT_SLICE: Duration = Duration::from_millis(200);
 /// Longest sleep while timers are pending (their granularity).
 const TICK: Duration = Duration::from_millis(1);
 /// Most QPs of a device.
@@ -556,7 +564,7 @@ impl Runtime {
                 break Ok(true);
             }
             let now = Instant::now();
-            let mut timeout = self.sleep_for(now, None);
+            let mut timeout = self.sleep_for(now, None).min(WAIT_SLICE);
             if let Some(d) = deadline {
                 if now >= d {
                     break Ok(false);
