@@ -6,38 +6,11 @@
 //! peer wrote into this socket's own iomap area and RDMA WRITEs (no
 //! immediate) straight into the peer's buffer.
 
+use super::maps::Map;
 use super::stream::{next_transfer, Stream};
 use super::wire::{self, RsSge};
 use crate::ffi::*;
-use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
-
-/// One mapping: the offset the application names it by, and its MR.
-#[derive(Clone, Copy)]
-pub struct Map {
-    pub offset: u64,
-    pub mr: *mut ibv_mr,
-}
-
-#[derive(Default)]
-pub struct Maps {
-    /// The peer's iomap entries: what this socket published (or queued) there.
-    pub remote: Vec<Option<Map>>,
-    /// Entries of `remote` still to be written to the peer.
-    pub pending: VecDeque<usize>,
-    /// Mappings for local use only (no PROT_WRITE).
-    pub local: Vec<Map>,
-}
-
-impl Maps {
-    pub fn release_all(&mut self) {
-        for m in self.remote.iter_mut().filter_map(Option::take).chain(self.local.drain(..)) {
-            // SAFETY: an MR riomap registered, deregistered once.
-            unsafe { crate::objects::ibv_dereg_mr(m.mr) };
-        }
-        self.pending.clear();
-    }
-}
 
 fn mr_is(mr: *mut ibv_mr, buf: *mut c_void, len: usize) -> bool {
     // SAFETY: a live MR of ours.

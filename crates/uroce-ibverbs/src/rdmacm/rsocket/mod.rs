@@ -59,6 +59,7 @@ mod api;
 mod dapi;
 mod dgram;
 mod iomap;
+mod maps;
 mod poll;
 mod stream;
 mod wake;

@@ -131,7 +131,7 @@ pub struct Stream {
     /// The peer's iomap area (entries in `length`).
     pub(super) remote_iomap: RsSge,
     /// Buffers mapped with `riomap`.
-    pub(super) iomap: super::iomap::Maps,
+    pub(super) iomap: super::maps::Maps,
     /// Where `rconnect` goes (kept across non-blocking steps).
     pub dst: libc::sockaddr_storage,
 }
@@ -243,7 +243,7 @@ impl Stream {
             rmsg_head: 0,
             rmsg_tail: 0,
             remote_iomap: RsSge::default(),
-            iomap: super::iomap::Maps::default(),
+            iomap: super::maps::Maps::default(),
             // SAFETY: plain old data.
             dst: unsafe { std::mem::zeroed() },
         }
