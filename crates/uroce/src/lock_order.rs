@@ -274,8 +274,8 @@ mod tests {
         let cm = Ordered::new(Rank::CmEndpoint, Mutex::new(0));
         let cv = Condvar::new();
         let g = cm.lock_unpoisoned();
-        let (g, r) = g.wait_timeout(&cv, Duration::from_millis(1));
-        assert!(r.timed_out());
+        // (Nobody notifies: it times out, or wakes spuriously.)
+        let (g, _) = g.wait_timeout(&cv, Duration::from_millis(1));
         // Still held after the wait: a lock of a lower rank may not be taken.
         let state = Ordered::new(Rank::RdmacmState, Mutex::new(()));
         assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(state.lock()))).is_err());
