@@ -80,6 +80,11 @@ check "cargo clippy --workspace --all-targets -- -D warnings" cargo clippy --wor
 # internal modules private): nothing dead, every public item documented.
 check "cargo clippy -p uroce --lib (no unstable) -- -D warnings" cargo clippy -p uroce --lib -q -- -D warnings
 check "cargo doc -p uroce (no broken links)" env RUSTDOCFLAGS="-D warnings" cargo doc -p uroce --no-deps -q
+# The internals' docs too, as uroce's developers read them (links to private
+# items are theirs to follow).
+check "cargo doc -p uroce --features unstable --document-private-items (no broken links)" \
+    env RUSTDOCFLAGS="-D warnings -A rustdoc::private-intra-doc-links --document-private-items" \
+    cargo doc -p uroce --no-deps -q --features unstable --target-dir target/doc-internal
 # The drop-in library is built in release mode once; its tests find it there.
 if [ -x scripts/build-dropin.sh ]; then
     scripts/build-dropin.sh || status=1

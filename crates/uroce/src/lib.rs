@@ -59,17 +59,13 @@ macro_rules! internal {
     )*};
 }
 
+// (Each module's own `//!` docs say what it owns: an outer doc here would
+// make rustdoc resolve their links from the crate root.)
 internal! {
-    /// The lock order, checked in debug builds (uroce-ibverbs' rdmacm
-    /// state takes part).
     lock_order;
-    /// UDP sockets, the progress thread, capture and fault injection.
     io;
-    /// Protection domains, keys, regions, windows, ODP and peer memory.
     mem;
-    /// The sans-IO transport: requester, responder, completer, engine.
     proto;
-    /// The verified per-user runtime directory.
     runtime;
 }
 

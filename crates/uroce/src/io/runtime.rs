@@ -1,7 +1,7 @@
 //! The runtime of one device: its engine shards, media, progress thread
 //! and capture.
 //!
-//! A device's QPs are spread over [`SHARDS`](super::shard::SHARDS) engines
+//! A device's QPs are spread over [`SHARDS`] engines
 //! by QP number, each behind its own locks (see [`super::shard`]): posts,
 //! receives and completions on QPs of different shards run in parallel.
 //! A receive pass parses and checks every datagram (ICRC included) before

@@ -2,7 +2,7 @@
 //! MTU), assigns PSNs, sets AckReq, keeps the retransmission and RNR timers,
 //! and rewinds for go-back-N. UD and UC WQEs complete when sent: when their
 //! packets are built, or, if one was sent in place, when the kernel has it
-//! ([`AfterSendState`]). An XRC_SEND QP is an RC requester whose requests
+//! ([`AfterSendState`](super::requester_state::AfterSendState)). An XRC_SEND QP is an RC requester whose requests
 //! name the target's SRQ (XRCETH).
 
 use super::copy::{CopyError, Fingerprint, Site};

@@ -62,7 +62,7 @@ pub(crate) struct AfterSendState {
     /// The number of the last packet sent in place ([`super::AfterSend`]:
     /// wrapping, never 0 once one was).
     pub seq: u32,
-    /// The last one reported sent ([`Qp::on_sent`]).
+    /// The last one reported sent ([`Qp::on_sent`](super::qp::Qp::on_sent)).
     pub sent: u32,
     /// Completions in order, each with the packet it waits for.
     pub held: VecDeque<(u32, Wc)>,

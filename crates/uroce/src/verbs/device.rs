@@ -230,7 +230,7 @@ pub(crate) struct ChannelInner {
     /// `refcnt`): what decides whether it may be destroyed. The progress
     /// thread's passing reference while it notifies does not count.
     pub(crate) cqs: AtomicU32,
-    /// Set by [`CompletionChannel::interrupt`]: the waiter returns with no
+    /// Set by [`CompletionChannel::interrupt`](super::CompletionChannel::interrupt): the waiter returns with no
     /// event.
     pub(crate) interrupted: AtomicBool,
 }

@@ -55,14 +55,13 @@ pub mod loader;
 pub mod nv_mem;
 pub mod storage;
 // Internal (public with `unstable`, for the `uroce` command): they name
-// the runtime directory's types.
-/// `uroce peers start|stop`: which clients are stopped.
+// the runtime directory's types. `service`: `uroce peers start|stop`;
+// `totals`: the host-wide totals kept in the runtime directory (the totals
+// themselves are public: [`host_totals`]).
 #[cfg(feature = "unstable")]
 pub mod service;
 #[cfg(not(feature = "unstable"))]
 pub(crate) mod service;
-/// Host-wide totals kept in the runtime directory (the totals themselves:
-/// [`host_totals`]).
 #[cfg(feature = "unstable")]
 pub mod totals;
 #[cfg(not(feature = "unstable"))]
