@@ -5,7 +5,7 @@ use super::attr::{DeviceAttr, PortAttr};
 use super::config::DeviceConfig;
 use super::device::{is_nonblocking, read_eventfd, write_eventfd, ChannelInner, DeviceShared};
 use super::LinkStats;
-use crate::ib::{Errno, Error, Gid, Mtu, Result};
+use crate::ib::{Errno, Error, Gid, Mtu, Result, GID_TABLE_LEN};
 use crate::io::{EventSink, Runtime, RuntimeConfig};
 use crate::mem::Memory;
 use crate::proto::{AsyncEvent, EngineConfig, Stats};
@@ -14,8 +14,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-
-use crate::ib::GID_TABLE_LEN;
 
 fn registry() -> &'static Mutex<HashMap<String, Weak<DeviceShared>>> {
     static R: OnceLock<Mutex<HashMap<String, Weak<DeviceShared>>>> = OnceLock::new();

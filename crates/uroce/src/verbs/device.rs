@@ -4,8 +4,7 @@
 //! Shared by every context opened on it ([`super::Context`]); the layer
 //! under the verbs objects, which name it and are never named by it.
 
-use crate::ib::Mtu;
-use crate::ib::{Errno, Error, Result};
+use crate::ib::{Errno, Error, Mtu, Result};
 use crate::io::{EventSink, Runtime};
 use crate::mem::Memory;
 use crate::proto::{AsyncEvent, Event, EventElement};
