@@ -20,7 +20,7 @@ use super::{Capture, RoceSocket};
 use crate::ib::{Errno, Error, Result};
 use crate::lock_order::{Ordered, Rank};
 use crate::mem::Memory;
-use crate::proto::presence::Presence;
+use crate::proto::presence::{Presence, POLL_GRACE};
 use crate::proto::qp::QpInit;
 use crate::proto::srq::SharedRecvQueue;
 use crate::proto::{
@@ -392,9 +392,14 @@ impl Runtime {
             // receives (polls, or waits on the socket), its own passes fire
             // due timers (a held ACK's among them, armed on every message it
             // is to answer): no wake-up, which would cost it a context switch
-            // per message; the thread sleeps at most `presence::POLL_GRACE`
-            // then.
-            if self.sleeping_until.load(Ordering::SeqCst).is_some_and(|s| d < s) && !self.presence.app_receives(now) {
+            // per message, as long as the thread's sleep was planned for that
+            // application (at most `presence::POLL_GRACE`, after which it
+            // takes the timers over from an application that stopped
+            // calling). A longer sleep began before the application came: it
+            // is woken once, and plans anew.
+            let asleep = self.sleeping_until.load(Ordering::SeqCst);
+            let covered = self.presence.app_receives(now) && asleep.is_some_and(|s| s <= now + POLL_GRACE + TICK);
+            if asleep.is_some_and(|s| d < s) && !covered {
                 self.wake();
             }
         }
