@@ -311,10 +311,10 @@ fn udpong_default_series() {
         let t: &[&str] = if sockets { &["-T", "s"] } else { &[] };
         let s = Reap::new(dropin_command("udpong", SERVER).args(["-b", SERVER, "-p", port]).args(t).spawn().unwrap());
         assert!(udp_bound(SERVER, port.parse().unwrap()), "udpong server did not bind its UDP socket");
-        let c = Reap::new(
+        let mut c = Reap::new(
             dropin_command("stdbuf", CLIENT).args(["-oL", "udpong", "-s", SERVER, "-p", port]).args(t).spawn().unwrap(),
         );
-        let (_, out) = { c }.wait("udpong client", Duration::from_secs(60));
+        let (_, out) = c.wait("udpong client", Duration::from_secs(60));
         drop(s);
         let rows = out.lines().filter_map(|l| l.split_whitespace().next()).filter(|n| ROWS.contains(n));
         (rows.map(String::from).collect(), out)

@@ -17,6 +17,7 @@
  * sleep kept it waking ~2 000 times a second). Prints "all ok". */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -146,9 +147,14 @@ static char thread_state(pid_t tid)
 /* Context switches so far of this process's thread named `name`. */
 static long switches_of(const char *name)
 {
-	char path[96], buf[4096];
-	for (int tid = getpid(); tid < getpid() + 4096; tid++) {
-		snprintf(path, sizeof(path), "/proc/self/task/%d/comm", tid);
+	char path[300], buf[4096];
+	DIR *d = opendir("/proc/self/task");
+	CHECK(d, "opendir /proc/self/task: %s", strerror(errno));
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
 		FILE *f = fopen(path, "r");
 		if (!f)
 			continue;
@@ -157,7 +163,8 @@ static long switches_of(const char *name)
 		buf[n] = 0;
 		if (strncmp(buf, name, strlen(name)) != 0 || buf[strlen(name)] != '\n')
 			continue;
-		snprintf(path, sizeof(path), "/proc/self/task/%d/status", tid);
+		snprintf(path, sizeof(path), "/proc/self/task/%s/status", e->d_name);
+		closedir(d);
 		f = fopen(path, "r");
 		CHECK(f, "status of %s", name);
 		long v = 0, nv = 0;
@@ -168,6 +175,7 @@ static long switches_of(const char *name)
 		fclose(f);
 		return v + nv;
 	}
+	closedir(d);
 	CHECK(0, "no thread %s", name);
 	return 0;
 }

@@ -398,8 +398,8 @@ impl Runtime {
             // calling). A longer sleep began before the application came: it
             // is woken once, and plans anew.
             let asleep = self.sleeping_until.load(Ordering::SeqCst);
-            let covered = self.presence.app_receives(now) && asleep.is_some_and(|s| s <= now + POLL_GRACE + TICK);
-            if asleep.is_some_and(|s| d < s) && !covered {
+            let covered = |s| s <= now + POLL_GRACE + TICK && self.presence.app_receives(now);
+            if asleep.is_some_and(|s| d < s && !covered(s)) {
                 self.wake();
             }
         }
