@@ -7,9 +7,9 @@
 //! addresses the sender: its source address becomes the destination GID,
 //! and the local address it was sent to picks the source GID index.
 
-use crate::device::UContext;
 use crate::errno::{null, set_errno};
 use crate::ffi::*;
+use crate::handles::UContext;
 use std::ffi::c_int;
 
 /// Where the RoCE v2 IPv4 header sits in the GRH area.

@@ -14,24 +14,9 @@
 
 use crate::errno::null;
 use crate::ffi::*;
-use crate::objects::UCq;
+use crate::handles::UCq;
 use std::ffi::c_int;
-use std::sync::Mutex;
 use uroce::ib::{Wc, WcFlags};
-
-/// The completion the last `start_poll`/`next_poll` took.
-#[derive(Default)]
-pub struct Current(Mutex<Option<Wc>>);
-
-impl Current {
-    fn set(&self, wc: Option<Wc>) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = wc;
-    }
-
-    fn get(&self) -> Option<Wc> {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
 
 const SUP_WC_FLAGS: u64 = (ibv_create_cq_wc_flags_IBV_WC_EX_WITH_BYTE_LEN
     | ibv_create_cq_wc_flags_IBV_WC_EX_WITH_IMM

@@ -2,7 +2,7 @@
 //! post_send, post_recv, poll_cq, req_notify_cq.
 
 use crate::ffi::*;
-use crate::objects::{UCq, UQp};
+use crate::handles::{UCq, UQp};
 use std::ffi::c_int;
 use uroce::ib::{SendFlags, Sge, Wc};
 use uroce::verbs::{QueueLimits, RecvWr, SendWr, SgList, UdDest, WrOpcode};
@@ -83,7 +83,7 @@ pub(crate) unsafe fn send_wr_head(w: &ibv_send_wr, qp_type: ibv_qp_type) -> Opti
 /// A UD destination from an address handle of `ibv_create_ah` (None for NULL).
 pub(crate) unsafe fn ud_dest(ah: *mut ibv_ah, remote_qpn: u32, remote_qkey: u32) -> Option<UdDest> {
     // SAFETY: an AH from ibv_create_ah, or NULL.
-    let ah = unsafe { (ah as *const crate::objects::UAh).as_ref() }?;
+    let ah = unsafe { (ah as *const crate::handles::UAh).as_ref() }?;
     Some(UdDest { av: ah.av, remote_qpn, remote_qkey })
 }
 

@@ -3,53 +3,12 @@
 
 use crate::errno::{fail, null, set_errno};
 use crate::ffi::*;
+use crate::handles::{Share, UContext, UDevice};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int};
 use std::sync::{Mutex, OnceLock};
 use uroce::ib::{Errno, Gid};
 use uroce::verbs::{Context, DeviceConfig};
-
-/// An `ibv_device` followed by its configuration.
-#[repr(C)]
-pub struct UDevice {
-    pub dev: ibv_device,
-    pub cfg: DeviceConfig,
-}
-
-/// An `ibv_context` embedded in a `verbs_context`, followed by uroce's part.
-#[repr(C)]
-pub struct UContext {
-    pub vctx: verbs_context,
-    pub ctx: Context,
-    /// CQ handle → `ibv_cq` pointer, for completion channel events.
-    pub cqs: Mutex<HashMap<u32, usize>>,
-    /// QP number → `ibv_qp` pointer, for asynchronous events.
-    pub qps: Mutex<HashMap<u32, usize>>,
-    /// SRQ handle → `ibv_srq` pointer, for asynchronous events.
-    pub srqs: Mutex<HashMap<u32, usize>>,
-    /// Completion events delivered per CQ (by its pointer), not yet waited
-    /// for by its destruction.
-    pub comp_reported: Mutex<HashMap<usize, u32>>,
-    /// Address handles (their `UAh`s), released by `ibv_close_device`.
-    pub ahs: Mutex<std::collections::HashSet<usize>>,
-    /// Memory windows (their `UMw`s), likewise.
-    pub mws: Mutex<std::collections::HashSet<usize>>,
-    /// Asynchronous events delivered per object (by its pointer), not yet
-    /// waited for by its destruction (`events.rs`).
-    pub events_reported: Mutex<HashMap<usize, u32>>,
-    /// The `cmd_fd` and the objects shared with imported contexts (`import.rs`).
-    pub share: crate::import::Share,
-}
-
-impl UContext {
-    /// The `UContext` of an `ibv_context` this library returned.
-    pub unsafe fn from_ctx<'a>(ctx: *mut ibv_context) -> &'a UContext {
-        let off = std::mem::offset_of!(verbs_context, context);
-        // SAFETY: every ibv_context we hand out is the `context` field of the
-        // `vctx` field (at offset 0) of a live UContext.
-        unsafe { &*((ctx as *mut u8).sub(off) as *const UContext) }
-    }
-}
 
 fn copy_name(dst: &mut [c_char], s: &str) {
     let n = dst.len() - 1;
@@ -175,7 +134,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
             return std::ptr::null_mut();
         }
     };
-    let share = match crate::import::Share::open(dev, &ctx) {
+    let share = match Share::open(dev, &ctx) {
         Ok(s) => s,
         Err(e) => return null(e),
     };
@@ -186,7 +145,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
 /// A new context on `dev` (a device of our list) for `ctx`: the
 /// `verbs_context` with the ops table, `cmd_fd` from `share`. Opened by
 /// ibv_open_device, or imported (`import.rs`).
-pub(crate) unsafe fn new_context(dev: *mut ibv_device, ctx: Context, share: crate::import::Share) -> *mut ibv_context {
+pub(crate) unsafe fn new_context(dev: *mut ibv_device, ctx: Context, share: Share) -> *mut ibv_context {
     // SAFETY: verbs_context is plain old data (pointers and integers); zero
     // is a valid initial value, every op NULL.
     let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
@@ -210,7 +169,7 @@ pub(crate) unsafe fn new_context(dev: *mut ibv_device, ctx: Context, share: crat
     vctx.alloc_td = Some(crate::domain::alloc_td);
     vctx.dealloc_td = Some(crate::domain::dealloc_td);
     vctx.alloc_parent_domain = Some(crate::domain::alloc_parent_domain);
-    vctx.create_qp_ex = Some(crate::qp_ex::create_qp_ex);
+    vctx.create_qp_ex = Some(crate::objects::create_qp_ex);
     vctx.create_cq_ex = Some(crate::cq_ex::create_cq_ex);
     vctx.open_xrcd = Some(crate::xrcd::open_xrcd);
     vctx.close_xrcd = Some(crate::xrcd::close_xrcd);
@@ -269,23 +228,23 @@ unsafe fn release_leaked(u: &UContext) {
     let take = |m: &Mutex<HashMap<u32, usize>>| std::mem::take(&mut *m.lock().unwrap());
     for (_, p) in take(&u.qps) {
         // SAFETY: a QP of this context, not destroyed.
-        drop(unsafe { (*(p as *mut crate::objects::UQp)).inner.take() });
+        drop(unsafe { (*(p as *mut crate::handles::UQp)).inner.take() });
     }
     for (_, p) in take(&u.srqs) {
         // SAFETY: an SRQ of this context, not destroyed.
-        drop(unsafe { (*(p as *mut crate::srq::USrq)).inner.take() });
+        drop(unsafe { (*(p as *mut crate::handles::USrq)).inner.take() });
     }
     for (_, p) in take(&u.cqs) {
         // SAFETY: a CQ of this context, not destroyed.
-        drop(unsafe { (*(p as *mut crate::objects::UCq)).inner.take() });
+        drop(unsafe { (*(p as *mut crate::handles::UCq)).inner.take() });
     }
     for p in std::mem::take(&mut *u.ahs.lock().unwrap()) {
         // SAFETY: an AH of this context, not destroyed.
-        drop(unsafe { (*(p as *mut crate::objects::UAh)).inner.take() });
+        drop(unsafe { (*(p as *mut crate::handles::UAh)).inner.take() });
     }
     for p in std::mem::take(&mut *u.mws.lock().unwrap()) {
         // SAFETY: a memory window of this context, not deallocated.
-        drop(unsafe { (*(p as *mut crate::mw::UMw)).inner.take() });
+        drop(unsafe { (*(p as *mut crate::handles::UMw)).inner.take() });
     }
     u.share.release_objects();
 }
@@ -359,7 +318,7 @@ unsafe extern "C" fn query_device_ex(
             (*attr).device_cap_flags_ex = UContext::from_ctx(ctx).ctx.query_device().device_cap_flags_ex;
             (*attr).odp_caps = crate::ext::odp_caps();
             (*attr).xrc_odp_caps = crate::ext::xrc_odp_caps();
-            (*attr).max_dm_size = crate::dm::MAX_DM_SIZE;
+            (*attr).max_dm_size = crate::dm_memory::MAX_DM_SIZE;
         }
     }
     0

@@ -6,131 +6,14 @@
 //! `ibv_dm` that allocated it and the copies `ibv_import_dm` makes of it
 //! (`import.rs`) share the allocation.
 
+use crate::dm_memory::{Allocation, DmRef, UDm, DM_ALIGN, MAX_DM_SIZE};
 use crate::errno::{fail, null};
 use crate::ffi::*;
-use crate::objects::{UMr, UPd};
+use crate::handles::{UMr, UPd};
 use std::ffi::c_int;
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use uroce::ib::Access;
 
-/// Largest allocation (reported as `max_dm_size`).
-pub const MAX_DM_SIZE: u64 = 256 * 1024;
-/// Copy granularity.
-const DM_ALIGN: u64 = 4;
-
-/// The memory of one allocation. It lives as long as an `ibv_dm` naming it
-/// or a memory region over it.
-pub struct Allocation {
-    /// `words` zeroed 8-byte words from a leaked `Box<[u64]>`; accessed only
-    /// through raw pointers (the host's copies, the device's accesses).
-    base: NonNull<u64>,
-    words: usize,
-    /// Usable bytes (a multiple of [`DM_ALIGN`]).
-    len: u64,
-    /// Memory regions registered over the allocation.
-    regs: AtomicUsize,
-}
-
-// SAFETY: the buffer is owned by the allocation and reached only through raw
-// pointers, as device memory: concurrent copies are the application's to
-// order, as on a NIC.
-unsafe impl Send for Allocation {}
-// SAFETY: as above; the counter is atomic.
-unsafe impl Sync for Allocation {}
-
-impl Allocation {
-    fn new(len: u64) -> Allocation {
-        let words = len.div_ceil(8) as usize;
-        let mem: Box<[u64]> = vec![0u64; words].into_boxed_slice();
-        // SAFETY: Box::into_raw never returns NULL.
-        let base = unsafe { NonNull::new_unchecked(Box::into_raw(mem) as *mut u64) };
-        Allocation { base, words, len, regs: AtomicUsize::new(0) }
-    }
-
-    fn ptr(&self) -> *mut u8 {
-        self.base.as_ptr() as *mut u8
-    }
-
-    /// Whether `off..off+len` is an aligned range inside the allocation.
-    fn check(&self, off: u64, len: usize) -> bool {
-        off % DM_ALIGN == 0 && len as u64 % DM_ALIGN == 0 && off.checked_add(len as u64).is_some_and(|e| e <= self.len)
-    }
-
-    /// Whether memory regions are registered over it (`ibv_free_dm`: EBUSY).
-    pub fn in_use(&self) -> bool {
-        self.regs.load(Ordering::Acquire) > 0
-    }
-}
-
-impl Drop for Allocation {
-    fn drop(&mut self) {
-        // SAFETY: `base`/`words` came from a Box<[u64]> leaked in `new`; no
-        // ibv_dm and no region refers to it any more.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.base.as_ptr(), self.words)) });
-    }
-}
-
-#[repr(C)]
-pub struct UDm {
-    pub dm: ibv_dm,
-    pub alloc: Arc<Allocation>,
-}
-
-/// Held by a DM memory region: keeps the allocation alive and busy.
-pub struct DmRef(Arc<Allocation>);
-
-impl DmRef {
-    fn new(alloc: &Arc<Allocation>) -> DmRef {
-        alloc.regs.fetch_add(1, Ordering::AcqRel);
-        DmRef(alloc.clone())
-    }
-}
-
-impl Drop for DmRef {
-    fn drop(&mut self) {
-        self.0.regs.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl UDm {
-    /// An `ibv_dm` on `ctx` for `alloc`, named `handle`.
-    pub fn new(ctx: *mut ibv_context, handle: u32, alloc: Arc<Allocation>) -> UDm {
-        // SAFETY: ibv_dm is plain old data; all-zero is valid before we set it.
-        let mut dm: ibv_dm = unsafe { std::mem::zeroed() };
-        dm.context = ctx;
-        dm.memcpy_to_dm = Some(memcpy_to_dm);
-        dm.memcpy_from_dm = Some(memcpy_from_dm);
-        dm.handle = handle;
-        UDm { dm, alloc }
-    }
-}
-
-unsafe extern "C" fn memcpy_to_dm(dm: *mut ibv_dm, off: u64, host: *const libc::c_void, len: usize) -> c_int {
-    // SAFETY: a DM from alloc_dm.
-    let d = unsafe { &*(dm as *const UDm) };
-    if host.is_null() || !d.alloc.check(off, len) {
-        return libc::EINVAL;
-    }
-    // SAFETY: the range lies inside the allocation (checked); `host` is the
-    // caller's buffer of `len` bytes.
-    unsafe { std::ptr::copy(host as *const u8, d.alloc.ptr().add(off as usize), len) };
-    0
-}
-
-unsafe extern "C" fn memcpy_from_dm(host: *mut libc::c_void, dm: *mut ibv_dm, off: u64, len: usize) -> c_int {
-    // SAFETY: a DM from alloc_dm.
-    let d = unsafe { &*(dm as *const UDm) };
-    if host.is_null() || !d.alloc.check(off, len) {
-        return libc::EINVAL;
-    }
-    // SAFETY: as in memcpy_to_dm, in the other direction.
-    unsafe { std::ptr::copy(d.alloc.ptr().add(off as usize), host as *mut u8, len) };
-    0
-}
-
-/// `verbs_context.alloc_dm`.
 pub unsafe extern "C" fn alloc_dm(ctx: *mut ibv_context, attr: *mut ibv_alloc_dm_attr) -> *mut ibv_dm {
     if ctx.is_null() || attr.is_null() {
         return null(libc::EINVAL);
@@ -146,7 +29,7 @@ pub unsafe extern "C" fn alloc_dm(ctx: *mut ibv_context, attr: *mut ibv_alloc_dm
     let len = (a.length as u64).div_ceil(DM_ALIGN) * DM_ALIGN;
     let alloc = Arc::new(Allocation::new(len));
     // SAFETY: `ctx` is a context of this library.
-    unsafe { crate::import::publish_dm(ctx, alloc) }
+    unsafe { crate::share::publish_dm(ctx, alloc) }
 }
 
 /// `verbs_context.free_dm`: EBUSY while memory regions use it. Freeing
@@ -157,7 +40,7 @@ pub unsafe extern "C" fn free_dm(dm: *mut ibv_dm) -> c_int {
         return libc::EINVAL;
     }
     // SAFETY: a DM from alloc_dm or ibv_import_dm.
-    if let Some(rc) = unsafe { crate::import::free_dm(dm) } {
+    if let Some(rc) = unsafe { crate::share::free_dm(dm) } {
         return rc;
     }
     // SAFETY: as above.
@@ -184,7 +67,7 @@ pub unsafe extern "C" fn reg_dm_mr(pd: *mut ibv_pd, dm: *mut ibv_dm, off: u64, l
     }
     // SAFETY: a PD from ibv_alloc_pd and a DM from alloc_dm.
     let (p, d) = unsafe { (&*(pd as *const UPd), &*(dm as *const UDm)) };
-    if off.checked_add(len as u64).is_none_or(|e| e > d.alloc.len) {
+    if off.checked_add(len as u64).is_none_or(|e| e > d.alloc.len()) {
         return null(libc::EINVAL);
     }
     let Some(inner) = p.inner.as_ref() else { return null(libc::EINVAL) };
@@ -202,7 +85,7 @@ pub unsafe extern "C" fn reg_dm_mr(pd: *mut ibv_pd, dm: *mut ibv_dm, off: u64, l
                 rkey: mr.rkey(),
             };
             // SAFETY: the PD's context is ours.
-            unsafe { crate::import::publish_mr(UMr { mr: raw, inner: Some(mr), dm: Some(DmRef::new(&d.alloc)) }) }
+            unsafe { crate::share::publish_mr(UMr { mr: raw, inner: Some(mr), dm: Some(DmRef::new(&d.alloc)) }) }
         }
         Err(e) => null(fail(&e)),
     }

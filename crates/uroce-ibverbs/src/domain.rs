@@ -7,7 +7,7 @@
 
 use crate::errno::null;
 use crate::ffi::*;
-use crate::objects::UPd;
+use crate::handles::UPd;
 use std::ffi::c_int;
 
 #[repr(C)]

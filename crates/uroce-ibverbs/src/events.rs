@@ -7,9 +7,9 @@
 //! (the kernel's `events_reported`) so that destroying waits until the
 //! application has acknowledged as many (`events_completed`).
 
-use crate::device::UContext;
 use crate::errno::set_errno;
 use crate::ffi::*;
+use crate::handles::UContext;
 use std::ffi::c_int;
 use uroce::verbs::EventElement as El;
 

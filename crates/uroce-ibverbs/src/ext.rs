@@ -4,13 +4,13 @@
 //! list and interleaved layouts set directly or by UMR through a send queue,
 //! and ODP statistics.
 
-use crate::device::UContext;
 use crate::errno::{fail, null, ret, set_errno};
 use crate::ffi::*;
-use crate::objects::{UMr, UPd, UQp};
+use crate::handles::UContext;
+use crate::handles::{UMkey, UMr, UPd, UQp, UroceMrInterleaved};
 use std::ffi::c_int;
 use uroce::ib::{Access, Sge};
-use uroce::verbs::{Advice, IndirectKey, InterleavedEntry, Layout, OdpStats, SendWr, WrOpcode};
+use uroce::verbs::{Advice, InterleavedEntry, Layout, OdpStats, SendWr, WrOpcode};
 
 /// `enum ibv_advise_mr_advice`.
 const PREFETCH: u32 = 0;
@@ -121,29 +121,10 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
                 rkey: mr.rkey(),
             };
             // SAFETY: the PD's context is ours.
-            unsafe { crate::import::publish_mr(UMr { mr: raw, inner: Some(mr), dm: None }) }
+            unsafe { crate::share::publish_mr(UMr { mr: raw, inner: Some(mr), dm: None }) }
         }
         Err(e) => null(fail(&e)),
     }
-}
-
-/// `struct uroce_mkey` of uroce.h: the C view first, then the key.
-#[repr(C)]
-pub struct UMkey {
-    pub lkey: u32,
-    pub rkey: u32,
-    pub max_entries: u32,
-    key: IndirectKey,
-}
-
-/// `struct uroce_mr_interleaved` (= `struct mlx5dv_mr_interleaved`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct UroceMrInterleaved {
-    pub addr: u64,
-    pub bytes_count: u32,
-    pub bytes_skip: u32,
-    pub lkey: u32,
 }
 
 /// `struct uroce_odp_stats`.

@@ -4,18 +4,11 @@
 
 use crate::errno::{null, ret};
 use crate::ffi::*;
-use crate::objects::{UMr, UPd, UQp};
+use crate::handles::{UContext, UMr, UMw, UPd, UQp};
 use std::ffi::c_int;
 use uroce::ib::{Access, SendFlags};
 use uroce::mem::{BindRequest, MwType};
-use uroce::verbs::{MemoryWindow, SendWr, WrOpcode};
-
-#[repr(C)]
-pub struct UMw {
-    pub mw: ibv_mw,
-    /// None once `ibv_close_device` released what the context owned.
-    pub inner: Option<MemoryWindow>,
-}
+use uroce::verbs::{SendWr, WrOpcode};
 
 pub unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, ty: ibv_mw_type) -> *mut ibv_mw {
     if pd.is_null() {
@@ -33,7 +26,7 @@ pub unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, ty: ibv_mw_type) -> *mut ibv_
             let raw = ibv_mw { context: p.pd.context, pd, rkey: w.rkey(), handle: w.rkey() >> 8, type_: ty };
             let b = Box::into_raw(Box::new(UMw { mw: raw, inner: Some(w) }));
             // SAFETY: the PD's context is ours.
-            unsafe { crate::device::UContext::from_ctx(p.pd.context) }.mws.lock().unwrap().insert(b as usize);
+            unsafe { UContext::from_ctx(p.pd.context) }.mws.lock().unwrap().insert(b as usize);
             b as *mut ibv_mw
         }
         Err(e) => null(crate::errno::fail(&e)),
@@ -47,7 +40,7 @@ pub unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
     // SAFETY: a window from alloc_mw.
     let b = unsafe { Box::from_raw(mw as *mut UMw) };
     // SAFETY: its context outlives it.
-    unsafe { crate::device::UContext::from_ctx(b.mw.context) }.mws.lock().unwrap().remove(&(mw as usize));
+    unsafe { UContext::from_ctx(b.mw.context) }.mws.lock().unwrap().remove(&(mw as usize));
     drop(b);
     0
 }

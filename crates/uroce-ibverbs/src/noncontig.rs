@@ -8,7 +8,7 @@
 
 use crate::errno::ret;
 use crate::ffi::*;
-use crate::objects::UMr;
+use crate::handles::UMr;
 use std::ffi::{c_int, c_uint};
 use uroce::ib::{Access, Sge};
 use uroce::verbs::{InterleavedEntry, Layout};

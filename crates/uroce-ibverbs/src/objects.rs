@@ -2,56 +2,27 @@
 //! completion queues, queue pairs, and asynchronous events. Each C struct is
 //! the first field of a `#[repr(C)]` struct that also holds the uroce handle.
 
-use crate::device::UContext;
 use crate::errno::{fail, null, ret, set_errno};
 use crate::ffi::*;
+use crate::handles::{UAh, UChannel, UContext, UCq, UMr, UPd, UQp, USrq};
+use std::cell::Cell;
 use std::ffi::c_int;
 use uroce::ib::{Access, Gid, Mtu, QpAttrMask, QpState, QpType};
-use uroce::verbs::{
-    AddressVector, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain, QpAttr, QpCap, QpInitAttr,
-    QueuePair,
-};
+use uroce::verbs::{AddressVector, QpAttr, QpCap, QpInitAttr, QueuePair};
 
-#[repr(C)]
-pub struct UPd {
-    pub pd: ibv_pd,
-    pub inner: Option<ProtectionDomain>,
-    /// A parent domain: it stands for its parent PD and frees without EBUSY.
-    pub parent_domain: bool,
+thread_local! {
+    /// The inline-receive choice of the `mlx5dv_create_qp` in progress on
+    /// this thread (None: the device's default), read by `ibv_create_qp`.
+    static SCATTER: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
-#[repr(C)]
-pub struct UMr {
-    pub mr: ibv_mr,
-    pub inner: Option<MemoryRegion>,
-    /// For a device-memory region: keeps the allocation busy.
-    pub dm: Option<crate::dm::DmRef>,
-}
-
-#[repr(C)]
-pub struct UChannel {
-    pub ch: ibv_comp_channel,
-    pub inner: Option<CompletionChannel>,
-}
-
-#[repr(C)]
-pub struct UCq {
-    /// An `ibv_cq_ex`, whose first part is the `ibv_cq` (`ibv_cq_ex_to_cq`
-    /// is a cast); its polling functions are set by `ibv_create_cq_ex`.
-    pub cq: ibv_cq_ex,
-    pub inner: Option<CompletionQueue>,
-    /// The completion `start_poll`/`next_poll` took (`cq_ex.rs`).
-    pub cur: crate::cq_ex::Current,
-}
-
-#[repr(C)]
-pub struct UQp {
-    pub qp: ibv_qp_ex,
-    pub inner: Option<QueuePair>,
-    /// The work requests of the `ibv_wr_*` builders since `wr_start` (`qp_ex.rs`).
-    pub batch: crate::qp_ex::Batch,
-    /// `struct mlx5dv_qp_ex` of this QP, made by `mlx5dv_create_qp` (`mlx5dv/`).
-    pub mlx5: std::sync::OnceLock<Box<crate::mlx5dv::DvQp>>,
+/// Runs `create` (which creates one QP) with the QP's inline-receive choice:
+/// `mlx5dv_create_qp`'s `DISABLE`/`ALLOW_SCATTER_TO_CQE`.
+pub(crate) fn with_scatter_to_cqe<T>(choice: Option<bool>, create: impl FnOnce() -> T) -> T {
+    SCATTER.with(|s| s.set(choice));
+    let made = create();
+    SCATTER.with(|s| s.set(None));
+    made
 }
 
 fn mutex_init(m: *mut pthread_mutex_t) {
@@ -73,7 +44,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     let u = unsafe { UContext::from_ctx(ctx) };
     match u.ctx.alloc_pd() {
         // SAFETY: our context.
-        Ok(pd) => unsafe { crate::import::publish_pd(ctx, pd) },
+        Ok(pd) => unsafe { crate::share::publish_pd(ctx, pd) },
         Err(e) => null(fail(&e)),
     }
 }
@@ -87,7 +58,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     }
     // A PD shared with imported copies (import.rs).
     // SAFETY: a PD from ibv_alloc_pd or ibv_import_pd.
-    if let Some(rc) = unsafe { crate::import::dealloc_pd(pd) } {
+    if let Some(rc) = unsafe { crate::share::dealloc_pd(pd) } {
         return ret(rc);
     }
     // SAFETY: as above.
@@ -134,7 +105,7 @@ unsafe fn reg(pd: *mut ibv_pd, addr: *mut libc::c_void, len: usize, iova: u64, a
                 rkey: mr.rkey(),
             };
             // SAFETY: the PD's context is ours.
-            unsafe { crate::import::publish_mr(UMr { mr: raw, inner: Some(mr), dm: None }) }
+            unsafe { crate::share::publish_mr(UMr { mr: raw, inner: Some(mr), dm: None }) }
         }
         Err(e) => null(fail(&e)),
     }
@@ -184,7 +155,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     }
     // An MR shared with imported copies (import.rs).
     // SAFETY: an MR from ibv_reg_mr or ibv_import_mr.
-    if let Some(rc) = unsafe { crate::import::dereg_mr(mr) } {
+    if let Some(rc) = unsafe { crate::share::dereg_mr(mr) } {
         return ret(rc);
     }
     // SAFETY: as above.
@@ -418,7 +389,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
         return null(libc::EINVAL);
     };
     // SAFETY: an SRQ from ibv_create_srq, or NULL.
-    let srq = unsafe { (a.srq as *const crate::srq::USrq).as_ref() }.and_then(|s| s.inner.as_ref());
+    let srq = unsafe { (a.srq as *const USrq).as_ref() }.and_then(|s| s.inner.as_ref());
     let c = &a.cap;
     let init = QpInitAttr {
         qp_type,
@@ -434,7 +405,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
         },
         sq_sig_all: a.sq_sig_all != 0,
         // mlx5dv_create_qp's DISABLE/ALLOW_SCATTER_TO_CQE, else the device's.
-        scatter_to_cqe: crate::mlx5dv::scatter_to_cqe_override(),
+        scatter_to_cqe: SCATTER.with(|s| s.get()),
     };
     match p.inner.as_ref().unwrap().create_qp(&init) {
         // SAFETY: the caller's PD and attributes.
@@ -639,17 +610,6 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     0
 }
 
-/// An address handle: `ibv_ah` followed by uroce's.
-#[repr(C)]
-pub struct UAh {
-    pub ah: ibv_ah,
-    /// The address (read by every UD post).
-    pub av: AddressVector,
-    /// The handle, which keeps its PD; None once `ibv_close_device`
-    /// released what the context owned.
-    pub inner: Option<uroce::verbs::AddressHandle>,
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     if pd.is_null() || attr.is_null() {
@@ -766,4 +726,50 @@ pub unsafe extern "C" fn ibv_rereg_mr(
 #[no_mangle]
 pub extern "C" fn ibv_query_qp_data_in_order(_qp: *mut ibv_qp, _op: u32, _flags: u32) -> c_int {
     0
+}
+
+/// `verbs_context.create_qp_ex`. verbs.h's inline sends a `comp_mask` of
+/// only `IBV_QP_INIT_ATTR_PD` to `ibv_create_qp` directly.
+pub unsafe extern "C" fn create_qp_ex(ctx: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
+    if ctx.is_null() || attr.is_null() {
+        return null(libc::EINVAL);
+    }
+    // SAFETY: the caller's attributes.
+    let a = unsafe { &mut *attr };
+    if a.comp_mask & !crate::qp_ex::COMP_MASK_SUP != 0
+        || (a.comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
+    {
+        return null(libc::EOPNOTSUPP);
+    }
+    let Some(t) = QpType::from_raw(a.qp_type) else { return null(libc::EOPNOTSUPP) };
+    let with_ops = a.comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
+    if with_ops && a.send_ops_flags & !crate::qp_ex::all_ops(t) != 0 {
+        return null(libc::EOPNOTSUPP);
+    }
+    if t == QpType::XrcRecv {
+        // An XRC target is created in an XRC domain, without PD, CQs or queues.
+        // SAFETY: an XRC domain of open_xrcd, or NULL.
+        let xrcd = unsafe { crate::handles::UXrcd::from_ptr(a.xrcd) };
+        let Some(x) = xrcd.filter(|_| a.comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_XRCD != 0) else {
+            return null(libc::EINVAL);
+        };
+        return match x.create_recv_qp() {
+            // SAFETY: ibv_qp_init_attr is the start of ibv_qp_init_attr_ex.
+            Ok(qp) => unsafe { new_qp(ctx, std::ptr::null_mut(), &mut *(attr as *mut _), qp) },
+            Err(e) => null(fail(&e)),
+        };
+    }
+    if a.comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+        return null(libc::EINVAL);
+    }
+    // ibv_qp_init_attr is the start of ibv_qp_init_attr_ex (verbs.h's inline
+    // makes the same cast).
+    // SAFETY: a PD from ibv_alloc_pd and the caller's attributes.
+    let qp = unsafe { ibv_create_qp(a.pd, attr as *mut ibv_qp_init_attr) };
+    if !qp.is_null() {
+        // SAFETY: a fresh QP of ibv_create_qp, not yet known to the caller.
+        let q = unsafe { &mut *(qp as *mut UQp) };
+        crate::qp_ex::set_ops(&mut q.qp, t, if with_ops { a.send_ops_flags } else { 0 });
+    }
+    qp
 }

@@ -18,30 +18,11 @@
 //! `wr_complete` with its errno, and the requests before it are posted.
 
 use crate::datapath::{gather, send_wr_head, ud_dest};
-use crate::errno::{fail, null};
 use crate::ffi::*;
-use crate::objects::UQp;
-use crate::xrcd::UXrcd;
+use crate::handles::UQp;
 use std::ffi::{c_int, c_void};
-use std::sync::{Mutex, MutexGuard};
 use uroce::ib::{QpType, Sge};
 use uroce::verbs::SendWr;
-
-/// The work requests built since `wr_start`, and the first error.
-#[derive(Default)]
-pub struct Batch(Mutex<Pending>);
-
-#[derive(Default)]
-struct Pending {
-    wrs: Vec<SendWr>,
-    err: c_int,
-}
-
-impl Batch {
-    fn lock(&self) -> MutexGuard<'_, Pending> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
 
 const WITH_RDMA_WRITE: u64 = ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_RDMA_WRITE as u64;
 const WITH_RDMA_WRITE_IMM: u64 = ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM as u64;
@@ -73,7 +54,7 @@ const UD_OPS: u64 = WITH_SEND | WITH_SEND_IMM;
 
 /// `ibv_qp_init_attr_ex.comp_mask` bits `create_qp_ex` accepts (rxe's, and
 /// the XRC domain of an XRC_RECV QP).
-const COMP_MASK_SUP: u32 = ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD
+pub(crate) const COMP_MASK_SUP: u32 = ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD
     | ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_XRCD
     | ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_CREATE_FLAGS
     | ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
@@ -114,52 +95,6 @@ pub fn set_ops(q: &mut ibv_qp_ex, t: QpType, ops: u64) {
     q.wr_start = Some(wr_start);
     q.wr_complete = Some(wr_complete);
     q.wr_abort = Some(wr_abort);
-}
-
-/// `verbs_context.create_qp_ex`. verbs.h's inline sends a `comp_mask` of
-/// only `IBV_QP_INIT_ATTR_PD` to `ibv_create_qp` directly.
-pub unsafe extern "C" fn create_qp_ex(ctx: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
-    if ctx.is_null() || attr.is_null() {
-        return null(libc::EINVAL);
-    }
-    // SAFETY: the caller's attributes.
-    let a = unsafe { &mut *attr };
-    if a.comp_mask & !COMP_MASK_SUP != 0
-        || (a.comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
-    {
-        return null(libc::EOPNOTSUPP);
-    }
-    let Some(t) = QpType::from_raw(a.qp_type) else { return null(libc::EOPNOTSUPP) };
-    let with_ops = a.comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
-    if with_ops && a.send_ops_flags & !all_ops(t) != 0 {
-        return null(libc::EOPNOTSUPP);
-    }
-    if t == QpType::XrcRecv {
-        // An XRC target is created in an XRC domain, without PD, CQs or queues.
-        // SAFETY: an XRC domain of open_xrcd, or NULL.
-        let xrcd = unsafe { UXrcd::from_ptr(a.xrcd) };
-        let Some(x) = xrcd.filter(|_| a.comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_XRCD != 0) else {
-            return null(libc::EINVAL);
-        };
-        return match x.create_recv_qp() {
-            // SAFETY: ibv_qp_init_attr is the start of ibv_qp_init_attr_ex.
-            Ok(qp) => unsafe { crate::objects::new_qp(ctx, std::ptr::null_mut(), &mut *(attr as *mut _), qp) },
-            Err(e) => null(fail(&e)),
-        };
-    }
-    if a.comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
-        return null(libc::EINVAL);
-    }
-    // ibv_qp_init_attr is the start of ibv_qp_init_attr_ex (verbs.h's inline
-    // makes the same cast).
-    // SAFETY: a PD from ibv_alloc_pd and the caller's attributes.
-    let qp = unsafe { crate::objects::ibv_create_qp(a.pd, attr as *mut ibv_qp_init_attr) };
-    if !qp.is_null() {
-        // SAFETY: a fresh QP of ibv_create_qp, not yet known to the caller.
-        let q = unsafe { &mut *(qp as *mut UQp) };
-        set_ops(&mut q.qp, t, if with_ops { a.send_ops_flags } else { 0 });
-    }
-    qp
 }
 
 /// The `UQp` of an `ibv_qp_ex` of this library (NULL: None).

@@ -2,19 +2,13 @@
 //! `create_srq_ex` and `get_srq_num` ops behind verbs.h's inline
 //! `ibv_create_srq_ex` (basic and XRC SRQs) and `ibv_get_srq_num`.
 
-use crate::device::UContext;
 use crate::errno::{fail, null};
 use crate::ffi::*;
-use crate::objects::{UCq, UPd};
-use crate::xrcd::UXrcd;
+use crate::handles::UContext;
+use crate::handles::{UCq, UPd, USrq, UXrcd};
+
 use std::ffi::c_int;
 use uroce::verbs::SharedReceiveQueue;
-
-#[repr(C)]
-pub struct USrq {
-    pub srq: ibv_srq,
-    pub inner: Option<SharedReceiveQueue>,
-}
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {

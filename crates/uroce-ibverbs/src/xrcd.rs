@@ -4,25 +4,10 @@
 //! semantics (uverbs `open_xrcd`). XRC SRQs are in `srq.rs`, XRC queue
 //! pairs in `objects.rs` and `qp_ex.rs`.
 
-use crate::device::UContext;
 use crate::errno::{fail, null};
 use crate::ffi::*;
+use crate::handles::{UContext, UXrcd};
 use std::ffi::c_int;
-use uroce::verbs::Xrcd;
-
-#[repr(C)]
-pub struct UXrcd {
-    pub xrcd: ibv_xrcd,
-    pub inner: Option<Xrcd>,
-}
-
-impl UXrcd {
-    /// The domain handle of an `ibv_xrcd` of this library (NULL: None).
-    pub unsafe fn from_ptr<'a>(xrcd: *mut ibv_xrcd) -> Option<&'a Xrcd> {
-        // SAFETY: every ibv_xrcd we hand out is the first field of a UXrcd.
-        unsafe { (xrcd as *const UXrcd).as_ref() }?.inner.as_ref()
-    }
-}
 
 /// `verbs_context.open_xrcd`. Both IBV_XRCD_INIT_ATTR_FD and _OFLAGS are
 /// required (EINVAL), unknown mask bits are EOPNOTSUPP; fd −1 opens a new

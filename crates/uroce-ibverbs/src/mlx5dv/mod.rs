@@ -17,13 +17,11 @@
 
 mod wr;
 
-pub use wr::DvQp;
-
 use crate::errno::null;
-use crate::ext::{uroce_create_mkey, uroce_destroy_mkey, UMkey};
+use crate::ext::{uroce_create_mkey, uroce_destroy_mkey};
 use crate::ffi::*;
-use crate::objects::UQp;
-use std::cell::Cell;
+use crate::handles::UQp;
+use crate::handles::{DvQp, Mlx5dvQpEx, UMkey};
 use std::ffi::c_int;
 
 /// `enum mlx5dv_qp_init_attr_mask`.
@@ -58,18 +56,6 @@ pub struct Mlx5dvMkeyInitAttr {
     pub pd: *mut ibv_pd,
     pub create_flags: u32,
     pub max_entries: u16,
-}
-
-thread_local! {
-    /// The inline-receive choice of the `mlx5dv_create_qp` in progress on
-    /// this thread, read by `ibv_create_qp`.
-    static SCATTER: Cell<Option<bool>> = const { Cell::new(None) };
-}
-
-/// The per-QP inline-receive choice for the QP being created (None: the
-/// device's default).
-pub(crate) fn scatter_to_cqe_override() -> Option<bool> {
-    SCATTER.with(|s| s.get())
 }
 
 #[no_mangle]
@@ -121,10 +107,8 @@ pub unsafe extern "C" fn uroce_mlx5dv_create_qp(
             }
         }
     }
-    SCATTER.with(|s| s.set(scatter));
     // SAFETY: the caller's context and attributes.
-    let qp = unsafe { crate::qp_ex::create_qp_ex(ctx, attr) };
-    SCATTER.with(|s| s.set(None));
+    let qp = crate::objects::with_scatter_to_cqe(scatter, || unsafe { crate::objects::create_qp_ex(ctx, attr) });
     if !qp.is_null() {
         // SAFETY: a fresh QP of this library (ibv_qp_ex first in UQp).
         let q = unsafe { &*(qp as *const UQp) };
@@ -134,14 +118,14 @@ pub unsafe extern "C" fn uroce_mlx5dv_create_qp(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn uroce_mlx5dv_qp_ex_from_ibv_qp_ex(qp: *mut ibv_qp_ex) -> *mut wr::Mlx5dvQpEx {
+pub unsafe extern "C" fn uroce_mlx5dv_qp_ex_from_ibv_qp_ex(qp: *mut ibv_qp_ex) -> *mut Mlx5dvQpEx {
     if qp.is_null() {
         return null(libc::EINVAL);
     }
     // SAFETY: a QP of this library.
     let q = unsafe { &*(qp as *const UQp) };
     let dv = q.mlx5.get_or_init(|| DvQp::new(qp, 0));
-    &dv.dv as *const wr::Mlx5dvQpEx as *mut wr::Mlx5dvQpEx
+    &dv.dv as *const Mlx5dvQpEx as *mut Mlx5dvQpEx
 }
 
 #[no_mangle]

@@ -12,70 +12,14 @@
 //! entries than the mkey or the WQE holds → ENOMEM.
 
 use super::{WITH_MKEY_CONFIGURE, WITH_MR_INTERLEAVED, WITH_MR_LIST};
-use crate::ext::{UMkey, UroceMrInterleaved};
 use crate::ffi::*;
-use crate::objects::UQp;
+use crate::handles::UQp;
+use crate::handles::{Conf, DvQp, MkeyConfAttr, Mlx5dvQpEx, Mqp, UMkey, UroceMrInterleaved};
 use crate::qp_ex::{latch, push_wr, with_last};
 use std::ffi::{c_int, c_void};
 use std::sync::Mutex;
 use uroce::ib::{Access, SendFlags, Sge};
 use uroce::verbs::{InterleavedEntry, Layout, SendWr, WrOpcode};
-
-type Mqp = *mut Mlx5dvQpEx;
-
-/// `struct mlx5dv_qp_ex` of rdma-core 44. No pointer is NULL: builders of
-/// operations the QP was not created with (`send_ops_flags`) and those
-/// uroce lacks (DC addresses, signature, raw WQEs, memcpy, crypto) latch
-/// EOPNOTSUPP, returned by `ibv_wr_complete` (an mlx5 QP would call NULL).
-#[repr(C)]
-pub struct Mlx5dvQpEx {
-    pub comp_mask: u64,
-    pub wr_set_dc_addr: *const c_void,
-    pub wr_mr_interleaved: Option<unsafe extern "C" fn(Mqp, *mut UMkey, u32, u32, u16, *const UroceMrInterleaved)>,
-    pub wr_mr_list: Option<unsafe extern "C" fn(Mqp, *mut UMkey, u32, u16, *const ibv_sge)>,
-    pub wr_mkey_configure: Option<unsafe extern "C" fn(Mqp, *mut UMkey, u8, *const MkeyConfAttr)>,
-    pub wr_set_mkey_access_flags: Option<unsafe extern "C" fn(Mqp, u32)>,
-    pub wr_set_mkey_layout_list: Option<unsafe extern "C" fn(Mqp, u16, *const ibv_sge)>,
-    pub wr_set_mkey_layout_interleaved: Option<unsafe extern "C" fn(Mqp, u32, u16, *const UroceMrInterleaved)>,
-    pub wr_set_mkey_sig_block: *const c_void,
-    pub wr_raw_wqe: *const c_void,
-    pub wr_set_dc_addr_stream: *const c_void,
-    pub wr_memcpy: *const c_void,
-    pub wr_set_mkey_crypto: *const c_void,
-}
-
-/// `struct mlx5dv_mkey_conf_attr`.
-#[repr(C)]
-pub struct MkeyConfAttr {
-    pub conf_flags: u32,
-    pub comp_mask: u64,
-}
-
-/// An mkey configuration in progress (`wr_mkey_configure` until its last setter).
-struct Conf {
-    key: u32,
-    max_entries: u32,
-    remaining: u8,
-    access_set: bool,
-    layout_set: bool,
-}
-
-/// The `struct mlx5dv_qp_ex` of a QP (first, for the callbacks' cast), its
-/// QP, and the configuration in progress.
-#[repr(C)]
-pub struct DvQp {
-    pub dv: Mlx5dvQpEx,
-    qp: *mut ibv_qp_ex,
-    /// The `MLX5DV_QP_EX_WITH_*` the QP was created with.
-    ops: u64,
-    conf: Mutex<Option<Conf>>,
-}
-
-// SAFETY: `qp` names the QP that owns this struct; the callbacks take the
-// batch's lock before touching the QP's state.
-unsafe impl Send for DvQp {}
-// SAFETY: as above.
-unsafe impl Sync for DvQp {}
 
 impl DvQp {
     pub fn new(qp: *mut ibv_qp_ex, ops: u64) -> Box<DvQp> {

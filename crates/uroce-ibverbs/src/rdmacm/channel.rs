@@ -252,7 +252,7 @@ fn next(c: &UChannel) -> Result<*mut UEvent, c_int> {
         repay(c);
         let Some(p) = c.queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else { continue };
         let ev = p as *mut UEvent;
-        let mut g = super::lock();
+        let mut g = super::state::lock();
         // SAFETY: queued events are ours.
         let (owner, serial) = unsafe { ((*ev).owner, (*ev).serial) };
         match g.ids.get_mut(&owner).filter(|s| s.serial == serial) {
@@ -298,12 +298,12 @@ pub unsafe extern "C" fn uroce_cm_rdma_ack_cm_event(event: *mut rdma_cm_event) -
     }
     // SAFETY: an event from rdma_get_cm_event, acked once.
     let ev = unsafe { Box::from_raw(event as *mut UEvent) };
-    let mut g = super::lock();
+    let mut g = super::state::lock();
     if let Some(s) = g.ids.get_mut(&ev.owner).filter(|s| s.serial == ev.serial) {
         s.unacked = s.unacked.saturating_sub(1);
     }
     drop(g);
-    super::ACKED.notify_all();
+    super::state::ACKED.notify_all();
     0
 }
 

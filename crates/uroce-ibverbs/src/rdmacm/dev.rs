@@ -9,48 +9,15 @@
 //! closing the kernel's rdma_cm file does ([`destroy_all_at_exit`]).
 
 use super::channel::{push, UEvent, MAX_PRIVATE};
-use super::id::{self, IdState, UId};
+use super::ids;
+use super::state::UId;
+use super::state::{Dev, Global};
 use crate::ffi::cma::*;
 use crate::ffi::*;
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
-use uroce::cm::{CmEndpoint, CmEvent, ConnId, EventKind, ListenId, Param};
-
-pub struct Dev {
-    pub ip: IpAddr,
-    /// The `ibv_context` and `ibv_pd` of the device (never closed: ids may
-    /// point to them until the process ends).
-    pub ctx: usize,
-    pub pd: usize,
-    pub ep: Arc<CmEndpoint>,
-    /// The XRC domain of the device's XRC_RECV ids and their SRQs, opened
-    /// on first use and never closed (librdmacm's `ucma_get_xrcd`); 0 until
-    /// then.
-    pub xrcd: usize,
-}
-
-pub struct Global {
-    pub devs: Vec<Dev>,
-    /// Live ids by their `UId` address.
-    pub ids: HashMap<usize, IdState>,
-    pub by_conn: HashMap<(usize, ConnId), usize>,
-    pub by_listen: HashMap<(usize, ListenId), usize>,
-    pub next_serial: u64,
-}
-
-impl Global {
-    pub fn new() -> Global {
-        Global {
-            devs: Vec::new(),
-            ids: HashMap::new(),
-            by_conn: HashMap::new(),
-            by_listen: HashMap::new(),
-            next_serial: 1,
-        }
-    }
-}
+use uroce::cm::{CmEndpoint, CmEvent, EventKind, Param};
 
 fn open_device(dev: *mut ibv_device) -> Result<Dev, i32> {
     // SAFETY: a device of our list.
@@ -59,7 +26,7 @@ fn open_device(dev: *mut ibv_device) -> Result<Dev, i32> {
         return Err(crate::errno::last());
     }
     // SAFETY: our context.
-    let u = unsafe { crate::device::UContext::from_ctx(ctx) };
+    let u = unsafe { crate::handles::UContext::from_ctx(ctx) };
     let ip = u.ctx.local_addr().ip();
     let ep = match CmEndpoint::open(&u.ctx) {
         Ok(ep) => Arc::new(ep),
@@ -116,7 +83,7 @@ pub fn device_for(g: &mut Global, ip: Option<IpAddr>) -> Result<usize, i32> {
         // SAFETY: i < n.
         let d = unsafe { *list.add(i) };
         // SAFETY: devices of our list are UDevices.
-        let cfg = unsafe { &(*(d as *const crate::device::UDevice)).cfg };
+        let cfg = unsafe { &(*(d as *const crate::handles::UDevice)).cfg };
         let open_it = match (want, cfg.addr) {
             (None, _) => i == 0,
             (Some(w), Some(a)) => a == w,
@@ -167,7 +134,7 @@ extern "C" fn destroy_all_at_exit() {
     }
     let mut eps: Vec<Arc<CmEndpoint>> = Vec::new();
     for _ in 0..100 {
-        match super::STATE.try_lock_unpoisoned() {
+        match super::state::STATE.try_lock_unpoisoned() {
             Some(g) => eps = g.devs.iter().map(|d| d.ep.clone()).collect(),
             None => {
                 std::thread::sleep(Duration::from_millis(2));
@@ -193,28 +160,6 @@ fn dispatch(dev: usize, ep: Arc<CmEndpoint>) {
             route(dev, &ep, e);
         }
     }
-}
-
-pub fn sockaddr_of(a: SocketAddr) -> libc::sockaddr_storage {
-    // SAFETY: all-zero is a valid sockaddr_storage.
-    let mut s: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    match a {
-        SocketAddr::V4(v) => {
-            // SAFETY: sockaddr_in fits in sockaddr_storage.
-            let sin = unsafe { &mut *(&mut s as *mut _ as *mut libc::sockaddr_in) };
-            sin.sin_family = libc::AF_INET as u16;
-            sin.sin_port = v.port().to_be();
-            sin.sin_addr.s_addr = u32::from(*v.ip()).to_be();
-        }
-        SocketAddr::V6(v) => {
-            // SAFETY: sockaddr_in6 fits in sockaddr_storage.
-            let sin = unsafe { &mut *(&mut s as *mut _ as *mut libc::sockaddr_in6) };
-            sin.sin6_family = libc::AF_INET6 as u16;
-            sin.sin6_port = v.port().to_be();
-            sin.sin6_addr.s6_addr = v.ip().octets();
-        }
-    }
-    s
 }
 
 /// Fills an event's parameters from the agent's.
@@ -262,7 +207,7 @@ pub fn fill(ev: &mut UEvent, e: &CmEvent, remote: Option<SocketAddr>) {
 }
 
 fn route(dev: usize, ep: &CmEndpoint, mut e: CmEvent) {
-    let mut g = super::lock();
+    let mut g = super::state::lock();
     let mut ev = UEvent::new();
     if e.kind == EventKind::ConnectRequest {
         let Some(&l) = e.listen_id.and_then(|l| g.by_listen.get(&(dev, l))) else {
@@ -272,7 +217,7 @@ fn route(dev: usize, ep: &CmEndpoint, mut e: CmEvent) {
         let info = ep.with_cm(|cm, _| cm.conn_info(e.id).cloned());
         let Some(info) = info else { return };
         // SAFETY: a live listener id (in by_listen).
-        let child = unsafe { id::new_child(&mut g, l as *mut UId, dev, e.id, &info) };
+        let child = unsafe { ids::new_child(&mut g, l as *mut UId, dev, e.id, &info) };
         let remote = Some(info.remote);
         fill(&mut ev, &e, remote);
         ev.ev.id = child as *mut rdma_cm_id;
@@ -296,7 +241,7 @@ fn route(dev: usize, ep: &CmEndpoint, mut e: CmEvent) {
     match e.kind {
         EventKind::ConnectResponse if !qp.is_null() => {
             // SAFETY: the id's QP, one of ours.
-            let moved = info.as_ref().map_or(Err(libc::ECONNABORTED), |i| unsafe { id::connect_qp(ep, qp, i) });
+            let moved = info.as_ref().map_or(Err(libc::ECONNABORTED), |i| unsafe { ids::connect_qp(ep, qp, i) });
             if moved.is_ok() && ep.with_cm(|cm, now| cm.establish(now, e.id)).is_ok() {
                 e.kind = EventKind::Established;
             } else {
@@ -310,7 +255,7 @@ fn route(dev: usize, ep: &CmEndpoint, mut e: CmEvent) {
         EventKind::Rejected | EventKind::Disconnected if g.ids.get(&idp).is_some_and(|s| s.conn_error) => return,
         EventKind::Rejected if !qp.is_null() => {
             // SAFETY: the id's QP.
-            unsafe { id::qp_to_err(qp) };
+            unsafe { ids::qp_to_err(qp) };
         }
         _ => {}
     }

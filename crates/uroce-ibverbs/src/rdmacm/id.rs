@@ -6,54 +6,17 @@
 //! event wait for it, as librdmacm's synchronous mode does.
 
 use super::channel::{self, UEvent};
-use super::dev::{self, Global};
+use super::dev;
+use super::ids::*;
+use super::sockaddr::read_sockaddr;
+use super::state::{EpAttr, Global, UId};
 use crate::errno::set_errno;
 use crate::ffi::cma::*;
 use crate::ffi::*;
 use std::ffi::{c_int, c_void};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use uroce::cm::{
-    AcceptParams, CmEndpoint, ConnId, ConnInfo, ConnectParams, ListenParams, PortSpace, SidrParams, RDMA_UDP_QKEY,
-};
+use std::net::{Ipv4Addr, SocketAddr};
+use uroce::cm::{AcceptParams, CmEndpoint, ConnectParams, ListenParams, PortSpace, SidrParams, RDMA_UDP_QKEY};
 use uroce::ib::{QpAttrMask, QpState};
-
-/// `rdma_create_ep`'s QP attributes, kept for `rdma_get_request`.
-#[derive(Clone, Copy)]
-pub struct EpAttr(pub ibv_qp_init_attr);
-// SAFETY: plain values and the application's object pointers, only used
-// under the state lock and given back to the verbs calls.
-unsafe impl Send for EpAttr {}
-
-#[repr(C)]
-pub struct UId {
-    pub id: rdma_cm_id,
-    /// The one path record `route.path_rec` points to.
-    pub path: ibv_sa_path_rec,
-}
-
-/// What the library knows of an id besides its public part.
-#[derive(Default)]
-pub struct IdState {
-    pub serial: u64,
-    /// Events read by the application and not yet acked.
-    pub unacked: u32,
-    pub dev: Option<usize>,
-    pub conn: Option<ConnId>,
-    pub listen: Option<uroce::cm::ListenId>,
-    /// A private channel: calls wait for their event.
-    pub sync: bool,
-    /// The library reported CONNECT_ERROR: later REJECTED/DISCONNECTED dropped.
-    pub conn_error: bool,
-    /// CQs and channels `rdma_create_qp` made (destroyed with the QP).
-    pub own_cqs: bool,
-    /// `rdma_create_ep`'s QP attributes, for the ids `rdma_get_request` returns.
-    pub ep_attr: Option<EpAttr>,
-    pub reuse: bool,
-    pub tos: u8,
-    /// RDMA_OPTION_ID_ACK_TIMEOUT: the QP's local ACK timeout at RTS
-    /// instead of the path's (`rdma_set_ack_timeout`).
-    pub ack_timeout: Option<u8>,
-}
 
 fn fail(e: c_int) -> c_int {
     set_errno(e);
@@ -67,158 +30,6 @@ fn ps_of(ps: u32) -> Option<PortSpace> {
         0x0111 => Some(PortSpace::Udp),
         0x013F => Some(PortSpace::Ib),
         _ => None,
-    }
-}
-
-/// A caller's sockaddr (AF_INET / AF_INET6).
-pub unsafe fn read_sockaddr(sa: *const libc::sockaddr) -> Option<SocketAddr> {
-    if sa.is_null() {
-        return None;
-    }
-    // SAFETY: the caller's sockaddr of the family it says.
-    unsafe {
-        match (*sa).sa_family as c_int {
-            libc::AF_INET => {
-                let s = &*(sa as *const libc::sockaddr_in);
-                Some(SocketAddr::new(
-                    IpAddr::V4(Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr))),
-                    u16::from_be(s.sin_port),
-                ))
-            }
-            libc::AF_INET6 => {
-                let s = &*(sa as *const libc::sockaddr_in6);
-                let ip = Ipv6Addr::from(s.sin6_addr.s6_addr);
-                Some(SocketAddr::new(ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4), u16::from_be(s.sin6_port)))
-            }
-            _ => None,
-        }
-    }
-}
-
-fn addrs(u: *mut UId) -> *mut libc::sockaddr_storage {
-    // SAFETY: route.addr starts with src (128 bytes) then dst (128 bytes).
-    unsafe { std::ptr::addr_of_mut!((*u).id.route.addr) as *mut libc::sockaddr_storage }
-}
-
-unsafe fn set_src(u: *mut UId, a: SocketAddr) {
-    // SAFETY: the id's src_addr storage; its ibaddr after both addresses.
-    unsafe {
-        *addrs(u) = dev::sockaddr_of(a);
-        let ib = (addrs(u) as *mut u8).add(256);
-        std::ptr::copy_nonoverlapping(uroce::ib::Gid::from_ip(a.ip()).0.as_ptr(), ib, 16);
-        *(ib.add(32) as *mut u16) = 0xFFFFu16.to_be();
-        (*u).path.sgid.raw = uroce::ib::Gid::from_ip(a.ip()).0;
-        (*u).path.pkey = 0xFFFFu16.to_be();
-    }
-}
-
-unsafe fn set_dst(u: *mut UId, a: SocketAddr) {
-    // SAFETY: as set_src.
-    unsafe {
-        *addrs(u).add(1) = dev::sockaddr_of(a);
-        let ib = (addrs(u) as *mut u8).add(256 + 16);
-        std::ptr::copy_nonoverlapping(uroce::ib::Gid::from_ip(a.ip()).0.as_ptr(), ib, 16);
-        (*u).path.dgid.raw = uroce::ib::Gid::from_ip(a.ip()).0;
-    }
-}
-
-pub unsafe fn src_of(u: *mut UId) -> Option<SocketAddr> {
-    // SAFETY: the id's storage.
-    unsafe { read_sockaddr(addrs(u) as *const libc::sockaddr) }
-}
-
-pub unsafe fn dst_of(u: *mut UId) -> Option<SocketAddr> {
-    // SAFETY: the id's storage.
-    unsafe { read_sockaddr(addrs(u).add(1) as *const libc::sockaddr) }
-}
-
-unsafe fn alloc_id(g: &mut Global, ch: *mut rdma_event_channel, ctx: *mut c_void, ps: u32, qpt: u32) -> *mut UId {
-    let sync = ch.is_null();
-    let ch = if sync { channel::create() as *mut rdma_event_channel } else { ch };
-    if ch.is_null() {
-        return std::ptr::null_mut();
-    }
-    // SAFETY: plain old data; all-zero is valid.
-    let mut u: Box<UId> = Box::new(unsafe { std::mem::zeroed() });
-    u.id.channel = ch;
-    u.id.context = ctx;
-    u.id.ps = ps;
-    u.id.qp_type = qpt;
-    let u = Box::into_raw(u);
-    let serial = g.next_serial;
-    g.next_serial += 1;
-    g.ids.insert(u as usize, IdState { serial, sync, ..Default::default() });
-    u
-}
-
-unsafe fn attach_dev(g: &Global, u: *mut UId, dev: usize) {
-    let d = &g.devs[dev];
-    // SAFETY: a live id.
-    unsafe {
-        (*u).id.verbs = d.ctx as *mut ibv_context;
-        (*u).id.pd = d.pd as *mut ibv_pd;
-        (*u).id.port_num = 1;
-    }
-}
-
-/// The id of a CONNECT_REQUEST: the listener's channel (a private one for
-/// a synchronous listener), context, port space and QP type.
-pub unsafe fn new_child(g: &mut Global, l: *mut UId, dev: usize, conn: ConnId, info: &ConnInfo) -> *mut UId {
-    let lsync = g.ids.get(&(l as usize)).is_some_and(|s| s.sync);
-    // SAFETY: the live listener.
-    let (ch, ctx, ps, qpt) = unsafe { ((*l).id.channel, (*l).id.context, (*l).id.ps, (*l).id.qp_type) };
-    // SAFETY: as alloc_id's contract.
-    let u = unsafe { alloc_id(g, if lsync { std::ptr::null_mut() } else { ch }, ctx, ps, qpt) };
-    if u.is_null() {
-        return u;
-    }
-    // SAFETY: the new id.
-    unsafe {
-        attach_dev(g, u, dev);
-        set_src(u, info.local);
-        set_dst(u, info.remote);
-        (*u).id.route.path_rec = &mut (*u).path;
-        (*u).id.route.num_paths = 1;
-    }
-    let s = g.ids.get_mut(&(u as usize)).expect("just inserted");
-    s.dev = Some(dev);
-    s.conn = Some(conn);
-    g.by_conn.insert((dev, conn), u as usize);
-    u
-}
-
-unsafe fn core_qp<'a>(qp: *mut ibv_qp) -> Option<&'a uroce::verbs::QueuePair> {
-    // SAFETY: every QP of this library is the first field of a UQp.
-    unsafe { (*(qp as *const crate::objects::UQp)).inner.as_ref() }
-}
-
-/// INIT → RTR → RTS with the connection's values (librdmacm's
-/// `ucma_modify_qp_rtr/rts`).
-pub unsafe fn connect_qp(ep: &CmEndpoint, qp: *mut ibv_qp, info: &ConnInfo) -> Result<(), c_int> {
-    // SAFETY: the id's QP.
-    let q = unsafe { core_qp(qp) }.ok_or(libc::EINVAL)?;
-    let r = ep.connect_qp(q, info).map_err(|e| e.errno.0);
-    // SAFETY: as above.
-    unsafe { sync_state(qp) };
-    r
-}
-
-/// `qp->state` as `ibv_modify_qp` leaves it (applications read it).
-unsafe fn sync_state(qp: *mut ibv_qp) {
-    // SAFETY: one of our QPs.
-    if let Some(q) = unsafe { core_qp(qp) } {
-        // SAFETY: as above.
-        unsafe { (*qp).state = q.state().to_raw() as _ };
-    }
-}
-
-pub unsafe fn qp_to_err(qp: *mut ibv_qp) {
-    // SAFETY: the id's QP.
-    if let Some(q) = unsafe { core_qp(qp) } {
-        let a = uroce::verbs::QpAttr { qp_state: QpState::Err, ..Default::default() };
-        let _ = q.modify(&a, QpAttrMask::STATE);
-        // SAFETY: as above.
-        unsafe { sync_state(qp) };
     }
 }
 
@@ -249,7 +60,7 @@ unsafe fn ack_pending(u: *mut UId) {
 /// For a synchronous id: waits for the event the call caused, keeps it in
 /// `id->event` and maps a failure as `ucma_complete` does.
 unsafe fn complete(u: *mut UId, want: u32) -> c_int {
-    if !super::lock().ids.get(&(u as usize)).is_some_and(|s| s.sync) {
+    if !super::state::lock().ids.get(&(u as usize)).is_some_and(|s| s.sync) {
         return 0;
     }
     // SAFETY: a live synchronous id.
@@ -278,7 +89,7 @@ unsafe fn complete(u: *mut UId, want: u32) -> c_int {
 }
 
 fn with_id<R>(id: *mut rdma_cm_id, f: impl FnOnce(&mut Global, *mut UId) -> Result<R, c_int>) -> Result<R, c_int> {
-    let mut g = super::lock();
+    let mut g = super::state::lock();
     if id.is_null() || !g.ids.contains_key(&(id as usize)) {
         return Err(libc::EINVAL);
     }
@@ -318,7 +129,7 @@ unsafe fn create_id_ex(
     if id.is_null() {
         return fail(libc::EINVAL);
     }
-    let mut g = super::lock();
+    let mut g = super::state::lock();
     // SAFETY: the caller's channel or NULL.
     let u = unsafe { alloc_id(&mut g, ch, context, ps, qpt) };
     if u.is_null() {
@@ -333,7 +144,7 @@ unsafe fn create_id_ex(
 pub unsafe extern "C" fn uroce_cm_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     let u = id as *mut UId;
     let sync = {
-        let mut g = super::lock();
+        let mut g = super::state::lock();
         let Some(s) = g.ids.get(&(u as usize)) else { return fail(libc::EINVAL) };
         let (dev, conn, listen, sync) = (s.dev, s.conn, s.listen, s.sync);
         if let Some(d) = dev {
@@ -354,9 +165,9 @@ pub unsafe extern "C" fn uroce_cm_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int 
         unsafe { ack_pending(u) };
     }
     // The kernel's rule: wait until every event reported for the id is acked.
-    let mut g = super::lock();
+    let mut g = super::state::lock();
     while g.ids.get(&(u as usize)).is_some_and(|s| s.unacked > 0) {
-        g = g.wait(&super::ACKED);
+        g = g.wait(&super::state::ACKED);
     }
     g.ids.remove(&(u as usize));
     drop(g);
@@ -869,7 +680,7 @@ pub unsafe extern "C" fn uroce_cm_rdma_create_qp(
                 ex.comp_mask = ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD | ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_XRCD;
                 ex.pd = pd;
                 ex.xrcd = dev::xrcd(g, d)?;
-                crate::qp_ex::create_qp_ex((*u).id.verbs, &mut ex)
+                crate::objects::create_qp_ex((*u).id.verbs, &mut ex)
             } else {
                 crate::objects::ibv_create_qp(pd, a)
             };
@@ -974,7 +785,7 @@ unsafe fn destroy_own_cqs(g: &mut Global, u: *mut UId) {
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rdma_migrate_id(id: *mut rdma_cm_id, ch: *mut rdma_event_channel) -> c_int {
     let sync = {
-        let g = super::lock();
+        let g = super::state::lock();
         match g.ids.get(&(id as usize)) {
             Some(s) => s.sync,
             None => return fail(libc::EINVAL),
@@ -990,9 +801,9 @@ pub unsafe extern "C" fn uroce_cm_rdma_migrate_id(id: *mut rdma_cm_id, ch: *mut 
         // SAFETY: a live id; its held event is ours.
         unsafe { ack_pending(id as *mut UId) };
     }
-    let mut g = super::lock();
+    let mut g = super::state::lock();
     while g.ids.get(&(id as usize)).is_some_and(|s| s.unacked > 0) {
-        g = g.wait(&super::ACKED);
+        g = g.wait(&super::state::ACKED);
     }
     let Some(s) = g.ids.get_mut(&(id as usize)) else { return fail(libc::EINVAL) };
     let new = if ch.is_null() { channel::create() as *mut rdma_event_channel } else { ch };
@@ -1083,7 +894,7 @@ pub unsafe extern "C" fn uroce_cm_rdma_get_request(listen: *mut rdma_cm_id, id: 
         return fail(libc::EINVAL);
     }
     let ch = {
-        let g = super::lock();
+        let g = super::state::lock();
         match g.ids.get(&(listen as usize)) {
             Some(s) if s.sync && s.listen.is_some() => {}
             _ => return fail(libc::EINVAL),
@@ -1105,7 +916,7 @@ pub unsafe extern "C" fn uroce_cm_rdma_get_request(listen: *mut rdma_cm_id, id: 
         }
         let child = (*ev).ev.id;
         (*child).event = ev as *mut rdma_cm_event;
-        let attr = super::lock().ids.get(&(listen as usize)).and_then(|s| s.ep_attr.map(|a| a.0));
+        let attr = super::state::lock().ids.get(&(listen as usize)).and_then(|s| s.ep_attr.map(|a| a.0));
         if let Some(mut a) = attr {
             if uroce_cm_rdma_create_qp(child, std::ptr::null_mut(), &mut a) != 0 {
                 let e = crate::errno::last();
@@ -1157,7 +968,7 @@ pub unsafe extern "C" fn uroce_cm_rdma_create_ep(
             }
             if !qp_init_attr.is_null() {
                 let a = EpAttr(*qp_init_attr);
-                super::lock().ids.get_mut(&(cm as usize)).expect("live").ep_attr = Some(a);
+                super::state::lock().ids.get_mut(&(cm as usize)).expect("live").ep_attr = Some(a);
             }
         } else {
             if uroce_cm_rdma_resolve_addr(

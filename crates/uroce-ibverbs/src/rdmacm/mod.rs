@@ -15,20 +15,8 @@ mod addrinfo;
 mod channel;
 mod dev;
 mod id;
+mod ids;
 mod other;
 mod rsocket;
-
-use std::sync::{Condvar, LazyLock, Mutex, MutexGuard};
-use uroce::lock_order::{Held, Ordered, Rank};
-
-/// All CM state of the process: one lock (then an agent's lock inside it;
-/// a channel's queue lock is taken last), first in the lock order
-/// (`uroce::lock_order`, checked in debug builds).
-pub(crate) static STATE: LazyLock<Ordered<Mutex<dev::Global>>> =
-    LazyLock::new(|| Ordered::new(Rank::RdmacmState, Mutex::new(dev::Global::new())));
-/// Signalled when an event is acked (destroy and migrate wait for it).
-pub(crate) static ACKED: Condvar = Condvar::new();
-
-pub(crate) fn lock() -> Held<MutexGuard<'static, dev::Global>> {
-    STATE.lock_unpoisoned()
-}
+mod sockaddr;
+mod state;

@@ -26,7 +26,7 @@ failing!(libc::EOPNOTSUPP =>
 #[no_mangle]
 pub unsafe extern "C" fn uroce_cm_rdma_get_devices(num: *mut c_int) -> *mut *mut ibv_context {
     let ctxs: Vec<usize> = {
-        let mut g = super::lock();
+        let mut g = super::state::lock();
         let _ = super::dev::device_for(&mut g, None);
         g.devs.iter().map(|d| d.ctx).collect()
     };

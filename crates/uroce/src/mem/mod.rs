@@ -17,6 +17,7 @@
 //! The transport does not call this module directly: it sees memory through
 //! `proto::MemoryAccess`, which `Memory` implements (`proto/memory.rs`).
 
+mod error;
 mod indirect;
 mod keys;
 mod maps;
@@ -32,6 +33,7 @@ pub(crate) mod safe;
 mod span;
 mod stacks;
 
+pub use error::AccessError;
 pub use indirect::{IndirectKey, InterleavedEntry, Layout, LayoutKind, MAX_DEPTH};
 pub use keys::{os_random_u64, KeyRng, KeyTable};
 pub use mr::{Backing, MemoryRegion};
@@ -42,22 +44,6 @@ pub use span::{HostBytes, Span};
 
 use crate::ib::{Access, Errno, Error, Result, Sge};
 use std::sync::{Arc, Mutex, RwLock};
-
-/// Why an access through a key failed; the transport turns it into a
-/// completion status or a NAK.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum AccessError {
-    #[error("no such key, or stale key variant")]
-    BadKey,
-    #[error("key belongs to another protection domain")]
-    WrongPd,
-    #[error("access rights do not allow the operation")]
-    Permission,
-    #[error("range outside the region")]
-    Range,
-    #[error("memory went away: unmapped on-demand page or invalidated peer memory")]
-    Fault,
-}
 
 /// What an access wants to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -42,7 +42,7 @@
 
 use super::notifier;
 use super::rangeset::RangeSet;
-use super::AccessError;
+use super::error::AccessError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 

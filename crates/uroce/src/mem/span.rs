@@ -17,7 +17,7 @@
 //! `ibv_dereg_mr` returns.
 
 use super::mr::{Backing, MemoryRegion};
-use super::AccessError;
+use super::error::AccessError;
 use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -6,7 +6,12 @@
 
 use super::cq::CompletionQueue;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use rustc_hash::FxHashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+/// XRC SRQs by SRQ number. Weak: an SRQ lives as long as its owner's
+/// handle, and a request naming a destroyed one finds none.
+pub type XrcSrqs = FxHashMap<u32, Weak<SharedRecvQueue>>;
 
 /// A posted receive.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,26 +6,9 @@
 
 use super::ctrl::Res;
 use super::report::Row;
-use super::{Metric, Opts};
+use super::spec::{LinkArg, Metric, Opts};
 use std::time::{Duration, Instant};
 use uroce::verbs::Context;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum LinkArg {
-    Udp,
-    Shm,
-    Auto,
-}
-
-impl LinkArg {
-    fn name(self) -> &'static str {
-        match self {
-            LinkArg::Udp => "udp",
-            LinkArg::Shm => "shm",
-            LinkArg::Auto => "auto",
-        }
-    }
-}
 
 /// Sets `UROCE_LINK` for this process (and the server it spawns) from the
 /// first `--link`, before any device opens.
@@ -35,16 +18,16 @@ pub fn set_env(opts: &Opts) {
     }
 }
 
-/// Runs the points with each `--link` in turn, then the memcpy baseline,
+/// Runs the points (`run`) with each `--link` in turn, then the memcpy baseline,
 /// and prints the comparison.
-pub fn compare(opts: &Opts) -> Res<()> {
+pub fn compare(opts: &Opts, run: impl Fn(&Opts) -> Res<Vec<Row>>) -> Res<()> {
     let mut runs: Vec<(LinkArg, Vec<Row>)> = Vec::new();
     for &l in &opts.link {
         println!("\n=== link {} ({}) ===", l.name(), if opts.in_process { "one process" } else { "two processes" });
         // Before the server starts (a child inherits it; one in this
         // process reads it when its device opens).
         std::env::set_var("UROCE_LINK", l.name());
-        runs.push((l, super::local(opts)?));
+        runs.push((l, run(opts)?));
     }
     let mut sizes: Vec<usize> =
         runs.iter().flat_map(|(_, r)| r.iter().filter(|r| r.metric == "bw").map(|r| r.size)).collect();

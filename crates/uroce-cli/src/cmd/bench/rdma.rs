@@ -4,7 +4,7 @@
 //! polling or through a completion channel.
 
 use super::ctrl::{Ctrl, Res, Watch};
-use super::{Metric, Op, Spec, Transport, Wait};
+use super::spec::{Metric, Op, Spec, Transport, Wait};
 use serde_json::{json, Value};
 use std::alloc::Layout;
 use std::ptr::NonNull;

@@ -1,7 +1,7 @@
 //! Results: the table, CSV, JSON and the machine description.
 
+use super::spec::{percentile, Measured, Metric, Opts, Spec, Wait};
 use super::udp::{PingPong, Stream};
-use super::{percentile, Measured, Metric, Opts, Spec, Wait};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::net::SocketAddr;

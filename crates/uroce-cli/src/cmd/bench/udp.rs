@@ -190,10 +190,10 @@ pub struct PingPong {
 
 impl PingPong {
     pub fn half_median_us(&self) -> f64 {
-        super::percentile(&self.rtt_us, 50.0) / 2.0
+        super::spec::percentile(&self.rtt_us, 50.0) / 2.0
     }
     pub fn to_json(&self) -> Value {
-        let p = |q| super::percentile(&self.rtt_us, q);
+        let p = |q| super::spec::percentile(&self.rtt_us, q);
         json!({
             "bytes": PING_BYTES,
             "iters": self.iters,

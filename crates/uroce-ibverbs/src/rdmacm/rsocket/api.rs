@@ -660,7 +660,7 @@ pub unsafe extern "C" fn uroce_cm_rrecvfrom(
         return match dapi::recv(&d, buf as *mut u8, len, flags) {
             Ok((n, from)) => {
                 if !src.is_null() && !slen.is_null() {
-                    let ss = crate::rdmacm::dev::sockaddr_of(from);
+                    let ss = crate::rdmacm::sockaddr::sockaddr_of(from);
                     // SAFETY: the caller's buffers.
                     let _ = unsafe { copy_addr(&ss as *const _ as *const libc::sockaddr, src, slen) };
                 }

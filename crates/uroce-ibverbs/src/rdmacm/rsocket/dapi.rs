@@ -5,7 +5,7 @@
 
 use super::dgram::{self, Dgram};
 use super::{dlookup, DSock};
-use crate::rdmacm::id;
+use crate::rdmacm::sockaddr::read_sockaddr;
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -56,7 +56,7 @@ fn wait(sock: &DSock, nonblock: bool, test: fn(&Dgram) -> bool) -> Result<(), c_
 
 pub unsafe fn addr_of(a: *const libc::sockaddr) -> Result<SocketAddr, c_int> {
     // SAFETY: checked by the caller (sockaddr_ok).
-    unsafe { id::read_sockaddr(a) }.ok_or(libc::EAFNOSUPPORT)
+    unsafe { read_sockaddr(a) }.ok_or(libc::EAFNOSUPPORT)
 }
 
 pub fn bind(sock: &DSock, addr: *const libc::sockaddr, len: libc::socklen_t) -> Result<c_int, c_int> {

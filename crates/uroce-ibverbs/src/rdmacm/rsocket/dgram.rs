@@ -14,6 +14,7 @@ use super::wire;
 use crate::ffi::cma::*;
 use crate::ffi::*;
 use crate::rdmacm::id;
+use crate::rdmacm::sockaddr::read_sockaddr;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_void};
 use std::net::{IpAddr, SocketAddr};
@@ -135,7 +136,7 @@ fn errno() -> c_int {
 }
 
 fn sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    let ss = crate::rdmacm::dev::sockaddr_of(*a);
+    let ss = crate::rdmacm::sockaddr::sockaddr_of(*a);
     let len =
         if a.is_ipv4() { std::mem::size_of::<libc::sockaddr_in>() } else { std::mem::size_of::<libc::sockaddr_in6>() };
     (ss, len as libc::socklen_t)
@@ -229,7 +230,7 @@ impl Dgram {
             }
         };
         // SAFETY: a sockaddr the kernel filled.
-        (r == 0).then(|| unsafe { id::read_sockaddr(p) }).flatten()
+        (r == 0).then(|| unsafe { read_sockaddr(p) }).flatten()
     }
 
     /// `ds_get_src_addr`: the local address datagrams to `dst` leave from.
@@ -259,7 +260,7 @@ impl Dgram {
             // SAFETY: as above.
             if unsafe { libc::getsockname(s, &mut ls as *mut _ as *mut libc::sockaddr, &mut ll) } == 0 {
                 // SAFETY: filled by the kernel.
-                if let Some(a) = unsafe { id::read_sockaddr(&ls as *const _ as *const libc::sockaddr) } {
+                if let Some(a) = unsafe { read_sockaddr(&ls as *const _ as *const libc::sockaddr) } {
                     out = Ok(SocketAddr::new(a.ip(), mine.port()));
                 }
             }
@@ -384,7 +385,7 @@ impl Dgram {
             return Ok(());
         }
         let src = self.src_for(dst)?;
-        let mut g = crate::rdmacm::lock();
+        let mut g = crate::rdmacm::state::lock();
         if crate::rdmacm::dev::device_for(&mut g, Some(src.ip())).is_ok() {
             return Ok(());
         }
@@ -509,7 +510,9 @@ impl Dgram {
             self.progress += 1;
             let b = &buf[..n as usize];
             // SAFETY: filled by the kernel.
-            let Some(src) = (unsafe { id::read_sockaddr(&ss as *const _ as *const libc::sockaddr) }) else { continue };
+            let Some(src) = (unsafe { read_sockaddr(&ss as *const _ as *const libc::sockaddr) }) else {
+                continue;
+            };
             let hl = if src.is_ipv4() { UDP_HDR_V4 } else { UDP_HDR_V6 };
             let ver = if src.is_ipv4() { 4 } else { 6 };
             if b.len() < hl

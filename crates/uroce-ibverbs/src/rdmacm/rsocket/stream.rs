@@ -10,6 +10,7 @@
 use super::wire::{self, ConnData, RsSge};
 use crate::ffi::cma::*;
 use crate::ffi::*;
+use crate::rdmacm::ids::qp_to_err;
 use crate::rdmacm::{channel, id};
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
@@ -978,7 +979,7 @@ impl Stream {
     pub fn qp_to_err(&mut self) {
         if !self.qp().is_null() {
             // SAFETY: our QP.
-            unsafe { id::qp_to_err(self.qp()) };
+            unsafe { qp_to_err(self.qp()) };
         }
     }
 }

@@ -15,7 +15,7 @@
 //! (`SafeDir`); folding is done only in a runtime directory this user
 //! owns.
 
-use super::{PeerStats, COUNTERS};
+use super::stats::{PeerStats, COUNTERS};
 use crate::runtime::SafeDir;
 use std::collections::BTreeMap;
 
