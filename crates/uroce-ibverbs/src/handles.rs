@@ -1,8 +1,8 @@
 //! What each C object of this library is in memory, and nothing more: the
 //! `#[repr(C)]` structs whose first field is the C object an application
 //! holds (`ibv_context`, `ibv_pd`, `ibv_qp_ex`, …), and the state they
-//! embed. A C pointer converts back with a cast. Like rxe's `rxe.h`, this
-//! file sits below every file that works with the objects; their functions
+//! embed. A C pointer converts back with a cast. Like the kernel rxe's
+//! `rxe_verbs.h`, this file sits below every file that works with the objects; their functions
 //! (and the methods of these types) live with the verbs that use them.
 //! Device memory's struct is in `dm_memory.rs`, beside the allocation it
 //! owns.
@@ -61,6 +61,7 @@ impl UContext {
     }
 }
 
+/// An `ibv_pd` (or a parent domain's) followed by uroce's PD.
 #[repr(C)]
 pub struct UPd {
     pub pd: ibv_pd,
@@ -69,6 +70,7 @@ pub struct UPd {
     pub parent_domain: bool,
 }
 
+/// An `ibv_mr` followed by the region it names.
 #[repr(C)]
 pub struct UMr {
     pub mr: ibv_mr,
@@ -77,12 +79,14 @@ pub struct UMr {
     pub dm: Option<DmRef>,
 }
 
+/// An `ibv_comp_channel` followed by uroce's channel.
 #[repr(C)]
 pub struct UChannel {
     pub ch: ibv_comp_channel,
     pub inner: Option<CompletionChannel>,
 }
 
+/// An `ibv_cq_ex` followed by uroce's CQ.
 #[repr(C)]
 pub struct UCq {
     /// An `ibv_cq_ex`, whose first part is the `ibv_cq` (`ibv_cq_ex_to_cq`
@@ -93,6 +97,7 @@ pub struct UCq {
     pub cur: Current,
 }
 
+/// An `ibv_qp_ex` followed by uroce's QP and its builders' state.
 #[repr(C)]
 pub struct UQp {
     pub qp: ibv_qp_ex,
@@ -114,12 +119,14 @@ pub struct UAh {
     pub inner: Option<AddressHandle>,
 }
 
+/// An `ibv_srq` followed by uroce's SRQ.
 #[repr(C)]
 pub struct USrq {
     pub srq: ibv_srq,
     pub inner: Option<SharedReceiveQueue>,
 }
 
+/// An `ibv_xrcd` followed by uroce's XRC domain.
 #[repr(C)]
 pub struct UXrcd {
     pub xrcd: ibv_xrcd,
@@ -134,6 +141,7 @@ impl UXrcd {
     }
 }
 
+/// An `ibv_mw` followed by uroce's window.
 #[repr(C)]
 pub struct UMw {
     pub mw: ibv_mw,

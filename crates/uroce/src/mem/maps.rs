@@ -94,17 +94,27 @@ fn parse_vmas(text: &str, start: u64, end: u64) -> (Option<Vma>, Vec<Vma>) {
     let mut out = Vec::new();
     let mut below = None;
     for line in text.lines() {
-        let Some(v) = parse_line(line, |lo, hi| hi > start || lo >= end) else {
+        // A line without an address range (none from a kernel) names no
+        // mapping: it is skipped, never taken for the one below.
+        let Some((lo, hi)) = range_of(line) else { continue };
+        if lo >= end {
+            break;
+        }
+        if hi <= start {
             // Below `start`: only the last such line is parsed whole.
             below = Some(line);
             continue;
-        };
-        if v.lo >= end {
-            break;
         }
-        out.push(v);
+        out.extend(parse_line(line, |_, _| true));
     }
     (below.and_then(|l| parse_line(l, |_, _| true)), out)
+}
+
+/// The address range a line of `/proc/self/maps` starts with.
+fn range_of(line: &str) -> Option<(u64, u64)> {
+    let (lo, hi) = line.split(' ').next()?.split_once('-')?;
+    let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
+    (lo < hi).then_some((lo, hi))
 }
 
 /// One line of `/proc/self/maps`, parsed past its address range only if
@@ -253,6 +263,19 @@ mod tests {
         assert_eq!(v.len(), 1);
         assert_eq!(parse_vmas(MAPS, 0x655800, 0x656000).0.map(|b| b.lo), Some(0x652000));
         assert_eq!(parse_vmas(MAPS, 0x300000, 0x400100).0, None);
+    }
+
+    #[test]
+    fn a_malformed_line_is_skipped_not_taken_for_the_mapping_below() {
+        let maps = MAPS.replace("7ffc0000-7ffd0000", "garbage\n7ffc0000-7ffd0000");
+        let (below, v) = parse_vmas(&maps, 0x7ffc_0000, 0x7ffc_1000);
+        assert_eq!(below.map(|b| b.lo), Some(0x660000));
+        assert_eq!(v.len(), 1);
+        let maps = MAPS.replace("00655000-00660000 rw-p", "00655000-zz rw-p");
+        let v = parse_vmas(&maps, 0x651000, 0x661000).1;
+        assert_eq!(v.iter().map(|v| v.lo).collect::<Vec<_>>(), [0x651000, 0x652000, 0x660000], "a hole, seen");
+        let (below, _) = parse_vmas("00400000-00300000 r-xp 0 0 0\n", 0x500000, 0x501000);
+        assert_eq!(below, None, "an empty range is no mapping");
     }
 
     #[test]
