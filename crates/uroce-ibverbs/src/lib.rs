@@ -8,8 +8,9 @@
 //! into C.
 //!
 //! Each C object (`ibv_pd`, `ibv_cq`, …) is the first field of a `#[repr(C)]`
-//! Rust struct that also holds the uroce handle; a C pointer converts back
-//! with a cast. Invalid arguments return the errno real libibverbs returns.
+//! Rust struct that also holds the uroce handle (all of them in `handles.rs`,
+//! below the files that work with them); a C pointer converts back with a
+//! cast. Invalid arguments return the errno real libibverbs returns.
 
 #![allow(clippy::missing_safety_doc)] // every export's contract is verbs.h's
 

@@ -1,6 +1,7 @@
 //! Verbs objects: protection domains, memory regions, completion channels,
 //! completion queues, queue pairs, and asynchronous events. Each C struct is
-//! the first field of a `#[repr(C)]` struct that also holds the uroce handle.
+//! the first field of a `#[repr(C)]` struct that also holds the uroce handle
+//! (`handles.rs`).
 
 use crate::errno::{fail, null, ret, set_errno};
 use crate::ffi::*;
