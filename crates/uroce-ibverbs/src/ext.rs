@@ -6,8 +6,7 @@
 
 use crate::errno::{fail, null, ret, set_errno};
 use crate::ffi::*;
-use crate::handles::UContext;
-use crate::handles::{UMkey, UMr, UPd, UQp, UroceMrInterleaved};
+use crate::handles::{UContext, UMkey, UMr, UPd, UQp, UroceMrInterleaved};
 use std::ffi::c_int;
 use uroce::ib::{Access, Sge};
 use uroce::verbs::{Advice, InterleavedEntry, Layout, OdpStats, SendWr, WrOpcode};

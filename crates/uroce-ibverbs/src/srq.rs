@@ -4,8 +4,7 @@
 
 use crate::errno::{fail, null};
 use crate::ffi::*;
-use crate::handles::UContext;
-use crate::handles::{UCq, UPd, USrq, UXrcd};
+use crate::handles::{UContext, UCq, UPd, USrq, UXrcd};
 
 use std::ffi::c_int;
 use uroce::verbs::SharedReceiveQueue;

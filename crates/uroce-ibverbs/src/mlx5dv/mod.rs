@@ -20,8 +20,7 @@ mod wr;
 use crate::errno::null;
 use crate::ext::{uroce_create_mkey, uroce_destroy_mkey};
 use crate::ffi::*;
-use crate::handles::UQp;
-use crate::handles::{DvQp, Mlx5dvQpEx, UMkey};
+use crate::handles::{DvQp, Mlx5dvQpEx, UMkey, UQp};
 use std::ffi::c_int;
 
 /// `enum mlx5dv_qp_init_attr_mask`.

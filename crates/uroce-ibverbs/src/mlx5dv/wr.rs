@@ -13,8 +13,7 @@
 
 use super::{WITH_MKEY_CONFIGURE, WITH_MR_INTERLEAVED, WITH_MR_LIST};
 use crate::ffi::*;
-use crate::handles::UQp;
-use crate::handles::{Conf, DvQp, MkeyConfAttr, Mlx5dvQpEx, Mqp, UMkey, UroceMrInterleaved};
+use crate::handles::{Conf, DvQp, MkeyConfAttr, Mlx5dvQpEx, Mqp, UMkey, UQp, UroceMrInterleaved};
 use crate::qp_ex::{latch, push_wr, with_last};
 use std::ffi::{c_int, c_void};
 use std::sync::Mutex;
