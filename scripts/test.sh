@@ -85,6 +85,9 @@ check "cargo doc -p uroce (no broken links)" env RUSTDOCFLAGS="-D warnings" carg
 check "cargo doc -p uroce --features unstable --document-private-items (no broken links)" \
     env RUSTDOCFLAGS="-D warnings -A rustdoc::private-intra-doc-links --document-private-items" \
     cargo doc -p uroce --no-deps -q --features unstable --target-dir target/doc-internal
+check "cargo doc -p uroce-ibverbs --document-private-items (no broken links)" \
+    env RUSTDOCFLAGS="-D warnings -A rustdoc::private-intra-doc-links --document-private-items" \
+    cargo doc -p uroce-ibverbs --no-deps -q --target-dir target/doc-internal
 # The drop-in library is built in release mode once; its tests find it there.
 if [ -x scripts/build-dropin.sh ]; then
     scripts/build-dropin.sh || status=1

@@ -6,7 +6,7 @@
 //! `cmd_fd`) and every object created through it is a kernel object of that
 //! file, named by a handle. A context built on a duplicate of the descriptor
 //! (`ibv_import_device`) reaches the same objects, and `ibv_import_*` makes
-//! user-space structs that name them by handle. Here [`ContextFile`] plays the
+//! user-space structs that name them by handle. Here [`ContextFile`](crate::handles::ContextFile) plays the
 //! open file: `ibv_open_device` creates one, with a memfd of its own as the
 //! `cmd_fd`, so that any duplicate of the descriptor names the context by the
 //! memfd's device and inode numbers. PDs, MRs and DMs created through a context

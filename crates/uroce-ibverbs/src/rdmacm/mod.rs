@@ -5,11 +5,14 @@
 //! (crates/uroce-rdmacm) exports the public names with librdmacm's symbol
 //! versions and jumps here, so both drop-ins share one uroce instance.
 //!
-//! [`channel`] owns event channels and events, [`id`] the `rdma_cm_id`s
-//! and the calls on them, [`dev`] the devices' CM agents and the thread
-//! that routes their events to the ids, [`addrinfo`] `rdma_getaddrinfo`,
-//! [`other`] the exports that fail cleanly (multicast, ECE), [`rsocket`]
-//! rsockets (stream sockets over RDMA, rdma-core 44's protocol).
+//! Bottom to top: [`state`] holds the devices, the ids and the one CM lock;
+//! [`sockaddr`] converts addresses; [`channel`] owns event channels and
+//! events; [`ids`] makes ids and moves their QPs; [`dev`] opens the devices'
+//! CM agents and runs the thread that routes their events to the ids; [`id`]
+//! has the calls on ids; [`addrinfo`] `rdma_getaddrinfo`; [`other`] the
+//! exports that fail cleanly (multicast, ECE); [`rsocket`] rsockets (stream
+//! sockets over RDMA, rdma-core 44's protocol). No file names one above it
+//! (`crates/uroce/tests/layers.rs`).
 
 mod addrinfo;
 mod channel;
