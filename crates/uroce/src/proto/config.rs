@@ -24,12 +24,12 @@ pub struct EngineConfig {
     /// Send payloads of pinned host memory in place: the packet's headers
     /// and ICRC are built, and the kernel gathers the payload straight from
     /// the registered buffer (one copy fewer). Needs a consumer of
-    /// [`Transmit`]s that sends its pieces; off by default, on in the
+    /// [`Transmit`](super::Transmit)s that sends its pieces; off by default, on in the
     /// device runtime.
     pub send_in_place: bool,
     /// Copies that may block (on-demand paging, peer memory) become copy
     /// jobs that the engine's user runs outside its locks
-    /// ([`Engine::poll_copy`], [`Engine::copy_done`]; `proto::copy`). Off
+    /// ([`Engine::poll_copy`](super::Engine::poll_copy), [`Engine::copy_done`](super::Engine::copy_done); `proto::copy`). Off
     /// by default (such copies run inside the engine's calls); on in the
     /// device runtime.
     pub defer_blocking_copies: bool,

@@ -25,14 +25,14 @@ pub(crate) struct Ctx<'a> {
     pub events: &'a mut VecDeque<Event>,
     pub stats: &'a mut Stats,
     pub ready: &'a mut Vec<u32>,
-    /// Packet buffers sent and handed back ([`Engine::recycle`]).
+    /// Packet buffers sent and handed back ([`Engine::recycle`](super::Engine::recycle)).
     pub spare: &'a mut Vec<Vec<u8>>,
     /// The device's XRC SRQs by number, for XRC requests to name.
     pub xrc_srqs: &'a XrcSrqs,
     /// An application thread may answer what arrives (see
-    /// [`Engine::set_app_active`]): ACKs may be held for it.
+    /// [`Engine::set_app_active`](super::Engine::set_app_active)): ACKs may be held for it.
     pub app_active: bool,
-    /// The QP's copies that may block ([`copy`]).
+    /// The QP's copies that may block ([`copy`](super::copy)).
     pub copy: &'a mut Copies,
 }
 
@@ -116,7 +116,7 @@ impl Ctx<'_> {
     }
 
     /// Builds one packet to `dst` whose payload is `spans`' bytes in order,
-    /// copied now or by a job (see [`copy`]).
+    /// copied now or by a job (see [`copy`](super::copy)).
     pub fn build_copied(
         &mut self,
         dst: IpAddr,

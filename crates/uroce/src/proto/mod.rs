@@ -52,11 +52,15 @@ pub use config::EngineConfig;
 pub(crate) use ctx::Ctx;
 pub use engine::{check_datagram, dest_qpn, first_qpn, qpn_after, Engine, QpSummary, Received};
 pub use event::{AsyncEvent, Event, EventElement};
-pub use transmit::{AfterSend, InPlace, Transmit, IN_PLACE_MIN};
+pub use transmit::{AfterSend, Transmit};
+#[cfg(feature = "unstable")]
+pub use transmit::{InPlace, IN_PLACE_MIN};
 #[cfg(feature = "unstable")]
 pub use srq::XrcSrqs;
 pub use copy::CopyJob;
-pub use memory::{MemoryAccess, PayloadHold};
+pub use memory::MemoryAccess;
+#[cfg(feature = "unstable")]
+pub use memory::PayloadHold;
 pub use rx_ids::RxIds;
 #[cfg(feature = "unstable")]
 pub use rx_ids::IcrcCheck;

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 pub const IN_PLACE_MIN: usize = 1024;
 
 /// A packet to send and where it goes. Its UDP payload (BTH … ICRC) is
-/// `data`; for a packet sent in place ([`EngineConfig::send_in_place`]) it is
+/// `data`; for a packet sent in place ([`EngineConfig::send_in_place`](super::EngineConfig::send_in_place)) it is
 /// `data[..at]` (the headers), the application's registered bytes, then
 /// `data[at..]` (pad and ICRC), the kernel gathering the three.
 #[derive(Debug)]
@@ -55,7 +55,7 @@ impl InPlace {
     }
 }
 
-/// A packet that completions wait for (see [`Engine::sent`]): an
+/// A packet that completions wait for (see [`Engine::sent`](super::Engine::sent)): an
 /// unreliable (UD, UC) send completes when its packets have been handed to
 /// the kernel, and one sent in place is handed over by the send call, which
 /// copies the application's bytes; completing it earlier would let an
@@ -110,7 +110,7 @@ impl Transmit {
     }
 
     /// Completions wait for this packet to reach the kernel: once the send
-    /// call that carried it has returned, give this to [`Engine::sent`].
+    /// call that carried it has returned, give this to [`Engine::sent`](super::Engine::sent).
     pub fn after_send(&self) -> Option<AfterSend> {
         let p = self.in_place.as_ref().filter(|p| p.seq != 0)?;
         Some(AfterSend { qpn: p.at_qpn >> 8, seq: p.seq })

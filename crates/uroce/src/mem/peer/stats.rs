@@ -21,7 +21,7 @@ pub struct PeerStats {
     pub num_reg_bytes: u64,
     /// Bytes of the mappings that ended.
     pub num_dereg_bytes: u64,
-    /// Calls of the invalidate callback ([`Invalidator::invalidate`]).
+    /// Calls of the invalidate callback ([`Invalidator::invalidate`](super::Invalidator::invalidate)).
     pub num_free_callbacks: u64,
 }
 
