@@ -88,6 +88,8 @@ fn ident(s: &str) -> String {
 /// A crate's source files as modules: who names whom.
 struct Crate {
     files: Vec<std::path::PathBuf>,
+    /// Each file's code, as [`code_of`] leaves it.
+    codes: Vec<String>,
     modules: Vec<Vec<String>>,
     /// `(module, name)` → the path a `pub use` in that module gives `name`.
     reexports: std::collections::HashMap<(Vec<String>, String), Vec<String>>,
@@ -99,9 +101,10 @@ impl Crate {
         walk(src, &mut files);
         files.sort();
         let modules: Vec<Vec<String>> = files.iter().map(|f| module_of(f.strip_prefix(src).unwrap())).collect();
-        let mut c = Crate { files, modules, reexports: Default::default() };
+        let codes = files.iter().map(|f| code_of(&std::fs::read_to_string(f).unwrap())).collect();
+        let mut c = Crate { files, codes, modules, reexports: Default::default() };
         for i in 0..c.files.len() {
-            let code = code_of(&std::fs::read_to_string(&c.files[i]).unwrap());
+            let code = c.codes[i].clone();
             let me = c.modules[i].clone();
             for line in code.lines() {
                 let t = line.trim_start();
@@ -197,9 +200,8 @@ impl Crate {
     fn graph(&self) -> Vec<Vec<usize>> {
         (0..self.files.len())
             .map(|i| {
-                let code = code_of(&std::fs::read_to_string(&self.files[i]).unwrap());
                 let mut to = Vec::new();
-                for (line, me) in scopes(&code, &self.modules[i]) {
+                for (line, me) in scopes(&self.codes[i], &self.modules[i]) {
                     let t = line.trim_start();
                     if t.starts_with("pub use ") || t.starts_with("pub(crate) use ") {
                         continue;
